@@ -1,0 +1,21 @@
+# ferry's verbs. Each is a thin call into cargo or a script under tests/ or .ci/.
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: build release test lint fmt bench-local
+build:
+	$(CARGO) build --workspace
+
+release:
+	$(CARGO) build --workspace --release
+
+# The README's test command: formatting, lints, then every test.
+test: lint
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all

@@ -1,0 +1,1 @@
+//! Per-node content-addressed block store (issue 5).

@@ -1,0 +1,1 @@
+//! Local parallel copy engine (issue 2).

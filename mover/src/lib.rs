@@ -1,0 +1,22 @@
+//! ferry-mover: the data plane of ferry.
+//!
+//! The same library backs every `ferry-mover` subcommand:
+//! - [`tree`]: walking a source tree and touching a destination tree only beneath its root handle;
+//! - [`copy`]: the local parallel copy engine (also the write path of network transfers);
+//! - [`wire`]: the sans-IO frame codec of the network protocol;
+//! - [`net`]: mutual TLS, certificates and peer identities;
+//! - [`session`]: the sender and receiver state machines over N parallel streams;
+//! - [`progress`]: the gRPC progress service;
+//! - [`cas`]: the per-node content-addressed block store;
+//! - [`report`]: summaries (`--json`) and the TTY progress bar;
+//! - [`cli`]: flag parsing and dispatch for the binary.
+
+pub mod cas;
+pub mod cli;
+pub mod copy;
+pub mod net;
+pub mod progress;
+pub mod report;
+pub mod session;
+pub mod tree;
+pub mod wire;

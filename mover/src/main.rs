@@ -1,0 +1,17 @@
+//! The `ferry-mover` binary: parse flags, set up logging, hand over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = ferry_mover::cli::Cli::parse();
+    ferry_mover::cli::init_tracing(cli.verbose);
+    match ferry_mover::cli::run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("ferry-mover: error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Mutual TLS, certificates and peer identities (issue 4).

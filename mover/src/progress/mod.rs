@@ -1,0 +1,1 @@
+//! gRPC progress service (issue 4).

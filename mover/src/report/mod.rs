@@ -1,0 +1,1 @@
+//! Summaries and the TTY progress bar (issue 2).

@@ -1,0 +1,1 @@
+//! Sender and receiver state machines (issue 4).

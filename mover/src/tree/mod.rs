@@ -1,0 +1,1 @@
+//! Source scanning, destination confinement and metadata (issue 2).

@@ -1,0 +1,1 @@
+//! Sans-IO frame codec (issue 4).

@@ -1,0 +1,11 @@
+//! Compiles the .proto files with protox (pure Rust), so building needs no system protoc.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/ferry.proto"];
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

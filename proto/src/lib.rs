@@ -1,0 +1,10 @@
+//! ferry-proto: protobuf message types and the gRPC progress service, generated at build time.
+
+#![allow(clippy::all, missing_docs)]
+
+/// The progress service and its messages (`ferry.progress.v1`).
+pub mod progress {
+    pub mod v1 {
+        tonic::include_proto!("ferry.progress.v1");
+    }
+}
