@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: build release test lint fmt bench-local
+.PHONY: build release test lint fmt deps
 build:
 	$(CARGO) build --workspace
 
@@ -19,3 +19,7 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+# Debian packages for tests and benchmarks (idempotent, cached by a stamp under ~/.cache/ferry).
+deps:
+	tests/scripts/deps.sh

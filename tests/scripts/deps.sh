@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ferry's tests and benchmarks need, once. Idempotent: a stamp file
+# records the package list that was installed, so a second run with the same list does nothing.
+set -euo pipefail
+
+packages=(
+  # benchmark peers and references
+  rsync openssh-server openssh-client stunnel4 socat time
+  # network namespaces and traffic shaping for network tests
+  iproute2
+)
+
+cache="${FERRY_CACHE:-$HOME/.cache/ferry}"
+stamp="$cache/apt-${#packages[@]}-$(printf '%s\n' "${packages[@]}" | md5sum | cut -c1-12).stamp"
+if [[ -f "$stamp" ]]; then
+  exit 0
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "deps.sh: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+mkdir -p "$cache"
+touch "$stamp"
