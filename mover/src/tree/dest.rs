@@ -191,6 +191,7 @@ impl DestRoot {
         let (old_dir, old_name) = self.open_parent(existing)?;
         let (new_dir, new_name) = self.open_parent(new)?;
         hard_link_at(old_dir.as_fd(), old_name, new_dir.as_fd(), new_name)
+            .map(|_| ())
             .map_err(|e| DestError::io("hard-link", new, e))
     }
 
@@ -454,18 +455,18 @@ pub fn symlink_at(
 }
 
 /// Makes `new_name` in `new_dir` a hard link to `old_name` in `old_dir` (atomically replacing
-/// `new_name`). Does nothing if both already name the same inode.
+/// `new_name`). Returns false, doing nothing, if both already name the same inode.
 pub fn hard_link_at(
     old_dir: BorrowedFd<'_>,
     old_name: &[u8],
     new_dir: BorrowedFd<'_>,
     new_name: &[u8],
-) -> Result<(), Errno> {
+) -> Result<bool, Errno> {
     if let (Some(a), Some(b)) = (lookup_at(old_dir, old_name)?, lookup_at(new_dir, new_name)?)
         && a.dev == b.dev
         && a.ino == b.ino
     {
-        return Ok(());
+        return Ok(false);
     }
     loop {
         let temp = temp_name();
@@ -482,7 +483,7 @@ pub fn hard_link_at(
                 if r.is_err() {
                     let _ = unlinkat(new_dir, temp.as_c_str(), AtFlags::empty());
                 }
-                return r;
+                return r.map(|()| true);
             }
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(e),

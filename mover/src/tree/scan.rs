@@ -38,11 +38,14 @@ pub struct Entry {
 #[derive(Debug)]
 pub enum ScanEvent {
     Entry(Entry),
-    /// Everything inside `rel` (`None` = the root) has been reported.
+    /// Everything inside `rel` (`None` = the root) has been reported. `complete` is false when
+    /// listing the directory failed part-way (the error was reported before): callers must not
+    /// treat its listing as the whole truth (for example to delete extraneous entries).
     DirDone {
         rel: Option<RelPath>,
         meta: Meta,
         dir: DirFd,
+        complete: bool,
     },
 }
 
@@ -79,6 +82,7 @@ struct Level {
     fd: DirFd,
     rel: Option<RelPath>,
     meta: Meta,
+    failed: bool,
 }
 
 /// Streaming source walker (an iterator of `Result<ScanEvent, ScanError>`).
@@ -113,6 +117,7 @@ impl Scanner {
                 fd: fd.clone(),
                 rel: None,
                 meta,
+                failed: false,
             }],
             links: HashMap::new(),
             root_meta: meta,
@@ -167,6 +172,7 @@ impl Scanner {
                     fd,
                     rel: Some(entry.rel.clone()),
                     meta,
+                    failed: false,
                 });
             }
             Kind::Symlink => {
@@ -193,19 +199,21 @@ impl Iterator for Scanner {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let top = self.stack.last_mut()?;
-            match top.entries.read() {
+            let next = if top.failed { None } else { top.entries.read() };
+            match next {
                 None => {
                     let level = self.stack.pop()?;
                     return Some(Ok(ScanEvent::DirDone {
                         rel: level.rel,
                         meta: level.meta,
                         dir: level.fd,
+                        complete: !level.failed,
                     }));
                 }
                 Some(Err(e)) => {
-                    // A directory that fails mid-listing is reported once and then closed.
-                    let level = self.stack.pop()?;
-                    let path = display_opt(level.rel.as_ref());
+                    // Reported once; the next call closes the directory as incomplete.
+                    top.failed = true;
+                    let path = display_opt(top.rel.as_ref());
                     return Some(Err(ScanError::io("read directory", path, e)));
                 }
                 Some(Ok(dirent)) => {
