@@ -147,6 +147,12 @@ pub fn copy_tree(
     if opts.no_copy_file_range {
         caps.disable_copy_file_range();
     }
+    if let Some(n) = std::env::var("FERRY_SMALL_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        caps.set_small_max(n);
+    }
     let shared = Arc::new(Shared {
         dest,
         opts: CopyOptions {
