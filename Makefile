@@ -28,7 +28,7 @@ deps:
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench
 # WRITE_DOCS=1 (rewrite the tables in docs/benchmarks.md) FERRY_BIN=path FERRY_BUILD=0 (skip the build).
 FERRY_BUILD ?= 1
-BENCH_COMMAND = make $(MAKECMDGOALS) $(strip $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE,$(if $($(v)),$(v)=$($(v)))))
+BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE,$(if $($(v)),$(v)=$($(v)))))
 export ROUNDS DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS BENCH_COMMAND
 
 bench-build:

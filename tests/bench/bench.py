@@ -234,7 +234,9 @@ def run_suite(args: argparse.Namespace, workdir: Path, tmpfs: bool, daemons: pro
     targets = report.net_targets(results) if is_net else report.local_targets(results)
     meta = (f"Measured {started} on `nproc`={os.cpu_count()}, kernel {platform.release()}, work dir: {where}; "
             f"ferry {'n/a' if not avail.ok else 'at git ' + git_rev()}; {args.rounds} timed round(s) + 1 warm-up, "
-            f"interleaved, medians.\n\nCommand: `{args.command or 'tests/bench/bench.py ' + shlex.join(sys.argv[1:-2])}`"
+            f"interleaved, medians."
+            + (f" DATASETS SCALED BY {args.scale} (not the standard sizes)." if args.scale != 1.0 else "")
+            + f"\n\nCommand: `{args.command or 'tests/bench/bench.py ' + shlex.join(sys.argv[1:-2])}`"
             f"\n\nTools: {tool_versions()}.")
     body = "\n\n".join([
         meta,

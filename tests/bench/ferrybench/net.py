@@ -232,6 +232,6 @@ def bandwidth_contenders(bin_path: Path, availability: ferry.Availability, certs
                          scratch: proc.Scratch, streams: int = 2) -> list:
     return [
         FerryNet(bin_path, availability, certs, scratch, streams, compress=c, bandwidth_limit=BANDWIDTH_LIMIT,
-                 name=f"ferry --streams {streams} --compress {c} --bandwidth-limit {BANDWIDTH_LIMIT}")
+                 name=f"ferry --streams {streams} --compress {c}")
         for c in ("zstd", "none")
     ]

@@ -98,13 +98,14 @@ class SourceIndex:
 
     @property
     def payload_bytes(self) -> int:
-        """Bytes of regular-file content, each hard-linked inode counted once."""
+        """Bytes of regular-file data, each hard-linked inode counted once and a sparse file's holes not
+        at all (so MB/s is data moved, not apparent size)."""
         seen: set[tuple[int, int]] = set()
         total = 0
         for e in self.entries.values():
             if e.kind == "f" and e.inode not in seen:
                 seen.add(e.inode)
-                total += e.size
+                total += min(e.size, e.blocks * 512)
         return total
 
 
