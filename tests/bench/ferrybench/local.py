@@ -27,7 +27,7 @@ class CommandContender:
 
     def run(self, src: Path, dst: Path, timeout: float) -> RunResult:
         t = proc.run(self.argv_for(src, dst), self.scratch, self.slug, timeout)
-        return RunResult(t.seconds, t.failure(), {"cp": t.rss_kib} if t.rss_kib else {}, {}, dst)
+        return RunResult(t.seconds, t.failure(), {"main": t.rss_kib} if t.rss_kib else {}, {}, dst)
 
 
 @dataclass

@@ -68,7 +68,7 @@ class FerryNet:
             if self.compress != "auto":
                 self.name += f" --compress {self.compress}"
         if not self.slug:
-            self.slug = f"ferry-s{self.streams}-{self.compress}" + ("-bw" if self.bandwidth_limit else "")
+            self.slug = f"ferry-bw-{self.compress}" if self.bandwidth_limit else f"ferry-s{self.streams}"
 
     def unavailable(self, dataset: str) -> str | None:
         if not self.availability.ok:

@@ -198,16 +198,33 @@ def targets_table(targets: list[Target]) -> str:
     return "\n".join(lines)
 
 
+def is_reference(name: str) -> bool:
+    """The plaintext socket references are not peers: they bound what the loopback can do."""
+    return "(plain TCP)" in name
+
+
 def summary_lines(groups: list[GroupResult]) -> list[str]:
     out = []
     for g in groups:
         fname, f = best_ferry(g)
-        pname, p = fastest_peer(g)
+        peers = [n for n in g.order if n not in g.ferry and not is_reference(n)]
+        refs = [n for n in g.order if is_reference(n)]
+        pname, p = fastest_peer(g, among=peers)
+        line = f"- {g.label}: "
         if f and p:
-            out.append(f"- {g.label}: {fname} {_fmt_s(f)} s vs fastest peer {pname} {_fmt_s(p)} s: "
-                       f"ferry {p / f:.2f}x " + ("faster" if p >= f else "(slower)"))
+            line += (f"{fname} {_fmt_s(f)} s vs fastest peer {pname} {_fmt_s(p)} s: ferry {p / f:.2f}x "
+                     + ("faster" if p >= f else "(slower)"))
         elif p:
-            out.append(f"- {g.label}: fastest peer {pname} {_fmt_s(p)} s; ferry has no median")
+            line += f"fastest peer {pname} {_fmt_s(p)} s; ferry has no median"
+        elif f:
+            line += f"{fname} {_fmt_s(f)} s; no peer median"
+        else:
+            continue
+        for r in refs:
+            m = g.median(r)
+            if m and f:
+                line += f"; {r} {_fmt_s(m)} s (ferry at {m / f:.2f} of its speed)"
+        out.append(line)
     return out
 
 

@@ -203,8 +203,11 @@ def run_group(group: Group, src: Path, index: verify.SourceIndex, rounds: int, s
                 skipped[s.contender] = f"FAILED ({s.error})"
                 if rnd < 0:
                     log(f"{group.label}: {s.contender} failed its warm-up; no timed rounds for it")
-        if not defer_delete:
+        if not defer_delete and all_dirs:
             purge(all_dirs)
+            # Let the deletes settle before the next round's first timed run.
+            if rnd + 1 < rounds:
+                time.sleep(1)
     purge(all_dirs)
     # Contenders that failed only in a timed round keep their rows (marked failed) but no median.
     for name in list(skipped):
