@@ -123,7 +123,7 @@ def local_targets(groups: list[GroupResult]) -> list[Target]:
         _, f = best_ferry(g)
         pname, p = fastest_peer(g)
         r = p / f if p and f else None
-        out.append(_check(f"small: >= 1.3x faster than the fastest of cp and rsync -a ({pname})", r,
+        out.append(_check(f"small: >= 1.3x faster than the fastest of cp and rsync -a{_named(pname)}", r,
                           None if r is None else r >= 1.3, "{:.2f}x", "no ferry or peer median"))
     cps = [n for g in groups for n in g.order if n.startswith("cp ")]
     g = by.get("medium")
@@ -131,14 +131,14 @@ def local_targets(groups: list[GroupResult]) -> list[Target]:
         _, f = best_ferry(g)
         cpname, cp = fastest_peer(g, among=cps)
         r = cp / f if cp and f else None
-        out.append(_check(f"medium: >= 2x faster than cp (the faster cp here: {cpname})", r,
+        out.append(_check(f"medium: >= 2x faster than the faster cp{_named(cpname)}", r,
                           None if r is None else r >= 2.0, "{:.2f}x", "no ferry or cp median"))
     g = by.get("big")
     if g:
         _, f = best_ferry(g)
         cpname, cp = fastest_peer(g, among=cps)
         r = f / cp if cp and f else None
-        out.append(_check(f"big: no slower than cp by more than 10 % (ferry time / {cpname} time)", r,
+        out.append(_check(f"big: no slower than the faster cp{_named(cpname)} by more than 10 % (ferry time / cp time)", r,
                           None if r is None else r <= 1.10, "{:.2f}", "no ferry or cp median"))
     for g in groups:
         for name in g.order:
@@ -150,6 +150,10 @@ def local_targets(groups: list[GroupResult]) -> list[Target]:
     return out
 
 
+def _named(name: str | None) -> str:
+    return f" ({name})" if name else ""
+
+
 def net_targets(groups: list[GroupResult]) -> list[Target]:
     by = {g.label: g for g in groups}
     out: list[Target] = []
@@ -158,20 +162,20 @@ def net_targets(groups: list[GroupResult]) -> list[Target]:
         fname, f = best_ferry(g)
         rs, sock = _find(g, "rsync -a over ssh"), _find(g, "file over socat")
         r = rs / f if rs and f else None
-        out.append(_check(f"big: >= 2x faster than rsync over ssh ({fname})", r, None if r is None else r >= 2,
+        out.append(_check(f"big: >= 2x faster than rsync over ssh{_named(fname)}", r, None if r is None else r >= 2,
                           "{:.2f}x", "no ferry or rsync/ssh median"))
         r = sock / f if sock and f else None
-        out.append(_check(f"big: >= half the speed of the file through a plain socket ({fname})", r,
+        out.append(_check(f"big: >= half the speed of the file through a plain socket{_named(fname)}", r,
                           None if r is None else r >= 0.5, "{:.2f} of socket speed", "no ferry or socket median"))
     g = by.get("small")
     if g:
         fname, f = best_ferry(g)
         rs, tar = _find(g, "rsync -a over ssh"), _find(g, "tar over socat")
         r = rs / f if rs and f else None
-        out.append(_check(f"small: >= 2.5x faster than rsync over ssh ({fname})", r, None if r is None else r >= 2.5,
+        out.append(_check(f"small: >= 2.5x faster than rsync over ssh{_named(fname)}", r, None if r is None else r >= 2.5,
                           "{:.2f}x", "no ferry or rsync/ssh median"))
         r = tar / f if tar and f else None
-        out.append(_check(f"small: at least as fast as tar through a plain socket ({fname})", r,
+        out.append(_check(f"small: at least as fast as tar through a plain socket{_named(fname)}", r,
                           None if r is None else r >= 1.0, "{:.2f}x", "no ferry or tar median"))
     for g in groups:
         if "bandwidth" not in g.label:
