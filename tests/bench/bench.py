@@ -14,7 +14,7 @@ import json
 import os
 import platform
 import shlex
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,10 +74,15 @@ def reexec_in_namespace(argv: list[str], args: argparse.Namespace) -> int:
     cmd = ["unshare", "-m", "--propagation", "private", "--", sys.executable, str(Path(__file__).resolve()),
            *argv, "--workdir", str(workdir)]
     env = dict(os.environ, **{IN_NS: "1"})
+    child = subprocess.Popen(cmd, env=env)
+    # Pass a termination on to the namespace's process so it stops its servers and unmounts.
+    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
     try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                continue   # the child got the same SIGINT from the terminal; wait for its cleanup
     finally:
         if args.on_disk:
             subprocess.run(["rm", "-rf", "--", str(workdir)], check=False)
@@ -135,7 +140,7 @@ def git_rev() -> str:
 
 def fs_label(path: Path, tmpfs: bool, size: str) -> str:
     r = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE,OPTIONS", "-T", str(path)], capture_output=True, text=True)
-    desc = r.stdout.strip().split("\n")[0] if r.returncode == 0 else "?"
+    desc = " ".join(r.stdout.split("\n")[0].split()) if r.returncode == 0 else "?"
     if tmpfs:
         return f"tmpfs (size={size}) in a private mount namespace"
     return f"ON-DISK {path} ({desc})"
@@ -151,9 +156,12 @@ def main(argv: list[str]) -> int:
         subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.tmpfs_size},mode=0755", "ferry-bench",
                         str(workdir)], check=True)
     daemons = proc.Daemons()
+    # SIGTERM ends the run like Ctrl-C, so the servers started below are stopped by pid.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return run_suite(args, workdir, tmpfs, daemons)
     finally:
+        proc.kill_live()
         daemons.stop_all()
 
 

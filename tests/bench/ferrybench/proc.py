@@ -18,6 +18,9 @@ from pathlib import Path
 
 TIME_BIN = "/usr/bin/time"
 
+# Measured processes currently running, so an interrupted harness can end them (see `kill_live`).
+_live: set[subprocess.Popen] = set()
+
 
 class ProcError(Exception):
     """A helper process failed to start or to become ready; the message names it."""
@@ -88,7 +91,17 @@ def start(argv: list[str], scratch: Scratch, tag: str, env: dict[str, str] | Non
         if not stdout_pipe:
             out.close()
         err.close()
+    _live.add(proc)
     return Started(argv, proc, time_file, out_file, err_file, t0)
+
+
+def kill_live() -> None:
+    """Kills the process group of every measured process still running (harness interrupted)."""
+    for p in list(_live):
+        if p.poll() is None:
+            kill_group(p)
+            p.wait()
+    _live.clear()
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -113,6 +126,7 @@ def finish(s: Started, deadline: float, extra_stdout: str = "") -> Timed:
 
 
 def collect(s: Started, seconds: float, timed_out: bool, extra_stdout: str = "") -> Timed:
+    _live.discard(s.proc)
     rss = None
     try:
         lines = s.time_file.read_text().strip().splitlines()
