@@ -138,6 +138,17 @@ def git_rev() -> str:
     return r.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def ferry_label(bin_path: Path) -> str:
+    """Which ferry was measured: FERRY_REV if given (e.g. the merged branches a FERRY_BIN was built
+    from), else this checkout's revision when the default binary is used."""
+    rev = os.environ.get("FERRY_REV")
+    if rev:
+        return f"{bin_path.name} built from {rev}"
+    if bin_path == ferry.DEFAULT_BIN:
+        return f"target/release/ferry-mover at git {git_rev()}"
+    return f"{bin_path} (set FERRY_REV to record its source)"
+
+
 def fs_label(path: Path, tmpfs: bool, size: str) -> str:
     r = subprocess.run(["findmnt", "-no", "SOURCE,FSTYPE,OPTIONS", "-T", str(path)], capture_output=True, text=True)
     desc = " ".join(r.stdout.split("\n")[0].split()) if r.returncode == 0 else "?"
@@ -247,7 +258,7 @@ def run_suite(args: argparse.Namespace, workdir: Path, tmpfs: bool, daemons: pro
     is_net = args.suite == "net"
     targets = report.net_targets(results) if is_net else report.local_targets(results)
     meta = (f"Measured {started} on `nproc`={os.cpu_count()}, kernel {platform.release()}, work dir: {where}; "
-            f"ferry {'n/a' if not avail.ok else 'at git ' + git_rev()}; {args.rounds} timed round(s) + 1 warm-up, "
+            f"ferry {'n/a' if not avail.ok else ferry_label(bin_path)}; {args.rounds} timed round(s) + 1 warm-up, "
             f"interleaved, medians."
             + (f" DATASETS SCALED BY {args.scale} (not the standard sizes)." if args.scale != 1.0 else "")
             + f"\n\nCommand: `{args.command or 'tests/bench/bench.py ' + shlex.join(sys.argv[1:-2])}`"
