@@ -178,6 +178,7 @@ def main(argv: list[str]) -> int:
 
 def run_suite(args: argparse.Namespace, workdir: Path, tmpfs: bool, daemons: proc.Daemons) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load_start = os.getloadavg()[0]
     data_dir, out_dir, logs = workdir / "data", workdir / "out", workdir / "logs"
     for d in (data_dir, out_dir, logs):
         d.mkdir(parents=True, exist_ok=True)
@@ -259,7 +260,8 @@ def run_suite(args: argparse.Namespace, workdir: Path, tmpfs: bool, daemons: pro
     targets = report.net_targets(results) if is_net else report.local_targets(results)
     meta = (f"Measured {started} on `nproc`={os.cpu_count()}, kernel {platform.release()}, work dir: {where}; "
             f"ferry {'n/a' if not avail.ok else ferry_label(bin_path)}; {args.rounds} timed round(s) + 1 warm-up, "
-            f"interleaved, medians."
+            f"interleaved, medians. Machine load (1-min load average, other jobs included) "
+            f"{load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end."
             + (f" DATASETS SCALED BY {args.scale} (not the standard sizes)." if args.scale != 1.0 else "")
             + f"\n\nCommand: `{args.command or 'tests/bench/bench.py ' + shlex.join(sys.argv[1:-2])}`"
             f"\n\nTools: {tool_versions()}.")
