@@ -218,7 +218,35 @@ class StandInTests(Tmp):
         self.assertFalse(verify.compare(verify.SourceIndex.build(src), self.tmp / "dst2").ok)  # ... the copy did not
 
 
+def synthetic(label: str, medians: dict[str, float], ferry_names: set[str]) -> suite.GroupResult:
+    samples = [suite.Sample(label, name, rnd, m * (1 + 0.1 * rnd), None, {"main": 1024}, {})
+               for name, m in medians.items() for rnd in (-1, 0, 1, 2)]
+    return suite.GroupResult(label, label.split()[0], 10**9, 1, samples, {}, list(medians), ferry_names)
+
+
 class ReportTests(unittest.TestCase):
+    def test_medians_and_target_ratios_point_the_right_way(self) -> None:
+        # medians of rounds 0..2 are m * 1.1 (the warm-up, 0.9 m, is ignored)
+        small = synthetic("small", {"ferry copy": 1.0, "cp -r --preserve=x": 1.5, "cp -a": 3.0, "rsync -a": 2.0},
+                          {"ferry copy"})
+        big = synthetic("big", {"ferry copy": 1.2, "cp -r --preserve=x": 1.0, "cp -a": 1.1}, {"ferry copy"})
+        self.assertAlmostEqual(small.median("ferry copy"), 1.1)
+        targets = report.local_targets([small, big])
+
+        def find(prefix: str) -> report.Target:
+            return next(x for x in targets if x.text.startswith(prefix))
+
+        self.assertEqual(find("small: >= 1.3x").verdict, "met")      # 1.5 / 1.0
+        self.assertEqual(find("small: >= 1.3x").value, "1.50x")
+        self.assertEqual(find("big: no slower").verdict, "MISSED")   # 1.2 / 1.0 > 1.10
+        self.assertEqual(find("big: no slower").value, "1.20")
+        net_small = synthetic("small", {"ferry --streams 1": 2.0, "ferry --streams 2": 1.0, "rsync -a over ssh": 2.0,
+                                        "tar over socat (plain TCP)": 0.9}, {"ferry --streams 1", "ferry --streams 2"})
+        t = report.net_targets([net_small])
+        self.assertEqual([x.verdict for x in t[:2]], ["MISSED", "MISSED"])   # 2.0x < 2.5x; tar faster than ferry
+        self.assertIn("(ferry --streams 2)", t[0].text)
+        self.assertIn("| small | rsync -a over ssh | 2.200 |", report.table([net_small], net=True))
+
     def test_block_is_replaced_in_place_or_appended(self) -> None:
         doc = "# B\n\nintro\n"
         once = report.replace_block(doc, "k", "table 1")
