@@ -201,6 +201,7 @@ pub fn copy_tree(
 
     let root = DirState::root(&shared, &scanner, !dst_existed);
     if dst_existed {
+        make_writable(&shared, shared.dest.root().as_fd());
         clean_temps(&shared, &root);
     }
     let mut stack: Vec<Arc<DirState>> = vec![root];
@@ -248,6 +249,9 @@ pub fn copy_tree(
                         let state = match created {
                             Ok((fd, created)) => {
                                 shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
+                                if !created {
+                                    make_writable(&shared, fd.as_fd());
+                                }
                                 DirState::child(&parent, entry, Arc::new(fd), created)
                             }
                             Err(e) => {
@@ -331,6 +335,21 @@ pub fn copy_tree(
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
     })
+}
+
+/// An existing destination directory that its owner cannot write to (a read-only directory
+/// copied by an earlier run) gets u+wx until its metadata is applied again at the end; root
+/// needs no such help.
+fn make_writable(shared: &Shared, dir: std::os::fd::BorrowedFd<'_>) {
+    if shared.dest.policy().euid == 0 {
+        return;
+    }
+    if let Ok(st) = rustix::fs::fstat(dir)
+        && st.st_mode & 0o300 != 0o300
+    {
+        let mode = rustix::fs::Mode::from_raw_mode((st.st_mode & 0o7777) | 0o700);
+        let _ = rustix::fs::fchmod(dir, mode);
+    }
 }
 
 /// Removes temp files an interrupted earlier run left in a directory that already existed.
