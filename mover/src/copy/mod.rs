@@ -77,6 +77,8 @@ pub enum CopyError {
     Dest(#[source] DestError),
     #[error("failed to start a copy worker thread")]
     Spawn(#[source] std::io::Error),
+    #[error("the destination {dst} is inside the source {src}: the copy would copy itself")]
+    DestInsideSource { src: String, dst: String },
 }
 
 /// Counters that are not part of [`Progress`].
@@ -134,6 +136,15 @@ pub fn copy_tree(
     let started = Instant::now();
     let scanner = Scanner::open(src).map_err(CopyError::Source)?;
     let dst_existed = dst.symlink_metadata().is_ok();
+    // A destination inside the source would be scanned while it is being filled.
+    if let (Ok(s), Some(d)) = (src.canonicalize(), canonical_prefix(dst))
+        && d.starts_with(&s)
+    {
+        return Err(CopyError::DestInsideSource {
+            src: s.display().to_string(),
+            dst: d.display().to_string(),
+        });
+    }
     // Local copies are of the user's own tree: setuid/setgid/sticky are preserved like cp -p.
     let dest = DestRoot::open_with(
         dst,
@@ -335,6 +346,26 @@ pub fn copy_tree(
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
     })
+}
+
+/// `path` with its longest existing prefix canonicalized (the rest may not exist yet).
+fn canonical_prefix(path: &Path) -> Option<std::path::PathBuf> {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(c) = existing.canonicalize() {
+            return Some(
+                rest.iter()
+                    .rev()
+                    .fold(c, |acc: std::path::PathBuf, part| acc.join(part)),
+            );
+        }
+        rest.push(existing.file_name()?);
+        existing = existing.parent()?;
+        if existing.as_os_str().is_empty() {
+            existing = Path::new(".");
+        }
+    }
 }
 
 /// An existing destination directory that its owner cannot write to (a read-only directory
