@@ -9,7 +9,9 @@
 mod certs;
 mod identity;
 mod tls;
+mod transport;
 
 pub use certs::{CertsError, GeneratedCerts, generate_certs, write_certs};
 pub use identity::{Identity, IdentityError, Role};
 pub use tls::{TlsError, TlsFiles, client_config, load_files, server_config};
+pub use transport::{TransportError, accept_tls, connect_tls};

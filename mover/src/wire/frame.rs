@@ -26,6 +26,8 @@ pub enum FrameType {
     Finish = 0x09,
     Summary = 0x0a,
     Error = 0x0b,
+    /// Liveness on a quiet stream; carries nothing.
+    Keepalive = 0x0c,
     /// Reserved for the block store (issue 5): sender announces block hashes of a file.
     BlockAnnounce = 0x20,
     /// Reserved for the block store (issue 5): receiver answers which blocks it lacks.
@@ -50,6 +52,7 @@ impl FrameType {
             0x09 => Self::Finish,
             0x0a => Self::Summary,
             0x0b => Self::Error,
+            0x0c => Self::Keepalive,
             0x20 => Self::BlockAnnounce,
             0x21 => Self::NeedBlocks,
             0x22 => Self::PossessionChallenge,

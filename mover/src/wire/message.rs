@@ -28,6 +28,7 @@ pub enum Message {
     Finish,
     Summary(pb::Summary),
     Error(pb::Error),
+    Keepalive,
 }
 
 impl Message {
@@ -67,6 +68,15 @@ impl Message {
                 }
                 Self::Finish
             }
+            FrameType::Keepalive => {
+                if !p.is_empty() {
+                    return Err(WireError::Malformed {
+                        kind,
+                        what: "Keepalive carries no payload",
+                    });
+                }
+                Self::Keepalive
+            }
             FrameType::Summary => Self::Summary(pb::Summary::decode(p).map_err(pbe)?),
             FrameType::Error => Self::Error(pb::Error::decode(p).map_err(pbe)?),
             FrameType::BlockAnnounce
@@ -89,6 +99,7 @@ impl Message {
             Self::Finish => FrameType::Finish,
             Self::Summary(_) => FrameType::Summary,
             Self::Error(_) => FrameType::Error,
+            Self::Keepalive => FrameType::Keepalive,
         }
     }
 
@@ -114,6 +125,10 @@ impl Message {
             Self::Done(m) => encode_message(FrameType::Done, m, out),
             Self::Finish => {
                 out.put_slice(&encode_frame_header(FrameType::Finish, 0));
+                Ok(())
+            }
+            Self::Keepalive => {
+                out.put_slice(&encode_frame_header(FrameType::Keepalive, 0));
                 Ok(())
             }
             Self::Summary(m) => encode_message(FrameType::Summary, m, out),
