@@ -180,7 +180,10 @@ fn spawn_bar(json: bool, progress: Arc<Progress>) {
             bar.set_length(s.bytes_total.max(s.bytes_done));
             bar.set_position(s.bytes_done);
             bar.set_message(format!("{} files", s.files_done));
-            if matches!(s.phase, progress::Phase::Succeeded | progress::Phase::Failed) {
+            if matches!(
+                s.phase,
+                progress::Phase::Succeeded | progress::Phase::Failed
+            ) {
                 bar.finish_and_clear();
                 return;
             }

@@ -39,10 +39,8 @@ pub async fn connect_tls(
             .map_err(|source| TransportError::Connect { addr, source })?;
         let _ = tcp.set_nodelay(true);
         // Identities are checked by URI SAN, not by DNS name; any syntactically valid name works.
-        let name = ServerName::try_from("ferry.invalid").map_err(|_| TransportError::Timeout {
-            addr,
-            secs: 0,
-        })?;
+        let name = ServerName::try_from("ferry.invalid")
+            .map_err(|_| TransportError::Timeout { addr, secs: 0 })?;
         TlsConnector::from(config)
             .connect(name, tcp)
             .await

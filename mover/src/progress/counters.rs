@@ -122,7 +122,11 @@ impl Progress {
             wire_bytes: r(&self.wire_bytes),
             skipped: r(&self.skipped),
             resumed_bytes: r(&self.resumed_bytes),
-            last_error: self.last_error.lock().map(|s| s.clone()).unwrap_or_default(),
+            last_error: self
+                .last_error
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
             elapsed: self.elapsed(),
         }
     }

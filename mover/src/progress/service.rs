@@ -76,7 +76,8 @@ impl ProgressApi for Service {
         &self,
         req: Request<pb::ProgressRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let interval = Duration::from_millis(u64::from(req.get_ref().interval_ms.clamp(100, 60_000)));
+        let interval =
+            Duration::from_millis(u64::from(req.get_ref().interval_ms.clamp(100, 60_000)));
         let progress = self.progress.clone();
         // State: (last bytes, last instant, finished).
         let init = (None::<(u64, Instant)>, false);
@@ -93,7 +94,8 @@ impl ProgressApi for Service {
                 let now = Instant::now();
                 let current = match last {
                     Some((b, t)) => {
-                        s.bytes_done.saturating_sub(b) as f64 / now.duration_since(t).as_secs_f64().max(1e-3)
+                        s.bytes_done.saturating_sub(b) as f64
+                            / now.duration_since(t).as_secs_f64().max(1e-3)
                     }
                     None => 0.0,
                 };

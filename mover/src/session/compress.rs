@@ -31,7 +31,9 @@ pub enum CodecError {
     NotNegotiated(u32),
     #[error("declared length {0} is above the block size")]
     TooLong(u64),
-    #[error("compressed data does not decode to exactly {expected} bytes (zstd/lz4 error or size mismatch)")]
+    #[error(
+        "compressed data does not decode to exactly {expected} bytes (zstd/lz4 error or size mismatch)"
+    )]
     Decode { expected: usize },
     #[error("zero block carries {0} payload bytes")]
     ZeroWithData(usize),
@@ -121,7 +123,14 @@ pub fn zstd_speed() -> f64 {
         let mut sample = Vec::with_capacity(1 << 20);
         let mut x: u32 = 12345;
         let words: [&[u8]; 8] = [
-            b"transfer ", b"block ", b"receiver ", b"the ", b"of ", b"stream\n", b"file ", b"42 ",
+            b"transfer ",
+            b"block ",
+            b"receiver ",
+            b"the ",
+            b"of ",
+            b"stream\n",
+            b"file ",
+            b"42 ",
         ];
         while sample.len() < (1 << 20) {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
@@ -211,7 +220,10 @@ mod tests {
         let enc = zstd::bulk::compress(&big, 3).unwrap();
         let mut out = Vec::new();
         let err = decode(codec::ZSTD, &enc, 1024, caps::SUPPORTED, &mut out).unwrap_err();
-        assert!(matches!(err, CodecError::Decode { expected: 1024 }), "{err}");
+        assert!(
+            matches!(err, CodecError::Decode { expected: 1024 }),
+            "{err}"
+        );
         assert!(out.len() <= 1024);
         let err = decode(codec::RAW, &[], BLOCK_SIZE + 1, caps::SUPPORTED, &mut out).unwrap_err();
         assert!(matches!(err, CodecError::TooLong(_)));

@@ -185,13 +185,25 @@ impl DestRoot {
         &self,
         path: &PeerPath,
         target: &str,
+        mtime: (i64, u32),
         tmp_dir: &OwnedFd,
         tmp: &str,
     ) -> Result<(), DestError> {
         let parent = self.parent_of(path)?;
         let (_, leaf) = path.split_parent();
         let _ = rustix::fs::unlinkat(tmp_dir, tmp, AtFlags::empty());
-        rustix::fs::symlinkat(target, tmp_dir, tmp).map_err(io_err("create symlink", path.as_str()))?;
+        rustix::fs::symlinkat(target, tmp_dir, tmp)
+            .map_err(io_err("create symlink", path.as_str()))?;
+        let ts = Timespec {
+            tv_sec: mtime.0,
+            tv_nsec: i64::from(mtime.1.min(999_999_999)),
+        };
+        let times = Timestamps {
+            last_access: ts,
+            last_modification: ts,
+        };
+        // The link itself, never its target.
+        let _ = rustix::fs::utimensat(tmp_dir, tmp, &times, AtFlags::SYMLINK_NOFOLLOW);
         self.publish(tmp_dir, tmp, &parent, leaf, path.as_str())
     }
 
@@ -235,7 +247,12 @@ impl DestRoot {
     }
 
     /// Applies mode and mtime to a directory (after its content is complete).
-    pub fn set_dir_meta(&self, rel: &PeerPath, mode: u32, mtime: (i64, u32)) -> Result<(), DestError> {
+    pub fn set_dir_meta(
+        &self,
+        rel: &PeerPath,
+        mode: u32,
+        mtime: (i64, u32),
+    ) -> Result<(), DestError> {
         let fd = self.create_dirs(rel.as_str())?;
         set_meta(&fd, mode, mtime).map_err(io_err("set metadata of", rel.as_str()))
     }

@@ -28,8 +28,8 @@ impl Limiter {
             let mut st = self.state.lock().await;
             let now = Instant::now();
             let (ref mut tokens, ref mut last) = *st;
-            *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * self.rate)
-                .min(self.burst());
+            *tokens =
+                (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.burst());
             *last = now;
             *tokens -= n as f64;
             if *tokens < 0.0 {

@@ -10,8 +10,8 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::receiver::{Accepted, ReceiveError, ReceiverConfig, accept_stream, receive_session};
 use super::Summary;
+use super::receiver::{Accepted, ReceiveError, ReceiverConfig, accept_stream, receive_session};
 use crate::net::accept_tls;
 use crate::progress::Progress;
 
@@ -86,7 +86,10 @@ pub async fn serve(
             .iter()
             .any(|a| a.hello.stream_index == acc.hello.stream_index)
         {
-            tracing::warn!("duplicate stream index {} in a session", acc.hello.stream_index);
+            tracing::warn!(
+                "duplicate stream index {} in a session",
+                acc.hello.stream_index
+            );
             continue;
         }
         entry.1.push(acc);

@@ -169,6 +169,9 @@ struct Shared {
     table: Mutex<Table>,
     next_id: AtomicU64,
     progress: Arc<Progress>,
+    /// Root directory metadata, applied after the staging directory is gone (its removal
+    /// would otherwise bump the root's mtime).
+    root_meta: Mutex<Option<(u32, (i64, u32))>>,
 }
 
 #[derive(Default)]
@@ -194,7 +197,9 @@ where
         .ok_or_else(|| ReceiveError::Streams("no streams".into()))?;
     let (sid, caps) = (first.hello.session_id.clone(), first.caps);
     for (i, s) in streams.iter().enumerate() {
-        if s.hello.session_id != sid || s.hello.stream_count != n || s.hello.stream_index != i as u32
+        if s.hello.session_id != sid
+            || s.hello.stream_count != n
+            || s.hello.stream_index != i as u32
         {
             return Err(ReceiveError::Streams(format!(
                 "stream {} of {} announced index {} of {}",
@@ -219,6 +224,7 @@ where
         table: Mutex::new(Table::default()),
         next_id: AtomicU64::new(1),
         progress: progress.clone(),
+        root_meta: Mutex::new(None),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -231,7 +237,19 @@ where
     match result {
         Ok(_) => {
             let sh = shared.clone();
-            tokio::task::spawn_blocking(move || sh.staging.cleanup(&sh.dest)).await?;
+            tokio::task::spawn_blocking(move || {
+                sh.staging.cleanup(&sh.dest);
+                let meta = sh.root_meta.lock().ok().and_then(|m| *m);
+                if let Some((mode, mtime)) = meta {
+                    let fd = sh.dest.open_dir(None)?;
+                    set_meta(&fd, mode, mtime).map_err(|e| ReceiveError::Write {
+                        path: ".".into(),
+                        source: e.into(),
+                    })?;
+                }
+                Ok::<(), ReceiveError>(())
+            })
+            .await??;
             progress.set_phase(Phase::Succeeded);
             let p = progress.snapshot();
             Ok(Summary {
@@ -432,7 +450,8 @@ fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
             let tmp = format!("{}-link.tmp", sh.session_tag);
-            sh.dest.symlink(&path, &e.target, sh.staging.dir(), &tmp)?;
+            sh.dest
+                .symlink(&path, &e.target, mtime_of(&e), sh.staging.dir(), &tmp)?;
             Ok(skip())
         }
         pb::EntryKind::Hardlink => {
@@ -542,10 +561,11 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
 fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<Vec<u8>, ReceiveError> {
     let mut f = sh.dest.open_file(path.as_str())?;
     let mut h = blake3::Hasher::new();
-    h.update_reader(&mut f).map_err(|source| ReceiveError::Write {
-        path: path.to_string(),
-        source,
-    })?;
+    h.update_reader(&mut f)
+        .map_err(|source| ReceiveError::Write {
+            path: path.to_string(),
+            source,
+        })?;
     Ok(h.finalize().as_bytes().to_vec())
 }
 
@@ -603,7 +623,11 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
 
 fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
     use std::io::Write;
-    let tmp = format!("{}-{}.tmp", sh.session_tag, sh.next_id.fetch_add(1, Ordering::Relaxed));
+    let tmp = format!(
+        "{}-{}.tmp",
+        sh.session_tag,
+        sh.next_id.fetch_add(1, Ordering::Relaxed)
+    );
     let werr = |source| ReceiveError::Write {
         path: meta.path.to_string(),
         source,
@@ -630,7 +654,11 @@ fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), Recei
     Ok(())
 }
 
-fn handle_block(sh: &Shared, h: &pb::BlockHeader, source: BlockSource<'_>) -> Result<(), ReceiveError> {
+fn handle_block(
+    sh: &Shared,
+    h: &pb::BlockHeader,
+    source: BlockSource<'_>,
+) -> Result<(), ReceiveError> {
     let lf = {
         let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
         match t.files.get(&h.file_id) {
@@ -752,7 +780,9 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
         let mut keep = HashSet::with_capacity(d.names.len());
         for name in d.names {
             if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                return Err(proto(format!("invalid name {name:?} in a directory listing")));
+                return Err(proto(format!(
+                    "invalid name {name:?} in a directory listing"
+                )));
             }
             keep.insert(name);
         }
@@ -763,11 +793,9 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
     match rel {
         Some(p) => sh.dest.set_dir_meta(&p, dir.mode, mtime)?,
         None => {
-            let fd = sh.dest.open_dir(None)?;
-            set_meta(&fd, dir.mode, mtime).map_err(|e| ReceiveError::Write {
-                path: ".".into(),
-                source: e.into(),
-            })?;
+            if let Ok(mut m) = sh.root_meta.lock() {
+                *m = Some((dir.mode, mtime));
+            }
         }
     }
     Ok(())

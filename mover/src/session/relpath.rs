@@ -75,8 +75,17 @@ mod tests {
     #[test]
     fn hostile_names_are_refused() {
         for bad in [
-            "", "/etc/passwd", "..", "a/../../x", "a/./b", "a//b", "a/", "./a", "a\0b",
-            ".ferry-staging/x", ".ferry-staging",
+            "",
+            "/etc/passwd",
+            "..",
+            "a/../../x",
+            "a/./b",
+            "a//b",
+            "a/",
+            "./a",
+            "a\0b",
+            ".ferry-staging/x",
+            ".ferry-staging",
         ] {
             assert!(PeerPath::parse(bad).is_err(), "{bad:?} accepted");
         }
@@ -86,7 +95,14 @@ mod tests {
 
     #[test]
     fn plain_names_are_accepted() {
-        for good in ["a", "a/b/c", "with space/ü", "x/.ferry-staging", "..a", "a.."] {
+        for good in [
+            "a",
+            "a/b/c",
+            "with space/ü",
+            "x/.ferry-staging",
+            "..a",
+            "a..",
+        ] {
             assert_eq!(PeerPath::parse(good).unwrap().as_str(), good);
         }
         let p = PeerPath::parse("a/b/c").unwrap();

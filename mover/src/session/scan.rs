@@ -56,7 +56,11 @@ fn entry_of(rel: String, md: &std::fs::Metadata, kind: pb::EntryKind) -> pb::Ent
         mode: md.mode() & 0o7777,
         mtime_sec: md.mtime(),
         mtime_nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
-        size: if kind == pb::EntryKind::File { md.size() } else { 0 },
+        size: if kind == pb::EntryKind::File {
+            md.size()
+        } else {
+            0
+        },
         target: String::new(),
         checksum: Vec::new(),
     }

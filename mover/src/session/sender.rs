@@ -179,8 +179,7 @@ where
     let root = cfg.root.clone();
     let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
     let p = progress.clone();
-    let scanner =
-        tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p));
+    let scanner = tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p));
 
     let mut futs = Vec::new();
     for (reader, writer) in halves {
@@ -360,8 +359,7 @@ where
             let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
             for index in 0..nblocks {
                 let needed = w.need_blocks.is_empty()
-                    || w
-                        .need_blocks
+                    || w.need_blocks
                         .get((index / 8) as usize)
                         .is_some_and(|b| b & (1 << (index % 8)) != 0);
                 if !needed {
@@ -401,9 +399,7 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
         let mut content = Vec::with_capacity(e.size as usize);
         let f = open_source(&path).map_err(rerr)?;
         use std::io::Read;
-        f.take(e.size + 1)
-            .read_to_end(&mut content)
-            .map_err(rerr)?;
+        f.take(e.size + 1).read_to_end(&mut content).map_err(rerr)?;
         if content.len() as u64 != e.size {
             return Err(SendError::Changed(path));
         }

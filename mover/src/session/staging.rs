@@ -118,8 +118,7 @@ impl Staging {
         let mut need = vec![true; nblocks];
         let mut resumed_bytes = 0;
 
-        if let Some((data, manifest)) = self.try_resume(&part_name, &manifest_name, &header, size)
-        {
+        if let Some((data, manifest)) = self.try_resume(&part_name, &manifest_name, &header, size) {
             let records = read_records(&manifest, header.len() as u64).unwrap_or_default();
             let mut buf = vec![0u8; BLOCK_SIZE];
             for (index, hash) in records {
