@@ -41,28 +41,41 @@ fn gen_err(what: &str) -> impl FnOnce(rcgen::Error) -> CertsError + '_ {
     }
 }
 
-/// Generates a CA and sender, receiver and operator leaves for `transfer_id`, valid for `days`.
-///
-/// Mover leaves carry both serverAuth and clientAuth: each mover is a TLS client or server on the
-/// data port depending on its role and a server on its progress port; the role in the URI SAN
-/// (checked by every verifier) is what keeps a sender from acting as a receiver.
-pub fn generate_certs(transfer_id: &str, days: u32) -> Result<GeneratedCerts, CertsError> {
-    // Validate up front so the error is about the id, not about certificate encoding.
-    Identity::new(transfer_id, Role::Sender)?;
-    let ca_key = KeyPair::generate().map_err(gen_err("CA key"))?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("CA"))?;
-    ca.distinguished_name.push(
-        DnType::CommonName,
-        format!("ferry transfer {transfer_id} CA"),
-    );
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    set_validity(&mut ca, days);
-    let ca_cert = ca.self_signed(&ca_key).map_err(gen_err("CA"))?;
-    let issuer = Issuer::new(ca, ca_key);
+/// A certificate authority held in memory (its key is never written by `ferry-mover certs`).
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    cert_pem: String,
+    days: u32,
+}
 
-    let mut leaves = Vec::new();
-    for role in [Role::Sender, Role::Receiver, Role::Operator] {
+impl Ca {
+    /// A fresh CA named after `label`, issuing leaves valid for `days`.
+    pub fn new(label: &str, days: u32) -> Result<Self, CertsError> {
+        let ca_key = KeyPair::generate().map_err(gen_err("CA key"))?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("CA"))?;
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("ferry {label} CA"));
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        set_validity(&mut ca, days);
+        let cert = ca.self_signed(&ca_key).map_err(gen_err("CA"))?;
+        Ok(Self {
+            issuer: Issuer::new(ca, ca_key),
+            cert_pem: cert.pem(),
+            days,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// Issues a leaf for (transfer, role): returns (certificate PEM, private key PEM).
+    ///
+    /// Mover leaves carry both serverAuth and clientAuth: each mover is a TLS client or server
+    /// on the data port depending on its role and a server on its progress port; the role in
+    /// the URI SAN (checked by every verifier) keeps a sender from acting as a receiver.
+    pub fn issue(&self, transfer_id: &str, role: Role) -> Result<(String, String), CertsError> {
         let id = Identity::new(transfer_id, role)?;
         let what = format!("{role} leaf");
         let key = KeyPair::generate().map_err(gen_err(&what))?;
@@ -79,12 +92,24 @@ pub fn generate_certs(transfer_id: &str, days: u32) -> Result<GeneratedCerts, Ce
             ],
         };
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        set_validity(&mut p, days);
-        let cert = p.signed_by(&key, &issuer).map_err(gen_err(&what))?;
-        leaves.push((role, cert.pem(), key.serialize_pem()));
+        set_validity(&mut p, self.days);
+        let cert = p.signed_by(&key, &self.issuer).map_err(gen_err(&what))?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// Generates a throwaway CA and sender, receiver and operator leaves for `transfer_id`.
+pub fn generate_certs(transfer_id: &str, days: u32) -> Result<GeneratedCerts, CertsError> {
+    // Validate up front so the error is about the id, not about certificate encoding.
+    Identity::new(transfer_id, Role::Sender)?;
+    let ca = Ca::new(&format!("transfer {transfer_id}"), days)?;
+    let mut leaves = Vec::new();
+    for role in [Role::Sender, Role::Receiver, Role::Operator] {
+        let (cert, key) = ca.issue(transfer_id, role)?;
+        leaves.push((role, cert, key));
     }
     Ok(GeneratedCerts {
-        ca_cert_pem: ca_cert.pem(),
+        ca_cert_pem: ca.cert_pem.clone(),
         leaves,
     })
 }

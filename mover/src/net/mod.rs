@@ -11,7 +11,7 @@ mod identity;
 mod tls;
 mod transport;
 
-pub use certs::{CertsError, GeneratedCerts, generate_certs, write_certs};
+pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
 pub use identity::{Identity, IdentityError, Role};
 pub use tls::{TlsError, TlsFiles, client_config, load_files, server_config};
 pub use transport::{TransportError, accept_tls, connect_tls};
