@@ -224,11 +224,10 @@ pub async fn start_receiver(
             true,
             progress,
             |r: &Result<Summary, ReceiveError>| {
-                result = Some(
-                    r.as_ref()
-                        .map(Clone::clone)
-                        .map_err(|e| session::anyhow_chain(e)),
-                );
+                result = Some(match r {
+                    Ok(s) => Ok(s.clone()),
+                    Err(e) => Err(session::anyhow_chain(e)),
+                });
             },
         )
         .await;
