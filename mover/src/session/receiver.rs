@@ -13,13 +13,14 @@ use std::os::unix::fs::FileExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::{self, CodecError};
-use super::dest::{DestError, DestRoot, Existing, set_meta};
+use super::dest::{DestError, DestRoot, Existing};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
 use super::staging::{LargeStaging, Staging, StagingError, block_count, block_len};
 use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, SMALL_FILE_MAX, Summary, Timeouts};
 use crate::progress::{Phase, Progress};
+use crate::tree::{CommitError, Kind};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once.
@@ -54,6 +55,12 @@ pub enum ReceiveError {
     },
     #[error("{path}: block {index} does not match its BLAKE3 hash; nothing was written")]
     HashMismatch { path: String, index: u64 },
+    #[error("failed to publish {path}")]
+    Commit {
+        path: String,
+        #[source]
+        source: CommitError,
+    },
     #[error("failed to write {path}")]
     Write {
         path: String,
@@ -163,7 +170,6 @@ struct LargeState {
 struct Shared {
     dest: DestRoot,
     staging: Staging,
-    session_tag: String,
     caps: u64,
     sync: bool,
     table: Mutex<Table>,
@@ -218,7 +224,6 @@ where
     let shared = Arc::new(Shared {
         dest,
         staging,
-        session_tag: sid.iter().take(4).map(|b| format!("{b:02x}")).collect(),
         caps,
         sync: cfg.sync,
         table: Mutex::new(Table::default()),
@@ -241,11 +246,7 @@ where
                 sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
-                    let fd = sh.dest.open_dir(None)?;
-                    set_meta(&fd, mode, mtime).map_err(|e| ReceiveError::Write {
-                        path: ".".into(),
-                        source: e.into(),
-                    })?;
+                    sh.dest.set_dir_meta(None, mode, mtime)?;
                 }
                 Ok::<(), ReceiveError>(())
             })
@@ -449,15 +450,12 @@ fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError
             if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
-            let tmp = format!("{}-link.tmp", sh.session_tag);
-            sh.dest
-                .symlink(&path, &e.target, mtime_of(&e), sh.staging.dir(), &tmp)?;
+            sh.dest.symlink(&path, &e.target, mtime_of(&e))?;
             Ok(skip())
         }
         pb::EntryKind::Hardlink => {
             let target = PeerPath::parse(&e.target)?;
-            let tmp = format!("{}-hlink.tmp", sh.session_tag);
-            sh.dest.hardlink(&path, &target, sh.staging.dir(), &tmp)?;
+            sh.dest.hardlink(&path, &target)?;
             Ok(skip())
         }
         pb::EntryKind::File => offer_file(sh, path, &e),
@@ -481,9 +479,8 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             return Err(proto("too many files in flight"));
         }
     }
-    let parent = sh.dest.parent_of(&path)?;
-    let (_, leaf) = path.split_parent();
-    let existing = sh.dest.existing(&parent, leaf)?;
+    sh.dest.ensure_parent(&path)?;
+    let existing = sh.dest.existing(&path)?;
     if let Existing::File { size, mtime } = existing
         && size == e.size
     {
@@ -495,7 +492,8 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
         if same {
             if mtime != meta.mtime {
                 let f = sh.dest.open_file(path.as_str())?;
-                let _ = set_meta(&f, meta.mode, meta.mtime);
+                let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+                sh.dest.apply_meta(&f, path.as_str(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
             return Ok(skip());
@@ -622,33 +620,21 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
 }
 
 fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
-    use std::io::Write;
-    let tmp = format!(
-        "{}-{}.tmp",
-        sh.session_tag,
-        sh.next_id.fetch_add(1, Ordering::Relaxed)
-    );
-    let werr = |source| ReceiveError::Write {
-        path: meta.path.to_string(),
-        source,
-    };
-    let mut f = sh.staging.create_temp(&tmp)?;
-    let r = (|| -> Result<(), ReceiveError> {
-        f.write_all(content).map_err(werr)?;
-        set_meta(&f, meta.mode, meta.mtime).map_err(|e| werr(e.into()))?;
-        if sh.sync {
-            f.sync_all().map_err(werr)?;
-        }
-        let parent = sh.dest.parent_of(&meta.path)?;
-        let (_, leaf) = meta.path.split_parent();
-        sh.dest
-            .publish(sh.staging.dir(), &tmp, &parent, leaf, meta.path.as_str())?;
-        Ok(())
-    })();
-    if r.is_err() {
-        sh.staging.remove(&tmp);
-    }
-    r?;
+    let staged = sh.dest.stage(&meta.path)?;
+    staged
+        .write_at(0, content)
+        .map_err(|e| ReceiveError::Write {
+            path: meta.path.to_string(),
+            source: e.into(),
+        })?;
+    let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+    // Dropping an uncommitted StagedFile removes its temporary file.
+    staged
+        .commit(&m, sh.sync)
+        .map_err(|source| ReceiveError::Commit {
+            path: meta.path.to_string(),
+            source,
+        })?;
     sh.progress.add(&sh.progress.files_done, 1);
     sh.progress.add(&sh.progress.bytes_done, meta.size);
     Ok(())
@@ -743,23 +729,22 @@ fn handle_block(
 
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {
     let st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
-    let werr = |source| ReceiveError::Write {
-        path: lf.meta.path.to_string(),
-        source,
-    };
-    set_meta(&st.staging.data, lf.meta.mode, lf.meta.mtime).map_err(|e| werr(e.into()))?;
+    let path = lf.meta.path.as_str();
+    let staged = format!("{}/{}", sh.staging.rel, st.staging.part_name);
+    let m = sh
+        .dest
+        .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
+    sh.dest.apply_meta(&st.staging.data, &staged, &m)?;
     if sh.sync {
-        st.staging.data.sync_all().map_err(werr)?;
+        st.staging
+            .data
+            .sync_all()
+            .map_err(|source| ReceiveError::Write {
+                path: path.to_owned(),
+                source,
+            })?;
     }
-    let parent = sh.dest.parent_of(&lf.meta.path)?;
-    let (_, leaf) = lf.meta.path.split_parent();
-    sh.dest.publish(
-        sh.staging.dir(),
-        &st.staging.part_name,
-        &parent,
-        leaf,
-        lf.meta.path.as_str(),
-    )?;
+    sh.dest.publish_from_staging(&staged, &lf.meta.path)?;
     sh.staging.finish_large(&st.staging);
     Ok(())
 }
@@ -791,7 +776,7 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
     }
     let mtime = mtime_of(&dir);
     match rel {
-        Some(p) => sh.dest.set_dir_meta(&p, dir.mode, mtime)?,
+        Some(p) => sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?,
         None => {
             if let Ok(mut m) = sh.root_meta.lock() {
                 *m = Some((dir.mode, mtime));
