@@ -105,9 +105,9 @@ impl DestRoot {
         self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
     }
 
-    /// A temporary file next to `path`, published by [`StagedFile::commit`].
+    /// A temporary file next to `path`, published by [`StagedFile::commit`]. The parent must
+    /// exist (the receiver creates it when the file is offered).
     pub fn stage(&self, path: &PeerPath) -> Result<StagedFile, DestError> {
-        self.ensure_parent(path)?;
         self.tree.stage_file(&rel(path.as_str())?, 0o600)
     }
 

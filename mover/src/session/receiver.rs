@@ -156,6 +156,8 @@ struct FileMeta {
 struct LargeFile {
     meta: FileMeta,
     nblocks: u64,
+    /// A second handle on the staging data file, so streams write blocks in parallel.
+    data: std::fs::File,
     state: Mutex<LargeState>,
 }
 
@@ -421,8 +423,10 @@ fn handle_offer(sh: &Shared, offer: pb::Offer) -> Result<pb::Want, ReceiveError>
         )));
     }
     let mut wants = Vec::with_capacity(offer.entries.len());
+    // Entries of one directory arrive together: create each parent once per offer.
+    let mut last_parent: Option<String> = None;
     for e in offer.entries {
-        wants.push(handle_entry(sh, e)?);
+        wants.push(handle_entry(sh, e, &mut last_parent)?);
     }
     Ok(pb::Want {
         offer_id: offer.offer_id,
@@ -438,7 +442,11 @@ fn skip() -> pb::EntryWant {
     }
 }
 
-fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError> {
+fn handle_entry(
+    sh: &Shared,
+    e: pb::Entry,
+    last_parent: &mut Option<String>,
+) -> Result<pb::EntryWant, ReceiveError> {
     let path = PeerPath::parse(&e.path)?;
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
@@ -458,7 +466,14 @@ fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError
             sh.dest.hardlink(&path, &target)?;
             Ok(skip())
         }
-        pb::EntryKind::File => offer_file(sh, path, &e),
+        pb::EntryKind::File => {
+            let parent = path.split_parent().0;
+            if parent != last_parent.as_deref() {
+                sh.dest.ensure_parent(&path)?;
+                *last_parent = parent.map(str::to_owned);
+            }
+            offer_file(sh, path, &e)
+        }
         pb::EntryKind::Unspecified => Err(proto(format!("entry {path} has no kind"))),
     }
 }
@@ -479,7 +494,6 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             return Err(proto("too many files in flight"));
         }
     }
-    sh.dest.ensure_parent(&path)?;
     let existing = sh.dest.existing(&path)?;
     if let Existing::File { size, mtime } = existing
         && size == e.size
@@ -519,9 +533,18 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             bitmap[i / 8] |= 1 << (i % 8);
         }
     }
+    let data = resumed
+        .staging
+        .data
+        .try_clone()
+        .map_err(|source| ReceiveError::Write {
+            path: path.to_string(),
+            source,
+        })?;
     let lf = Arc::new(LargeFile {
         meta,
         nblocks,
+        data,
         state: Mutex::new(LargeState {
             staging: resumed.staging,
             need: resumed.need,
@@ -684,15 +707,22 @@ fn handle_block(
         }
     }
     let BlockSource::Wire { codec, data } = source;
-    let mut buf = Vec::with_capacity(expected as usize);
-    compress::decode(codec, data, expected as usize, sh.caps, &mut buf).map_err(|source| {
-        ReceiveError::Codec {
-            path: path.clone(),
-            index: h.index,
-            source,
-        }
-    })?;
-    let hash = blake3::hash(&buf);
+    let mut decoded = Vec::new();
+    // Raw blocks are hashed and written straight from the frame: no copy.
+    let buf: &[u8] = if codec == crate::wire::codec::RAW && data.len() as u64 == expected {
+        data
+    } else {
+        decoded.reserve_exact(expected as usize);
+        compress::decode(codec, data, expected as usize, sh.caps, &mut decoded).map_err(
+            |source| ReceiveError::Codec {
+                path: path.clone(),
+                index: h.index,
+                source,
+            },
+        )?;
+        &decoded
+    };
+    let hash = blake3::hash(buf);
     if hash.as_bytes().as_slice() != h.hash.as_slice() {
         return Err(ReceiveError::HashMismatch {
             path,
@@ -704,12 +734,12 @@ fn handle_block(
         path: lf.meta.path.to_string(),
         source,
     };
+    // All-zero blocks stay holes in the pre-sized staging file.
+    if codec != compress::CODEC_ZERO {
+        lf.data.write_all_at(buf, off).map_err(werr)?;
+    }
     let finished = {
         let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
-        // All-zero blocks stay holes in the pre-sized staging file.
-        if codec != compress::CODEC_ZERO {
-            st.staging.data.write_all_at(&buf, off).map_err(werr)?;
-        }
         st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
         st.remaining -= 1;
         st.remaining == 0
