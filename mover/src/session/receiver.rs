@@ -316,42 +316,59 @@ where
     W: AsyncWrite + Unpin,
 {
     let stream = reader.stream();
-    // Main phase: offers, data.
-    loop {
-        match reader.expect().await? {
-            Message::Offer(o) => {
-                let sh = shared.clone();
-                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
-                writer.send(&Message::Want(want)).await?;
-                writer.flush().await?;
-            }
-            Message::Batch { header, data } => {
-                let sh = shared.clone();
-                tokio::task::spawn_blocking(move || handle_batch(&sh, header, &data)).await??;
-            }
-            Message::Block { header, data } => {
-                let sh = shared.clone();
-                tokio::task::spawn_blocking(move || {
+    // Main phase. Data frames go to a per-stream blocking worker through a 2-slot channel, so
+    // decrypting the next frame overlaps with hashing and writing this one (memory: 3 frames).
+    let (work_tx, mut work_rx) = tokio::sync::mpsc::channel::<Message>(2);
+    let sh = shared.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        while let Some(m) = work_rx.blocking_recv() {
+            match m {
+                Message::Batch { header, data } => handle_batch(&sh, header, &data)?,
+                Message::Block { header, data } => {
                     let source = BlockSource::Wire {
                         codec: header.codec,
                         data: &data,
                     };
-                    handle_block(&sh, &header, source)
-                })
-                .await??;
-            }
-            Message::Keepalive => {}
-            Message::Done(_) => break,
-            Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
-            other => {
-                return Err(ReceiveError::OutOfOrder {
-                    stream,
-                    kind: other.frame_type(),
-                    when: "while data flows",
-                });
+                    handle_block(&sh, &header, source)?;
+                }
+                _ => {}
             }
         }
-    }
+        Ok::<(), ReceiveError>(())
+    });
+    let main = async {
+        loop {
+            match reader.expect().await? {
+                Message::Offer(o) => {
+                    let sh = shared.clone();
+                    let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                    writer.send(&Message::Want(want)).await?;
+                    writer.flush().await?;
+                }
+                m @ (Message::Batch { .. } | Message::Block { .. }) => {
+                    if work_tx.send(m).await.is_err() {
+                        // The worker failed; its error is reported below.
+                        return Ok(());
+                    }
+                }
+                Message::Keepalive => {}
+                Message::Done(_) => return Ok(()),
+                Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+                other => {
+                    return Err(ReceiveError::OutOfOrder {
+                        stream,
+                        kind: other.frame_type(),
+                        when: "while data flows",
+                    });
+                }
+            }
+        }
+    };
+    let r: Result<(), ReceiveError> = main.await;
+    drop(work_tx);
+    // The worker's error (e.g. a hash mismatch) explains more than what the reader saw after it.
+    worker.await??;
+    r?;
     if stream != 0 {
         done.add_permits(1);
         return Ok(());
