@@ -25,23 +25,24 @@ for d in range(50):
             f.write(os.urandom(4096))
 PY
 TLS=(--ca certs/ca.crt --transfer bench)
-n=0
+# Each run is called in a $(...) subshell, so names come from mktemp, not a shell counter.
+fresh() { mktemp -d "$W/run.XXXXXX"; }
 ferry() { # set streams -> seconds
-    local set=$1 streams=$2; n=$((n+1)); local dst="dst-$n"
+    local set=$1 streams=$2; local d; d=$(fresh); local n; n=$(basename "$d"); local dst="$d/dst"
     "$BIN" receive --listen 127.0.0.1:0 --root "$dst" "${TLS[@]}" --cert certs/receiver.crt \
-        --key certs/receiver.key --once --json > "recv-$n.out" 2>/dev/null &
+        --key certs/receiver.key --once --json > "$d/recv.out" 2>/dev/null &
     local rpid=$!
-    while [[ ! -s "recv-$n.out" ]]; do sleep 0.02; done
-    local addr; addr=$(head -1 "recv-$n.out")
+    while [[ ! -s "$d/recv.out" ]]; do sleep 0.02; done
+    local addr; addr=$(head -1 "$d/recv.out")
     local t0 t1; t0=$(date +%s.%N)
     "$BIN" send --connect "$addr" --root "src-$set" "${TLS[@]}" --cert certs/sender.crt \
-        --key certs/sender.key --streams "$streams" --compress auto --json > "send-$n.out" 2>/dev/null
+        --key certs/sender.key --streams "$streams" --compress auto --json > "$d/send.out" 2>/dev/null || { kill "$rpid"; echo "send failed" >&2; }
     wait "$rpid"; t1=$(date +%s.%N)
     echo "$t1 - $t0" | bc
 }
 rawpipe() { # 1 GiB through a plaintext socket
-    n=$((n+1)); local port=$((20000 + n))
-    socat -b 262144 -u TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1 CREATE:"raw-$n.bin" &
+    local d; d=$(fresh); local port=$((20000 + RANDOM % 20000))
+    socat -b 262144 -u TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1 CREATE:"$d/raw.bin" &
     local rpid=$!; sleep 0.1
     local t0 t1; t0=$(date +%s.%N)
     socat -b 262144 -u OPEN:src-big/big.bin TCP:127.0.0.1:$port
@@ -49,8 +50,8 @@ rawpipe() { # 1 GiB through a plaintext socket
     echo "$t1 - $t0" | bc
 }
 tarpipe() { # small files: tar through a plaintext socket
-    n=$((n+1)); local port=$((20000 + n)); mkdir "tar-$n"
-    (socat -b 1048576 -u TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1 - | tar -x -C "tar-$n") &
+    local d; d=$(fresh); local port=$((20000 + RANDOM % 20000))
+    (socat -b 1048576 -u TCP-LISTEN:$port,reuseaddr,bind=127.0.0.1 - | tar -x -C "$d") &
     local rpid=$!; sleep 0.1
     local t0 t1; t0=$(date +%s.%N)
     tar -c -C src-small . | socat -b 1048576 -u - TCP:127.0.0.1:$port
@@ -76,5 +77,5 @@ for i, (n, m) in enumerate(zip(names, med)):
     ref = med[0] if i < 4 else med[4]
     print(f"{n:28} {m:9.3f} {ref / m:12.2f}x")
 PY
-echo "runs: $(grep -h -o '"wire_bytes":[0-9]*' send-*.out | head -2 | tr '\n' ' ')"
+echo "sample summaries: $(cat "$W"/run.*/send.out 2>/dev/null | head -2 | tr '\n' ' ')"
 cd /; umount "$W"; rmdir "$W"
