@@ -178,7 +178,8 @@ impl CodecPolicy {
         let has = |c| self.negotiated & c != 0;
         match self.mode {
             Compress::None => (codec::RAW, 0),
-            Compress::Zstd if has(crate::wire::caps::ZSTD) => (codec::ZSTD, 3),
+            // Level 1: on these CPUs level 3 costs ~1.5x the time for ~6 % smaller output.
+            Compress::Zstd if has(crate::wire::caps::ZSTD) => (codec::ZSTD, 1),
             Compress::Lz4 if has(crate::wire::caps::LZ4) => (codec::LZ4, 0),
             Compress::Zstd | Compress::Lz4 => (codec::RAW, 0),
             Compress::Auto => {
