@@ -1,7 +1,6 @@
 //! The sending end: walks the tree while streams carry data, pipelines Offers, reads Wants, and
 //! stripes the blocks of large files over all streams.
 
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -452,17 +451,19 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
         path: path.to_owned(),
         source,
     };
-    let f = open_source(path).map_err(rerr)?;
+    let mut f = open_source(path).map_err(rerr)?;
     let len = job.len as usize;
-    let mut buf = vec![0u8; len];
     let off = job.index * BLOCK_SIZE as u64;
-    f.read_exact_at(&mut buf, off).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            SendError::Changed(path.to_owned())
-        } else {
-            rerr(e)
-        }
-    })?;
+    // read_to_end fills spare capacity directly: no zeroing of a fresh 4 MiB buffer per block.
+    let mut buf = Vec::with_capacity(len);
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        f.seek(SeekFrom::Start(off)).map_err(rerr)?;
+        (&mut f).take(job.len).read_to_end(&mut buf).map_err(rerr)?;
+    }
+    if buf.len() != len {
+        return Err(SendError::Changed(path.to_owned()));
+    }
     let hash = blake3::hash(&buf);
     ctx.progress.add(&ctx.progress.bytes_done, job.len);
     let (codec_id, data) = if is_zero(&buf) {
