@@ -78,3 +78,17 @@ fn missing_source_is_a_clear_error() {
     assert_eq!(run.status.code(), Some(2));
     assert!(run.stderr.contains("nope"), "{}", run.stderr);
 }
+
+#[test]
+fn destination_inside_source_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write(&src.join("f"), b"x");
+    let run = copy(&src, &src.join("inner/dst"), &[]);
+    assert_eq!(run.status.code(), Some(2), "{}", run.stderr);
+    assert!(run.stderr.contains("inside the source"), "{}", run.stderr);
+    assert!(
+        !src.join("inner").exists(),
+        "nothing may be created in the source"
+    );
+}

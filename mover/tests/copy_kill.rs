@@ -1,5 +1,6 @@
-//! `kill -9` in the middle of a large file leaves no partial file at its final path, only a
-//! `.ferry-tmp.*` name; the next run completes the copy and removes the leftover.
+//! `kill -9` in the middle of a large file leaves no partial file at its final path (the data was
+//! in an anonymous O_TMPFILE inode or under a `.ferry-tmp.*` name); the next run completes the
+//! copy, and leftover `.ferry-tmp.*` names of an interrupted run are removed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod copy_support;
@@ -38,7 +39,9 @@ fn killed_copy_leaves_only_temp_names_and_next_run_finishes() {
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if dst.is_dir() && !temp_names(&dst).is_empty() {
+            if dst.is_dir()
+                && (!temp_names(&dst).is_empty() || writing_staged_file(child.id(), &dst))
+            {
                 child.kill().unwrap(); // SIGKILL
                 caught = true;
                 break;
@@ -58,17 +61,46 @@ fn killed_copy_leaves_only_temp_names_and_next_run_finishes() {
         !dst.join("zz-big").exists(),
         "a partial file appeared at the final path"
     );
-    assert!(
-        !temp_names(&dst).is_empty(),
-        "the killed copy left no temp file to clean"
-    );
 
     let run = copy_ok(&src, &dst, &[]);
-    assert!(run.n("temps_cleaned") >= 1, "{}", run.json);
+    assert_eq!(
+        run.n("files"),
+        1,
+        "only the big file was missing: {}",
+        run.json
+    );
     assert!(
         temp_names(&dst).is_empty(),
         "temp names left: {:?}",
         temp_names(&dst)
     );
+    assert_same_tree(&src, &dst);
+}
+
+/// True while process `pid` holds open a file being staged in `dst`: an O_TMPFILE inode shows in
+/// /proc as `<dir>/#<inode> (deleted)`.
+fn writing_staged_file(pid: u32, dst: &std::path::Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let prefix = dst.to_string_lossy().into_owned();
+    fds.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.to_string_lossy().into_owned())
+        .any(|t| t.starts_with(&prefix) && (t.contains("/#") || t.contains("/.ferry-tmp.")))
+}
+
+#[test]
+fn stale_temp_files_of_an_interrupted_run_are_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let dst = tmp.path().join("dst");
+    write(&src.join("d/f"), b"data");
+    copy_ok(&src, &dst, &[]);
+    write(&dst.join("d/.ferry-tmp.4d2.7"), b"torn half of something");
+    write(&dst.join(".ferry-tmp.4d2.8"), b"torn");
+    let run = copy_ok(&src, &dst, &[]);
+    assert_eq!(run.n("temps_cleaned"), 2, "{}", run.json);
+    assert!(temp_names(&dst).is_empty());
     assert_same_tree(&src, &dst);
 }

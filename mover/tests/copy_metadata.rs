@@ -64,3 +64,44 @@ fn unchanged_file_with_new_mode_gets_the_mode_updated() {
         0o640
     );
 }
+
+/// A read-only directory copied by an earlier run can still receive new files on the next run by
+/// an unprivileged user (root would not notice the problem, so the copy runs as `nobody`).
+#[test]
+fn read_only_directory_is_updated_by_an_unprivileged_rerun() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch to an unprivileged user");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = base.join("src");
+    let dst = base.join("dst");
+    write(&src.join("ro/one"), b"1");
+    std::fs::set_permissions(src.join("ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+    std::fs::create_dir(&dst).unwrap();
+    std::os::unix::fs::chown(&dst, Some(65534), Some(65534)).unwrap();
+    let as_nobody = || {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(BIN)
+            .args(["copy", "--json"])
+            .arg(&src)
+            .arg(&dst)
+            .output()
+            .expect("setpriv");
+        parse(out)
+    };
+    let first = as_nobody();
+    assert!(first.status.success(), "{}", first.stderr);
+    std::fs::set_permissions(src.join("ro"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    write(&src.join("ro/two"), b"2");
+    std::fs::set_permissions(src.join("ro"), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let second = as_nobody();
+    assert!(second.status.success(), "{}", second.stderr);
+    assert_eq!(second.n("files"), 1);
+    assert_eq!(std::fs::read(dst.join("ro/two")).unwrap(), b"2");
+    let mode = std::fs::metadata(dst.join("ro")).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o555, "final mode restored");
+}

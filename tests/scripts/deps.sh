@@ -6,6 +6,9 @@ set -euo pipefail
 packages=(
   # benchmark peers and references
   rsync openssh-server openssh-client stunnel4 socat time
+  # benchmark harness: dataset keystream (openssl), text-ratio self-test (zstd), tar reference,
+  # unshare/findmnt (util-linux); the harness itself is Python 3 stdlib only
+  openssl zstd tar util-linux python3
   # network namespaces and traffic shaping for network tests
   iproute2
 )

@@ -48,6 +48,7 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         anyhow::ensure!(jobs > 0, "--jobs must be at least 1");
         opts.jobs = jobs;
     }
+    raise_open_file_limit();
     let progress = Progress::new();
     let bar = ProgressBar::start(progress.clone(), !args.json);
     let result = copy_tree(&args.src, &args.dst, &opts, progress);
@@ -69,4 +70,20 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The scan keeps one source and one destination directory open per level of depth, plus the
+/// handles queued for workers; lift the soft limit on open files to the hard limit so deep trees
+/// do not run out (the default soft limit is often 1024).
+fn raise_open_file_limit() {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised) {
+            tracing::debug!("could not raise the open-file limit: {e}");
+        }
+    }
 }

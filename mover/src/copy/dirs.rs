@@ -118,12 +118,12 @@ pub(crate) struct EntryError {
 impl EntryError {
     pub fn new(
         op: &'static str,
-        path: &str,
+        path: &(impl ToString + ?Sized),
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> EntryError {
         EntryError {
             op,
-            path: path.to_owned(),
+            path: path.to_string(),
             source: source.into(),
         }
     }

@@ -77,6 +77,8 @@ pub enum CopyError {
     Dest(#[source] DestError),
     #[error("failed to start a copy worker thread")]
     Spawn(#[source] std::io::Error),
+    #[error("the destination {dst} is inside the source {src}: the copy would copy itself")]
+    DestInsideSource { src: String, dst: String },
 }
 
 /// Counters that are not part of [`Progress`].
@@ -134,6 +136,15 @@ pub fn copy_tree(
     let started = Instant::now();
     let scanner = Scanner::open(src).map_err(CopyError::Source)?;
     let dst_existed = dst.symlink_metadata().is_ok();
+    // A destination inside the source would be scanned while it is being filled.
+    if let (Ok(s), Some(d)) = (src.canonicalize(), canonical_prefix(dst))
+        && d.starts_with(&s)
+    {
+        return Err(CopyError::DestInsideSource {
+            src: s.display().to_string(),
+            dst: d.display().to_string(),
+        });
+    }
     // Local copies are of the user's own tree: setuid/setgid/sticky are preserved like cp -p.
     let dest = DestRoot::open_with(
         dst,
@@ -146,6 +157,12 @@ pub fn copy_tree(
     let caps = CopyCaps::new();
     if opts.no_copy_file_range {
         caps.disable_copy_file_range();
+    }
+    if let Some(n) = std::env::var("FERRY_SMALL_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        caps.set_small_max(n);
     }
     let shared = Arc::new(Shared {
         dest,
@@ -195,6 +212,7 @@ pub fn copy_tree(
 
     let root = DirState::root(&shared, &scanner, !dst_existed);
     if dst_existed {
+        make_writable(&shared, shared.dest.root().as_fd());
         clean_temps(&shared, &root);
     }
     let mut stack: Vec<Arc<DirState>> = vec![root];
@@ -242,6 +260,9 @@ pub fn copy_tree(
                         let state = match created {
                             Ok((fd, created)) => {
                                 shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
+                                if !created {
+                                    make_writable(&shared, fd.as_fd());
+                                }
                                 DirState::child(&parent, entry, Arc::new(fd), created)
                             }
                             Err(e) => {
@@ -325,6 +346,41 @@ pub fn copy_tree(
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
     })
+}
+
+/// `path` with its longest existing prefix canonicalized (the rest may not exist yet).
+fn canonical_prefix(path: &Path) -> Option<std::path::PathBuf> {
+    let mut existing = path;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(c) = existing.canonicalize() {
+            return Some(
+                rest.iter()
+                    .rev()
+                    .fold(c, |acc: std::path::PathBuf, part| acc.join(part)),
+            );
+        }
+        rest.push(existing.file_name()?);
+        existing = existing.parent()?;
+        if existing.as_os_str().is_empty() {
+            existing = Path::new(".");
+        }
+    }
+}
+
+/// An existing destination directory that its owner cannot write to (a read-only directory
+/// copied by an earlier run) gets u+wx until its metadata is applied again at the end; root
+/// needs no such help.
+fn make_writable(shared: &Shared, dir: std::os::fd::BorrowedFd<'_>) {
+    if shared.dest.policy().euid == 0 {
+        return;
+    }
+    if let Ok(st) = rustix::fs::fstat(dir)
+        && st.st_mode & 0o300 != 0o300
+    {
+        let mode = rustix::fs::Mode::from_raw_mode((st.st_mode & 0o7777) | 0o700);
+        let _ = rustix::fs::fchmod(dir, mode);
+    }
 }
 
 /// Removes temp files an interrupted earlier run left in a directory that already existed.

@@ -119,46 +119,46 @@ impl<'a> Worker<'a> {
         let entry = &job.entry;
         let meta = &entry.meta;
         let name = entry.rel.file_name();
-        let path = entry.rel.to_string();
+        let path = &entry.rel;
         if !job.dir.fresh {
             let existing = lookup_at(dst, name)
-                .map_err(|e| EntryError::new("look up destination", &path, e))?;
+                .map_err(|e| EntryError::new("look up destination", path, e))?;
             if let Some(old) = existing.filter(|m| m.kind == Kind::File && m.size == meta.size) {
                 let unchanged = if shared.opts.checksum {
                     let buf = self.buffer();
                     same_contents(entry.parent.as_fd(), dst, name, buf)
-                        .map_err(|e| EntryError::new("checksum", &path, e))?
+                        .map_err(|e| EntryError::new("checksum", path, e))?
                 } else {
                     old.same_size_and_mtime(meta)
                 };
                 if unchanged {
                     self.refresh_meta(dst, name, &old, meta)
-                        .map_err(|e| EntryError::new("update metadata of", &path, e))?;
+                        .map_err(|e| EntryError::new("update metadata of", path, e))?;
                     return Ok(Done::Unchanged);
                 }
             }
         }
         let src = self
             .open_source(entry.parent.as_fd(), name)
-            .map_err(|e| EntryError::new("open source file", &path, e))?;
+            .map_err(|e| EntryError::new("open source file", path, e))?;
         let dir = job
             .dir
             .dst
             .as_ref()
-            .ok_or_else(|| EntryError::new("copy", &path, "no destination directory"))?;
+            .ok_or_else(|| EntryError::new("copy", path, "no destination directory"))?;
         let staged = StagedFile::create_in(dir, name, meta.mode & 0o777, *shared.dest.policy())
-            .map_err(|e| EntryError::new("create temporary file for", &path, e))?;
+            .map_err(|e| EntryError::new("create temporary file for", path, e))?;
         let caps = &shared.caps;
         let (bytes, _method) = staged
             .copy_from(src.as_fd(), meta, self.buffer(), caps)
-            .map_err(|e| EntryError::new("copy data of", &path, e))?;
+            .map_err(|e| EntryError::new("copy data of", path, e))?;
         if shared.opts.xattrs {
             copy_user_xattrs(src.as_fd(), staged.fd())
-                .map_err(|e| EntryError::new("copy extended attributes of", &path, e))?;
+                .map_err(|e| EntryError::new("copy extended attributes of", path, e))?;
         }
         staged
             .commit(meta, shared.opts.sync)
-            .map_err(|e| EntryError::new("commit", &path, e))?;
+            .map_err(|e| EntryError::new("commit", path, e))?;
         Ok(Done::Copied(bytes))
     }
 
@@ -188,7 +188,7 @@ impl<'a> Worker<'a> {
 
     fn symlink(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, EntryError> {
         let entry = &job.entry;
-        let path = entry.rel.to_string();
+        let path = &entry.rel;
         let name = entry.rel.file_name();
         let target = entry.link_target.as_deref().unwrap_or_default();
         if !job.dir.fresh
@@ -200,7 +200,7 @@ impl<'a> Worker<'a> {
             return Ok(Done::Unchanged);
         }
         symlink_at(dst, name, target, &entry.meta, self.shared.dest.policy())
-            .map_err(|e| EntryError::new("create symlink", &path, e))?;
+            .map_err(|e| EntryError::new("create symlink", path, e))?;
         Ok(Done::Copied(0))
     }
 

@@ -2,13 +2,14 @@
 //!
 //! Order per file: reflink (`FICLONE`, whole file shared, XFS/btrfs) → for files with holes, only
 //! the data ranges (`SEEK_DATA`/`SEEK_HOLE`) so holes stay holes → `copy_file_range` (in-kernel,
-//! no user copy) → `read`/`write` through a caller-owned buffer. Small files take the one-read
-//! one-write path directly: a buffer round trip is cheaper than the in-kernel copy set-up for a
-//! few KiB. What the kernel refused once (reflink, copy_file_range) is remembered in [`CopyCaps`]
-//! so a run does not pay a failing syscall per file.
+//! no user copy, one call of the size seen by the scan) → `read`/`write` through a caller-owned
+//! buffer. Files up to [`SMALL_FILE_MAX`] take the one-read one-write path directly: a buffer
+//! round trip is cheaper than the in-kernel splice set-up for a few KiB. What the kernel refused
+//! once (reflink, copy_file_range) is remembered in [`CopyCaps`] so a run does not pay a failing
+//! syscall per file.
 
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fs::{
     FallocateFlags, SeekFrom, copy_file_range, fallocate, ftruncate, ioctl_ficlone, seek,
@@ -17,8 +18,11 @@ use rustix::io::{Errno, pread, pwrite, read, write};
 
 use super::meta::Meta;
 
-/// Files at most this large are copied with one read and one write.
-pub const SMALL_FILE_MAX: u64 = 128 * 1024;
+/// Files at most this large are copied with one read and one write even where copy_file_range
+/// works. Measured on tmpfs (perf, 50 000 x 4 KiB and 3 000 x 100 KiB): for 4 KiB the splice
+/// machinery behind copy_file_range costs a little more than read + write; at 100 KiB one
+/// copy_file_range call of the known size is clearly cheaper than two user copies.
+pub const SMALL_FILE_MAX: u64 = 16 * 1024;
 /// Size of the per-worker buffer for the read/write paths.
 pub const BUFFER_SIZE: usize = 1024 * 1024;
 /// Below this size a reflink attempt is not worth its syscall.
@@ -27,15 +31,30 @@ const REFLINK_MIN: u64 = 64 * 1024;
 const CFR_CHUNK: usize = 1 << 30;
 
 /// What the kernel has refused during this run, shared by all workers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CopyCaps {
     no_reflink: AtomicBool,
     no_copy_file_range: AtomicBool,
+    small_max: AtomicU64,
+}
+
+impl Default for CopyCaps {
+    fn default() -> CopyCaps {
+        CopyCaps {
+            no_reflink: AtomicBool::new(false),
+            no_copy_file_range: AtomicBool::new(false),
+            small_max: AtomicU64::new(SMALL_FILE_MAX),
+        }
+    }
 }
 
 impl CopyCaps {
     pub fn new() -> CopyCaps {
         CopyCaps::default()
+    }
+    /// Files up to this size use one read + one write instead of copy_file_range.
+    pub fn set_small_max(&self, bytes: u64) {
+        self.small_max.store(bytes, Ordering::Relaxed);
     }
     /// Skips reflink attempts altogether (for example when the caller knows the filesystems differ).
     pub fn disable_reflink(&self) {
@@ -70,7 +89,9 @@ pub fn copy_contents(
     if meta.size == 0 {
         return Ok((0, Method::Empty));
     }
-    if meta.size <= SMALL_FILE_MAX && (meta.size as usize) <= buf.len() && !meta.looks_sparse() {
+    let sparse = meta.looks_sparse();
+    let fits = usize::try_from(meta.size).is_ok_and(|n| n <= buf.len());
+    if !sparse && fits && meta.size <= caps.small_max.load(Ordering::Relaxed) {
         return copy_small(src, dst, meta.size as usize, buf).map(|n| (n, Method::Small));
     }
     if meta.size >= REFLINK_MIN && !caps.no_reflink.load(Ordering::Relaxed) {
@@ -89,15 +110,18 @@ pub fn copy_contents(
             Err(e) => return Err(e),
         }
     }
-    if meta.looks_sparse() {
+    if sparse {
         return copy_sparse(src, dst, meta.size, buf, caps).map(|n| (n, Method::Sparse));
     }
     if !caps.no_copy_file_range.load(Ordering::Relaxed) {
-        match copy_range(src, dst, caps) {
+        match copy_range(src, dst, meta.size, caps) {
             Ok(Some(n)) => return Ok((n, Method::CopyFileRange)),
             Ok(None) => {}
             Err(e) => return Err(e),
         }
+    }
+    if fits {
+        return copy_small(src, dst, meta.size as usize, buf).map(|n| (n, Method::Small));
     }
     copy_read_write(src, dst, buf).map(|n| (n, Method::ReadWrite))
 }
@@ -155,15 +179,21 @@ fn copy_small(
     Ok(have as u64)
 }
 
-/// `Ok(None)` when copy_file_range is refused before any byte moved: the caller falls back.
+/// Copies up to `size` bytes (the size seen by the scan: one call for most files, no extra call
+/// to find EOF). `Ok(None)` when copy_file_range is refused before any byte moved: the caller
+/// falls back.
 fn copy_range(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
+    size: u64,
     caps: &CopyCaps,
 ) -> Result<Option<u64>, Errno> {
     let mut total = 0u64;
-    loop {
-        match retry(|| copy_file_range(src, None, dst, None, CFR_CHUNK)) {
+    while total < size {
+        let want = usize::try_from(size - total)
+            .unwrap_or(CFR_CHUNK)
+            .min(CFR_CHUNK);
+        match retry(|| copy_file_range(src, None, dst, None, want)) {
             Ok(0) => return Ok(Some(total)),
             Ok(n) => total += n as u64,
             Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::BADF)
@@ -175,6 +205,7 @@ fn copy_range(
             Err(e) => return Err(e),
         }
     }
+    Ok(Some(total))
 }
 
 fn copy_read_write(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, buf: &mut [u8]) -> Result<u64, Errno> {

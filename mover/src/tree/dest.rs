@@ -362,10 +362,16 @@ fn remove_contents(dir: BorrowedFd<'_>) -> Result<(), Errno> {
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The process id, fetched once (it is part of every temporary name).
+fn pid() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
+
 /// A fresh temporary name: prefix, pid, per-process sequence number.
 fn temp_name() -> CString {
     let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-    let name = format!(".ferry-tmp.{:x}.{seq:x}", std::process::id());
+    let name = format!(".ferry-tmp.{:x}.{seq:x}", pid());
     // The format has no NUL byte; fall back to a constant that cannot fail either.
     CString::new(name).unwrap_or_else(|_| c".ferry-tmp.x".to_owned())
 }
@@ -491,15 +497,82 @@ pub fn hard_link_at(
     }
 }
 
-/// A file being written under a temporary name (`.ferry-tmp.*`) in its destination directory.
+/// How an anonymous (`O_TMPFILE`) file can be given a name in this process.
+const LINK_UNKNOWN: u8 = 0;
+/// `linkat(fd, "", AT_EMPTY_PATH)` works (needs CAP_DAC_READ_SEARCH, e.g. root).
+const LINK_EMPTY_PATH: u8 = 1;
+/// `linkat("/proc/self/fd/N", AT_SYMLINK_FOLLOW)` works (unprivileged, needs /proc).
+const LINK_PROC: u8 = 2;
+/// Neither: always use named temporary files.
+const LINK_NONE: u8 = 3;
+static LINK_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(LINK_UNKNOWN);
+
+/// Gives the anonymous file `fd` the name `name` in `dir` (fails with EEXIST if it exists).
+fn link_anonymous(
+    fd: BorrowedFd<'_>,
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::CStr,
+    mode: u8,
+) -> Result<(), Errno> {
+    match mode {
+        LINK_EMPTY_PATH => linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH),
+        LINK_PROC => {
+            let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+            linkat(
+                rustix::fs::CWD,
+                proc_path.as_str(),
+                dir,
+                name,
+                AtFlags::SYMLINK_FOLLOW,
+            )
+        }
+        _ => Err(Errno::NOTSUP),
+    }
+}
+
+/// Finds out once per process which way of linking anonymous files works, using `fd` (a fresh,
+/// still empty O_TMPFILE file in `dir`) and a throwaway name.
+fn probe_link_mode(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>) -> u8 {
+    let known = LINK_MODE.load(Ordering::Relaxed);
+    if known != LINK_UNKNOWN {
+        return known;
+    }
+    let mut found = LINK_NONE;
+    for mode in [LINK_EMPTY_PATH, LINK_PROC] {
+        let probe = temp_name();
+        if link_anonymous(fd, dir, &probe, mode).is_ok() {
+            let _ = unlinkat(dir, probe.as_c_str(), AtFlags::empty());
+            found = mode;
+            break;
+        }
+    }
+    LINK_MODE.store(found, Ordering::Relaxed);
+    found
+}
+
+/// Where the data of a [`StagedFile`] lives until commit.
+#[derive(Debug)]
+enum Staging {
+    /// An `O_TMPFILE` inode with no name at all: linked at the final name on commit, and gone
+    /// without a trace if the process dies first. One directory operation per file instead of
+    /// create + rename, which matters for many small files.
+    Anonymous { link_mode: u8 },
+    /// A `.ferry-tmp.*` name in the destination directory, renamed over the final name.
+    Named(CString),
+}
+
+/// A file being written where no reader of the final path can see it: an anonymous `O_TMPFILE`
+/// inode where the filesystem and the process's privileges allow, else a temporary name
+/// (`.ferry-tmp.*`) in the destination directory.
 ///
-/// Nothing appears at the final name until [`StagedFile::commit`] renames it there, so the final
-/// path never holds a torn file, even after `kill -9`. Dropping it uncommitted removes the temp
-/// file; a crash leaves it for the next run's clean-up ([`DestRoot::clean_temps_in`]).
+/// Nothing appears at the final name until [`StagedFile::commit`] links or renames it there, so
+/// the final path never holds a torn file, even after `kill -9`. Dropping it uncommitted removes
+/// the temp file; a crash leaves a named temp file for the next run's clean-up
+/// ([`DestRoot::clean_temps_in`]) and an anonymous one nowhere.
 #[derive(Debug)]
 pub struct StagedFile {
     dir: DirFd,
-    temp: CString,
+    staging: Staging,
     name: Box<[u8]>,
     file: OwnedFd,
     perm: u32,
@@ -508,9 +581,50 @@ pub struct StagedFile {
 }
 
 impl StagedFile {
-    /// Creates the temp file for final entry `name` in the confined directory `dir`, with
+    /// Creates the staging file for final entry `name` in the confined directory `dir`, with
     /// permission bits `perm` (under the umask) for now.
     pub fn create_in(
+        dir: &DirFd,
+        name: &[u8],
+        perm: u32,
+        policy: MetaPolicy,
+    ) -> Result<StagedFile, Errno> {
+        let mut link_mode = LINK_MODE.load(Ordering::Relaxed);
+        let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
+        let mode = Mode::from_raw_mode(perm & 0o777);
+        if link_mode == LINK_UNKNOWN {
+            // The probe links and unlinks its file, after which that inode cannot be linked
+            // again: probe with a throwaway file.
+            match openat(dir.as_fd(), c".", flags, mode) {
+                Ok(probe) => link_mode = probe_link_mode(probe.as_fd(), dir.as_fd()),
+                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if link_mode == LINK_EMPTY_PATH || link_mode == LINK_PROC {
+            match openat(dir.as_fd(), c".", flags, mode) {
+                Ok(file) => {
+                    return Ok(StagedFile {
+                        dir: dir.clone(),
+                        staging: Staging::Anonymous { link_mode },
+                        name: name.into(),
+                        file,
+                        perm,
+                        policy,
+                        committed: false,
+                    });
+                }
+                // Filesystems without O_TMPFILE: use a named temporary file instead.
+                Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Self::create_named_in(dir, name, perm, policy)
+    }
+
+    /// Like [`StagedFile::create_in`] but always with a visible `.ferry-tmp.*` name (for callers
+    /// that want to see or keep the partial file).
+    pub fn create_named_in(
         dir: &DirFd,
         name: &[u8],
         perm: u32,
@@ -519,7 +633,7 @@ impl StagedFile {
         let (temp, file) = create_temp(dir.as_fd(), perm, OFlags::WRONLY)?;
         Ok(StagedFile {
             dir: dir.clone(),
-            temp,
+            staging: Staging::Named(temp),
             name: name.into(),
             file,
             perm,
@@ -528,13 +642,16 @@ impl StagedFile {
         })
     }
 
-    /// The open temp file (write-only).
+    /// The open staging file (write-only).
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
-    /// The temporary name inside the destination directory.
-    pub fn temp_name(&self) -> &[u8] {
-        self.temp.as_bytes()
+    /// The temporary name inside the destination directory, `None` for an anonymous file.
+    pub fn temp_name(&self) -> Option<&[u8]> {
+        match &self.staging {
+            Staging::Named(n) => Some(n.as_bytes()),
+            Staging::Anonymous { .. } => None,
+        }
     }
 
     /// Writes all of `data` at `offset`.
@@ -564,16 +681,42 @@ impl StagedFile {
         data::punch_hole(self.file.as_fd(), offset, len)
     }
 
-    /// Applies `meta` (mode per policy, owner when root, times), optionally fsyncs, renames into
-    /// place (replacing a file, link or directory there) and, with `sync`, fsyncs the directory.
+    /// Applies `meta` (mode per policy, owner when root, times), optionally fsyncs, puts the file
+    /// in place (replacing a file, link or directory there) and, with `sync`, fsyncs the directory.
     pub fn commit(mut self, meta: &Meta, sync: bool) -> Result<(), CommitError> {
         self.policy
             .apply_fd(self.file.as_fd(), meta, Some(self.perm))?;
         if sync {
             rustix::fs::fsync(&self.file).map_err(|e| CommitError::Io("fsync", e.into()))?;
         }
-        rename_replacing(self.dir.as_fd(), &self.temp, &self.name)
-            .map_err(|e| CommitError::Io("rename into place", e.into()))?;
+        let dir = self.dir.as_fd();
+        match &self.staging {
+            Staging::Named(temp) => rename_replacing(dir, temp, &self.name)
+                .map_err(|e| CommitError::Io("rename into place", e.into()))?,
+            Staging::Anonymous { link_mode } => {
+                let name = CString::new(&*self.name)
+                    .map_err(|_| CommitError::Io("link into place", Errno::INVAL.into()))?;
+                match link_anonymous(self.file.as_fd(), dir, &name, *link_mode) {
+                    Ok(()) => {}
+                    // Something is there already: link under a temp name, rename over it.
+                    Err(Errno::EXIST) => {
+                        let temp = loop {
+                            let temp = temp_name();
+                            match link_anonymous(self.file.as_fd(), dir, &temp, *link_mode) {
+                                Ok(()) => break temp,
+                                Err(Errno::EXIST) => continue,
+                                Err(e) => return Err(CommitError::Io("link into place", e.into())),
+                            }
+                        };
+                        if let Err(e) = rename_replacing(dir, &temp, &self.name) {
+                            let _ = unlinkat(dir, temp.as_c_str(), AtFlags::empty());
+                            return Err(CommitError::Io("rename into place", e.into()));
+                        }
+                    }
+                    Err(e) => return Err(CommitError::Io("link into place", e.into())),
+                }
+            }
+        }
         self.committed = true;
         if sync {
             rustix::fs::fsync(&*self.dir)
@@ -585,8 +728,10 @@ impl StagedFile {
 
 impl Drop for StagedFile {
     fn drop(&mut self) {
-        if !self.committed {
-            let _ = unlinkat(self.dir.as_fd(), self.temp.as_c_str(), AtFlags::empty());
+        if !self.committed
+            && let Staging::Named(temp) = &self.staging
+        {
+            let _ = unlinkat(self.dir.as_fd(), temp.as_c_str(), AtFlags::empty());
         }
     }
 }
@@ -732,9 +877,10 @@ mod tests {
         let dst = tempfile::tempdir().expect("tempdir");
         let root = DestRoot::open(dst.path()).expect("open");
         std::fs::write(dst.path().join("f"), b"old contents").expect("write");
-        let staged = root.stage_file(&rel("f"), 0o600).expect("stage");
+        let dir = root.open_dir(None).expect("root");
+        let staged = StagedFile::create_named_in(&dir, b"f", 0o600, *root.policy()).expect("stage");
         staged.write_at(0, b"new").expect("write");
-        let temp = String::from_utf8(staged.temp_name().to_vec()).expect("utf8");
+        let temp = String::from_utf8(staged.temp_name().expect("named").to_vec()).expect("utf8");
         assert!(temp.starts_with(".ferry-tmp."));
         assert_eq!(
             std::fs::read(dst.path().join("f")).expect("read"),
@@ -761,6 +907,35 @@ mod tests {
             .filter(|e| is_temp_name(e.file_name().as_encoded_bytes()))
             .collect();
         assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn anonymous_staged_file_leaves_no_name_until_commit() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let root = DestRoot::open(dst.path()).expect("open");
+        let listing = || {
+            let mut names: Vec<_> = std::fs::read_dir(dst.path())
+                .expect("read_dir")
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let staged = root.stage_file(&rel("g"), 0o644).expect("stage");
+        staged.write_at(0, b"partial").expect("write");
+        assert!(
+            listing().is_empty(),
+            "staging must not be visible: {:?}",
+            listing()
+        );
+        drop(staged);
+        assert!(listing().is_empty());
+        let staged = root.stage_file(&rel("g"), 0o644).expect("stage");
+        staged.write_at(0, b"whole").expect("write");
+        staged.commit(&file_meta(0o644, 5), false).expect("commit");
+        assert_eq!(listing(), vec!["g".to_owned()]);
+        assert_eq!(std::fs::read(dst.path().join("g")).expect("read"), b"whole");
     }
 
     #[test]

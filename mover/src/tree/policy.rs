@@ -25,14 +25,12 @@ pub struct MetaPolicy {
 impl MetaPolicy {
     /// Reads the process identity and umask. `preserve_owner` is true only for root.
     pub fn current(allow_special_bits: bool) -> MetaPolicy {
-        // umask can only be read by setting it; restore it at once (done once per destination).
-        let umask = rustix::process::umask(Mode::from_raw_mode(0o022));
-        rustix::process::umask(umask);
+        let umask = read_umask();
         let euid = rustix::process::geteuid().as_raw();
         MetaPolicy {
             preserve_owner: euid == 0,
             allow_special_bits,
-            umask: umask.as_raw_mode(),
+            umask,
             euid,
             egid: rustix::process::getegid().as_raw(),
         }
@@ -109,6 +107,23 @@ impl MetaPolicy {
         utimensat(dir, name, &timestamps(meta), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| MetaError::new("set times of", e))
     }
+}
+
+/// The process umask from /proc (race-free); where /proc is missing, by setting and restoring it.
+fn read_umask() -> u32 {
+    let from_proc = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Umask:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        });
+    from_proc.unwrap_or_else(|| {
+        let old = rustix::process::umask(Mode::from_raw_mode(0o022));
+        rustix::process::umask(old);
+        old.as_raw_mode()
+    })
 }
 
 /// Failure to apply one piece of metadata.
