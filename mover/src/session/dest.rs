@@ -1,0 +1,202 @@
+//! The receiver's view of its destination: a thin adapter over the engine's confined
+//! [`crate::tree::DestRoot`], so network and local copies share one set of semantics (every
+//! operation beneath the root handle, symlinks never followed, atomic publish, metadata through
+//! file descriptors, setuid/setgid/sticky stripped for peer-described files).
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use super::relpath::{PeerPath, STAGING_DIR};
+use crate::tree::{self, DirFd, FileOpen, Kind, Meta, RelPath, StagedFile};
+
+pub use crate::tree::DestError;
+
+/// What is at a path right now (never following a final symlink).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    Missing,
+    File { size: u64, mtime: (i64, u32) },
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// The destination root, held open for the whole session.
+#[derive(Debug)]
+pub struct DestRoot {
+    tree: tree::DestRoot,
+}
+
+fn rel(s: &str) -> Result<RelPath, DestError> {
+    // Peer paths were validated by `PeerPath`; staging paths are ours. The engine validates again.
+    Ok(RelPath::parse(s.as_bytes())?)
+}
+
+impl DestRoot {
+    /// Opens (creating if missing) the root directory; setuid/setgid/sticky never applied.
+    pub fn open(path: &Path) -> Result<Self, DestError> {
+        let tree = tree::DestRoot::open_with(
+            path,
+            tree::DestOptions {
+                allow_special_bits: false,
+                ..Default::default()
+            },
+        )?;
+        Ok(Self { tree })
+    }
+
+    pub fn tree(&self) -> &tree::DestRoot {
+        &self.tree
+    }
+
+    /// Metadata for a peer-described entry, owned by whoever runs the receiver.
+    pub fn meta(&self, kind: Kind, mode: u32, size: u64, mtime: (i64, u32)) -> Meta {
+        let mut m = Meta::new(kind, mode & 0o777, size, mtime.0, mtime.1);
+        let p = self.tree.policy();
+        m.uid = p.euid;
+        m.gid = p.egid;
+        m
+    }
+
+    /// Opens a directory beneath the root (None is the root itself).
+    pub fn open_dir(&self, path: Option<&str>) -> Result<DirFd, DestError> {
+        match path {
+            None => self.tree.open_dir(None),
+            Some(p) => self.tree.open_dir(Some(&rel(p)?)),
+        }
+    }
+
+    /// Creates every missing directory of `path` (a non-directory in the way is replaced).
+    pub fn create_dirs(&self, path: &str) -> Result<DirFd, DestError> {
+        self.tree.create_dir_all(&rel(path)?, 0o755)
+    }
+
+    /// Creates the parent directories of a peer path.
+    pub fn ensure_parent(&self, path: &PeerPath) -> Result<(), DestError> {
+        if let Some(p) = path.split_parent().0 {
+            self.create_dirs(p)?;
+        }
+        Ok(())
+    }
+
+    pub fn existing(&self, path: &PeerPath) -> Result<Existing, DestError> {
+        Ok(match self.tree.lookup(&rel(path.as_str())?)? {
+            None => Existing::Missing,
+            Some(m) => match m.kind {
+                Kind::File => Existing::File {
+                    size: m.size,
+                    mtime: (m.mtime_sec, m.mtime_nsec),
+                },
+                Kind::Dir => Existing::Dir,
+                Kind::Symlink => Existing::Symlink,
+                Kind::Special => Existing::Other,
+            },
+        })
+    }
+
+    /// Opens an existing regular file beneath the root (no symlinks followed).
+    pub fn open_file(&self, path: &str) -> Result<File, DestError> {
+        self.tree.open_file(&rel(path)?, FileOpen::Existing)
+    }
+
+    /// Applies mode and mtime to an open file at `path`.
+    pub fn apply_meta(&self, f: &File, path: &str, meta: &Meta) -> Result<(), DestError> {
+        self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
+    }
+
+    /// A temporary file next to `path`, published by [`StagedFile::commit`]. The parent must
+    /// exist (the receiver creates it when the file is offered).
+    pub fn stage(&self, path: &PeerPath) -> Result<StagedFile, DestError> {
+        self.tree.stage_file(&rel(path.as_str())?, 0o600)
+    }
+
+    /// Renames a file from our staging area over `path` (parents created first).
+    pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<(), DestError> {
+        self.ensure_parent(path)?;
+        self.tree.rename(&rel(staged)?, &rel(path.as_str())?)
+    }
+
+    /// Creates an inert symlink at `path` (replacing what was there).
+    pub fn symlink(
+        &self,
+        path: &PeerPath,
+        target: &str,
+        mtime: (i64, u32),
+    ) -> Result<(), DestError> {
+        self.ensure_parent(path)?;
+        let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
+        self.tree
+            .symlink(&rel(path.as_str())?, target.as_bytes(), &meta)
+    }
+
+    /// Hard-links `path` to the regular file `target`, both beneath the root.
+    pub fn hardlink(&self, path: &PeerPath, target: &PeerPath) -> Result<(), DestError> {
+        match self.existing(target)? {
+            Existing::File { .. } => {}
+            _ => {
+                return Err(DestError::Io {
+                    op: "hard-link to",
+                    path: target.to_string(),
+                    source: std::io::Error::other("link target is not a regular file of this tree"),
+                });
+            }
+        }
+        self.ensure_parent(path)?;
+        self.tree
+            .hard_link(&rel(target.as_str())?, &rel(path.as_str())?)
+    }
+
+    /// Applies mode and mtime to a directory (None = the root), after its content is complete.
+    pub fn set_dir_meta(
+        &self,
+        path: Option<&PeerPath>,
+        mode: u32,
+        mtime: (i64, u32),
+    ) -> Result<(), DestError> {
+        let meta = self.meta(Kind::Dir, mode, 0, mtime);
+        match path {
+            None => self.tree.set_dir_meta(None, &meta),
+            Some(p) => {
+                let r = rel(p.as_str())?;
+                self.tree.create_dir_all(&r, 0o755)?;
+                self.tree.set_dir_meta(Some(&r), &meta)
+            }
+        }
+    }
+
+    /// Removes every entry of directory `path` whose name is not in `keep` (recursively, never
+    /// following symlinks; the staging directory in the root is kept). Returns how many.
+    pub fn delete_extraneous(
+        &self,
+        path: Option<&str>,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<u64, DestError> {
+        let shown = path.unwrap_or(".");
+        let dir = self.open_dir(path)?;
+        let err = |op: &'static str| {
+            move |e: rustix::io::Errno| DestError::Io {
+                op,
+                path: shown.to_owned(),
+                source: e.into(),
+            }
+        };
+        let mut doomed = Vec::new();
+        for ent in tree::dest::list_dir(dir.as_fd()).map_err(err("list"))? {
+            let ent = ent.map_err(err("list"))?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let keep_it = std::str::from_utf8(name).is_ok_and(|n| keep.contains(n))
+                || (path.is_none() && name == STAGING_DIR.as_bytes());
+            if !keep_it {
+                doomed.push(name.to_vec());
+            }
+        }
+        for name in &doomed {
+            tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
+        }
+        Ok(doomed.len() as u64)
+    }
+}
