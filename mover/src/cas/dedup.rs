@@ -1,0 +1,163 @@
+//! The two ends of block dedup for one transfer, as the network session calls them. Frame
+//! encoding belongs to `wire`/`session`; this module only decides and does the store work.
+//!
+//! Flow (see `docs/cas.md`): the receiver picks a nonce per transfer and sends it in its Welcome;
+//! for each file with at least one full block the sender announces `(index, hash, proof)` for every
+//! full block; the receiver pins them, materialises those it holds *and* whose proof matches its
+//! stored bytes, and answers with the indices it still needs. Missing, corrupt and wrongly proven
+//! blocks all look the same to the sender, so the answer reveals nothing to a sender that only
+//! knows hashes.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::BLOCK_SIZE;
+use super::error::Result;
+use super::hash::BlockHash;
+use super::lease::Lease;
+use super::pop::{self, Nonce, PopKey, Proof};
+use super::store::{CasStore, Materialized};
+
+/// One full block of a file, as the sender announces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnnouncedBlock {
+    /// Block index in the file; its offset is `index * BLOCK_SIZE`.
+    pub index: u64,
+    pub hash: BlockHash,
+    pub proof: Proof,
+}
+
+/// Sender side: derives the proof key once per transfer from the receiver's nonce.
+pub struct DedupSender {
+    key: PopKey,
+}
+
+impl DedupSender {
+    pub fn new(nonce: &Nonce) -> Self {
+        Self {
+            key: PopKey::derive(nonce),
+        }
+    }
+
+    /// Hash and proof for one full block the sender read from its source.
+    pub fn announce(&self, index: u64, block: &[u8]) -> AnnouncedBlock {
+        AnnouncedBlock {
+            index,
+            hash: BlockHash::of(block),
+            proof: self.key.prove(block),
+        }
+    }
+}
+
+/// Whether a file takes part in dedup: it has at least one full block.
+pub fn file_has_full_block(size: u64) -> bool {
+    size >= BLOCK_SIZE as u64
+}
+
+/// Counters for the summary (`dedup_blocks`, `dedup_bytes`) and for diagnosis.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DedupCounters {
+    pub dedup_blocks: u64,
+    pub dedup_bytes: u64,
+    pub proofs_rejected: u64,
+    pub blocks_inserted: u64,
+    pub corrupt_discarded: u64,
+}
+
+/// Receiver side for one transfer: holds the nonce and a lease on the shared store.
+pub struct DedupReceiver {
+    store: Arc<CasStore>,
+    lease: Lease,
+    nonce: Nonce,
+    key: PopKey,
+    dedup_blocks: AtomicU64,
+    dedup_bytes: AtomicU64,
+    proofs_rejected: AtomicU64,
+    blocks_inserted: AtomicU64,
+}
+
+impl DedupReceiver {
+    /// Chooses a fresh nonce and takes a lease named after the transfer.
+    pub fn new(store: Arc<CasStore>, transfer_id: &str) -> Result<Self> {
+        let lease = store.lease(transfer_id)?;
+        let nonce = pop::challenge();
+        Ok(Self {
+            key: PopKey::derive(&nonce),
+            store,
+            lease,
+            nonce,
+            dedup_blocks: AtomicU64::new(0),
+            dedup_bytes: AtomicU64::new(0),
+            proofs_rejected: AtomicU64::new(0),
+            blocks_inserted: AtomicU64::new(0),
+        })
+    }
+
+    /// The challenge to send to the sender (in the Welcome).
+    pub fn nonce(&self) -> Nonce {
+        self.nonce
+    }
+
+    pub fn store(&self) -> &CasStore {
+        &self.store
+    }
+
+    /// Handles one announcement for the file open as `dst`: pins the blocks, writes every block
+    /// the store holds and the sender proved, and returns the indices that must come over the
+    /// wire, ascending.
+    pub fn materialize_announced(
+        &self,
+        dst: &File,
+        announced: &[AnnouncedBlock],
+    ) -> Result<Vec<u64>> {
+        let hashes: Vec<BlockHash> = announced.iter().map(|a| a.hash).collect();
+        self.lease.pin(&hashes)?;
+        let mut need = Vec::new();
+        for a in announced {
+            let offset = a.index.saturating_mul(BLOCK_SIZE as u64);
+            match self
+                .store
+                .materialize(&a.hash, &self.key, &a.proof, dst, offset)?
+            {
+                Materialized::Written(len) => {
+                    self.dedup_blocks.fetch_add(1, Ordering::Relaxed);
+                    self.dedup_bytes.fetch_add(len, Ordering::Relaxed);
+                }
+                Materialized::ProofRejected => {
+                    self.proofs_rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(block = %a.hash, "sender's proof of possession does not match the stored block; fetching it over the wire");
+                    need.push(a.index);
+                }
+                Materialized::Missing => need.push(a.index),
+            }
+        }
+        need.sort_unstable();
+        need.dedup();
+        Ok(need)
+    }
+
+    /// Adds a block that arrived over the wire and that the caller has verified against `hash`.
+    /// Only full blocks are stored: only they are ever announced.
+    pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != BLOCK_SIZE {
+            return Ok(());
+        }
+        if self.store.insert(hash, bytes)? == super::InsertOutcome::Inserted {
+            self.blocks_inserted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn counters(&self) -> DedupCounters {
+        DedupCounters {
+            dedup_blocks: self.dedup_blocks.load(Ordering::Relaxed),
+            dedup_bytes: self.dedup_bytes.load(Ordering::Relaxed),
+            proofs_rejected: self.proofs_rejected.load(Ordering::Relaxed),
+            blocks_inserted: self.blocks_inserted.load(Ordering::Relaxed),
+            corrupt_discarded: self.store.corrupt_discarded(),
+        }
+    }
+}
