@@ -1,7 +1,7 @@
 //! Compiles the .proto files with protox (pure Rust), so building needs no system protoc.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/ferry.proto"];
+    let files = ["proto/wire.proto", "proto/progress.proto"];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -2,6 +2,13 @@
 
 #![allow(clippy::all, missing_docs)]
 
+/// Message bodies carried inside data-protocol frames (`ferry.wire.v1`, see docs/protocol.md).
+pub mod wire {
+    pub mod v1 {
+        tonic::include_proto!("ferry.wire.v1");
+    }
+}
+
 /// The progress service and its messages (`ferry.progress.v1`).
 pub mod progress {
     pub mod v1 {

@@ -1,24 +1,281 @@
 //! `ferry-mover certs|send|receive` (issue 4).
 
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::net::{self, Role};
+use crate::progress::{self, Progress};
+use crate::session::{self, Compress, ReceiverConfig, SenderConfig, Summary, Timeouts};
 
 #[derive(clap::Args, Debug)]
-pub struct CertsArgs {}
-
-#[derive(clap::Args, Debug)]
-pub struct SendArgs {}
-
-#[derive(clap::Args, Debug)]
-pub struct ReceiveArgs {}
-
-pub fn run_certs(_args: CertsArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("certs is not implemented yet")
+pub struct CertsArgs {
+    /// Directory for ca.crt, {sender,receiver,operator}.{crt,key}.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Transfer id the certificates are bound to.
+    #[arg(long)]
+    pub transfer: String,
+    /// Validity in days.
+    #[arg(long, default_value_t = 7)]
+    pub days: u32,
 }
 
-pub fn run_send(_args: SendArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("send is not implemented yet")
+/// TLS material and identity shared by send and receive.
+#[derive(clap::Args, Debug)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that peers must chain to.
+    #[arg(long)]
+    pub ca: PathBuf,
+    /// Own certificate (PEM), issued for this transfer and role.
+    #[arg(long)]
+    pub cert: PathBuf,
+    /// Own private key (PEM).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Transfer id; peers must present a certificate for the same id.
+    #[arg(long)]
+    pub transfer: String,
+    /// Serve the gRPC progress service on this address (mutual TLS, same CA).
+    #[arg(long)]
+    pub progress_listen: Option<SocketAddr>,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds allowed for the TLS handshake plus Hello/Welcome.
+    #[arg(long, default_value_t = 10)]
+    pub handshake_timeout: u64,
+    /// Seconds a stream may stay silent before the session is aborted.
+    #[arg(long, default_value_t = 60)]
+    pub idle_timeout: u64,
+    /// fsync every file before it is renamed into place.
+    #[arg(long)]
+    pub sync: bool,
 }
 
-pub fn run_receive(_args: ReceiveArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("receive is not implemented yet")
+impl TlsArgs {
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            handshake: Duration::from_secs(self.handshake_timeout.max(1)),
+            idle: Duration::from_secs(self.idle_timeout.max(1)),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SendArgs {
+    /// Receiver address.
+    #[arg(long)]
+    pub connect: SocketAddr,
+    /// Tree to send.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Parallel TLS streams.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub streams: u32,
+    /// Per-block compression.
+    #[arg(long, value_enum, default_value_t = Compress::Auto)]
+    pub compress: Compress,
+    /// Delete destination entries that are not in the source.
+    #[arg(long)]
+    pub delete: bool,
+    /// Compare file contents (BLAKE3) instead of size and mtime to skip unchanged files.
+    #[arg(long)]
+    pub checksum: bool,
+    /// Cap on bytes per second written to the network, over all streams.
+    #[arg(long)]
+    pub bandwidth_limit: Option<u64>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReceiveArgs {
+    /// Address to listen on; the bound address is the first line on stdout.
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Destination root.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// Exit after one session.
+    #[arg(long)]
+    pub once: bool,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+pub fn run_certs(args: CertsArgs) -> anyhow::Result<ExitCode> {
+    let certs = net::generate_certs(&args.transfer, args.days)?;
+    let written = net::write_certs(&args.out, &certs)?;
+    for p in written {
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the async runtime")
+}
+
+fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut out, s)?;
+        writeln!(out)?;
+    } else {
+        let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
+        eprintln!(
+            "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
+             {} resumed bytes, {} streams",
+            s.files, s.bytes, s.seconds, s.wire_bytes, s.skipped, s.resumed_bytes, s.streams
+        );
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn start_progress_service(
+    tls: &TlsArgs,
+    files: &net::TlsFiles,
+    progress: Arc<Progress>,
+) -> anyhow::Result<()> {
+    if let Some(addr) = tls.progress_listen {
+        let cfg = net::server_config(files, &[Role::Operator])?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("failed to bind progress address {addr}"))?;
+        eprintln!("progress service on {}", listener.local_addr()?);
+        tokio::spawn(async move {
+            if let Err(e) = progress::serve_progress(listener, Arc::new(cfg), progress).await {
+                tracing::warn!("progress service stopped: {e}");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// A TTY progress bar on stderr (only without --json and when stderr is a terminal).
+fn spawn_bar(json: bool, progress: Arc<Progress>) {
+    if json || !std::io::stderr().is_terminal() {
+        return;
+    }
+    tokio::spawn(async move {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        loop {
+            let s = progress.snapshot();
+            bar.set_length(s.bytes_total.max(s.bytes_done));
+            bar.set_position(s.bytes_done);
+            bar.set_message(format!("{} files", s.files_done));
+            if matches!(
+                s.phase,
+                progress::Phase::Succeeded | progress::Phase::Failed
+            ) {
+                bar.finish_and_clear();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    let files = net::load_files(
+        &args.tls.ca,
+        &args.tls.cert,
+        &args.tls.key,
+        &args.tls.transfer,
+        Role::Sender,
+    )?;
+    let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
+    let timeouts = args.tls.timeouts();
+    let cfg = SenderConfig {
+        root: args.root.clone(),
+        transfer_id: args.tls.transfer.clone(),
+        compress: args.compress,
+        delete: args.delete,
+        checksum: args.checksum,
+        sync: args.tls.sync,
+        bandwidth_limit: args.bandwidth_limit,
+        timeouts,
+    };
+    if !args.root.is_dir() {
+        anyhow::bail!("source root {} is not a directory", args.root.display());
+    }
+    let progress = Arc::new(Progress::new(&args.tls.transfer, "sender"));
+    let rt = runtime()?;
+    let summary = rt.block_on(async {
+        start_progress_service(&args.tls, &files, progress.clone()).await?;
+        spawn_bar(args.tls.json, progress.clone());
+        let mut streams = Vec::new();
+        for _ in 0..args.streams {
+            streams.push(net::connect_tls(args.connect, client.clone(), timeouts.handshake).await?);
+        }
+        let s = session::send_session(&cfg, streams, progress.clone()).await?;
+        anyhow::Ok(s)
+    })?;
+    print_summary(args.tls.json, "sent", &summary)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
+    let files = net::load_files(
+        &args.tls.ca,
+        &args.tls.cert,
+        &args.tls.key,
+        &args.tls.transfer,
+        Role::Receiver,
+    )?;
+    let server = Arc::new(net::server_config(&files, &[Role::Sender])?);
+    let cfg = ReceiverConfig {
+        root: args.root.clone(),
+        transfer_id: args.tls.transfer.clone(),
+        timeouts: args.tls.timeouts(),
+        sync: args.tls.sync,
+    };
+    let progress = Arc::new(Progress::new(&args.tls.transfer, "receiver"));
+    let rt = runtime()?;
+    let json = args.tls.json;
+    let failed = std::cell::Cell::new(false);
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", args.listen))?;
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{}", listener.local_addr()?)?;
+            out.flush()?;
+        }
+        start_progress_service(&args.tls, &files, progress.clone()).await?;
+        spawn_bar(json, progress.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(server);
+        session::serve(listener, acceptor, cfg, args.once, progress, |r| match r {
+            Ok(s) => {
+                if let Err(e) = print_summary(json, "received", s) {
+                    tracing::warn!("failed to print summary: {e}");
+                }
+            }
+            Err(_) => failed.set(true),
+        })
+        .await?;
+        anyhow::Ok(())
+    })?;
+    Ok(if failed.get() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -1,1 +1,17 @@
-//! Mutual TLS, certificates and peer identities (issue 4).
+//! Mutual TLS for the data and progress ports: certificate generation, peer identities and the
+//! rustls configurations (TLS 1.3 only, AES-128-GCM first, aws-lc-rs).
+//!
+//! A peer is trusted when its certificate chains to the transfer's CA *and* its URI SAN names the
+//! same transfer id and a role this endpoint accepts (the opposite mover role, or `operator` on a
+//! progress port). Anything else fails inside the TLS handshake with an error naming both
+//! identities.
+
+mod certs;
+mod identity;
+mod tls;
+mod transport;
+
+pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
+pub use identity::{Identity, IdentityError, Role};
+pub use tls::{TlsError, TlsFiles, client_config, load_files, server_config};
+pub use transport::{TransportError, accept_tls, connect_tls};

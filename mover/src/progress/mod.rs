@@ -1,1 +1,8 @@
-//! gRPC progress service (issue 4).
+//! Live progress of one mover: lock-free counters the session updates, snapshots for the
+//! `--json` summary, and the gRPC `Progress` service that serves them over mutual TLS.
+
+mod counters;
+mod service;
+
+pub use counters::{Phase, Progress, Snapshot};
+pub use service::{ProgressServiceError, connect_progress, serve_progress};

@@ -1,1 +1,64 @@
-//! Sans-IO frame codec (issue 4).
+//! Sans-IO frame codec of the ferry data protocol (docs/protocol.md).
+//!
+//! A frame is `[u32 LE payload length][u8 type][payload]`. The decoder looks at a byte buffer and
+//! answers "need more bytes", "here is a frame" or "this is not a valid frame"; it never performs
+//! I/O and never allocates for a frame before the header passed the length cap of its type, so a
+//! peer cannot make the receiver reserve 4 GiB by writing a 5-byte header.
+//!
+//! Control messages are protobuf (`ferry.wire.v1`); bulk frames (`Block`, `Batch`) carry
+//! `[u32 LE header length][protobuf header][raw bytes]` so file data is never copied through prost.
+
+mod frame;
+mod message;
+
+pub use frame::{
+    FRAME_HEADER_LEN, FrameType, MAX_CONTROL_PAYLOAD, MAX_FRAME_PAYLOAD, RawFrame, decode_frame,
+    encode_frame_header,
+};
+pub use message::{Message, encode_bulk_prefix, encode_message};
+
+/// Protocol version carried in Hello/Welcome; a mismatch ends the session.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest block a file is cut into and the cap on any decoded (decompressed) block.
+pub const BLOCK_SIZE: usize = 4 * 1024 * 1024;
+
+/// Capability bits exchanged in Hello/Welcome; the session uses the intersection.
+pub mod caps {
+    pub const ZSTD: u64 = 1 << 0;
+    pub const LZ4: u64 = 1 << 1;
+    /// Reserved for the block store (issue 5).
+    pub const DEDUP: u64 = 1 << 2;
+    pub const VERIFY: u64 = 1 << 3;
+    pub const SYNC: u64 = 1 << 4;
+    pub const DELETE: u64 = 1 << 5;
+    pub const CHECKSUM: u64 = 1 << 6;
+    /// Everything this implementation understands.
+    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM;
+}
+
+/// Codec identifiers in Block and Batch headers.
+pub mod codec {
+    pub const RAW: u32 = 0;
+    pub const ZSTD: u32 = 1;
+    pub const LZ4: u32 = 2;
+}
+
+/// Why bytes from a peer are not a valid frame or message.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("unknown frame type 0x{0:02x}")]
+    UnknownType(u8),
+    #[error("frame type {kind:?} announces {len} payload bytes, above its cap of {cap}")]
+    TooLarge { kind: FrameType, len: u32, cap: u32 },
+    #[error("frame type {kind:?} is reserved for the block store (issue 5) and not accepted")]
+    Reserved { kind: FrameType },
+    #[error("malformed {kind:?} frame: {what}")]
+    Malformed { kind: FrameType, what: &'static str },
+    #[error("malformed {kind:?} frame: protobuf decode failed")]
+    Protobuf {
+        kind: FrameType,
+        #[source]
+        source: prost::DecodeError,
+    },
+}

@@ -1,0 +1,157 @@
+//! Throwaway PKI for one transfer (`ferry-mover certs`): a CA and one leaf per role.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+
+use super::identity::{Identity, IdentityError, Role};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertsError {
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("failed to generate the {what} certificate")]
+    Generate {
+        what: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("failed to write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// PEM-encoded CA certificate and leaf certificates with their keys, per role.
+pub struct GeneratedCerts {
+    pub ca_cert_pem: String,
+    /// (role, certificate PEM, private key PEM)
+    pub leaves: Vec<(Role, String, String)>,
+}
+
+fn gen_err(what: &str) -> impl FnOnce(rcgen::Error) -> CertsError + '_ {
+    move |source| CertsError::Generate {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+/// A certificate authority held in memory (its key is never written by `ferry-mover certs`).
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    cert_pem: String,
+    days: u32,
+}
+
+impl Ca {
+    /// A fresh CA named after `label`, issuing leaves valid for `days`.
+    pub fn new(label: &str, days: u32) -> Result<Self, CertsError> {
+        let ca_key = KeyPair::generate().map_err(gen_err("CA key"))?;
+        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("CA"))?;
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("ferry {label} CA"));
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        set_validity(&mut ca, days);
+        let cert = ca.self_signed(&ca_key).map_err(gen_err("CA"))?;
+        Ok(Self {
+            issuer: Issuer::new(ca, ca_key),
+            cert_pem: cert.pem(),
+            days,
+        })
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// Issues a leaf for (transfer, role): returns (certificate PEM, private key PEM).
+    ///
+    /// Mover leaves carry both serverAuth and clientAuth: each mover is a TLS client or server
+    /// on the data port depending on its role and a server on its progress port; the role in
+    /// the URI SAN (checked by every verifier) keeps a sender from acting as a receiver.
+    pub fn issue(&self, transfer_id: &str, role: Role) -> Result<(String, String), CertsError> {
+        let id = Identity::new(transfer_id, role)?;
+        let what = format!("{role} leaf");
+        let key = KeyPair::generate().map_err(gen_err(&what))?;
+        let mut p = CertificateParams::new(Vec::<String>::new()).map_err(gen_err(&what))?;
+        p.distinguished_name
+            .push(DnType::CommonName, format!("ferry {role} {transfer_id}"));
+        let uri = rcgen::string::Ia5String::try_from(id.uri()).map_err(gen_err(&what))?;
+        p.subject_alt_names = vec![SanType::URI(uri)];
+        p.extended_key_usages = match role {
+            Role::Operator => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            _ => vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        };
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        set_validity(&mut p, self.days);
+        let cert = p.signed_by(&key, &self.issuer).map_err(gen_err(&what))?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// Generates a throwaway CA and sender, receiver and operator leaves for `transfer_id`.
+pub fn generate_certs(transfer_id: &str, days: u32) -> Result<GeneratedCerts, CertsError> {
+    // Validate up front so the error is about the id, not about certificate encoding.
+    Identity::new(transfer_id, Role::Sender)?;
+    let ca = Ca::new(&format!("transfer {transfer_id}"), days)?;
+    let mut leaves = Vec::new();
+    for role in [Role::Sender, Role::Receiver, Role::Operator] {
+        let (cert, key) = ca.issue(transfer_id, role)?;
+        leaves.push((role, cert, key));
+    }
+    Ok(GeneratedCerts {
+        ca_cert_pem: ca.cert_pem.clone(),
+        leaves,
+    })
+}
+
+/// Valid from an hour ago (clock skew between nodes) for `days` days.
+fn set_validity(p: &mut CertificateParams, days: u32) {
+    let now = time::OffsetDateTime::now_utc();
+    p.not_before = now - time::Duration::hours(1);
+    p.not_after = now + time::Duration::days(i64::from(days.max(1)));
+}
+
+/// Writes `ca.crt`, `<role>.crt` and `<role>.key` for every role into `dir` (created if missing);
+/// keys are written with mode 0600.
+pub fn write_certs(dir: &Path, certs: &GeneratedCerts) -> Result<Vec<PathBuf>, CertsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    std::fs::create_dir_all(dir).map_err(|source| CertsError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut written = Vec::new();
+    let mut put = |name: String, body: &str, mode: u32| -> Result<(), CertsError> {
+        let path = dir.join(name);
+        let res = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&path)
+            .and_then(|mut f| f.write_all(body.as_bytes()));
+        res.map_err(|source| CertsError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        written.push(path);
+        Ok(())
+    };
+    put("ca.crt".into(), &certs.ca_cert_pem, 0o644)?;
+    for (role, cert, key) in &certs.leaves {
+        put(format!("{role}.crt"), cert, 0o644)?;
+        put(format!("{role}.key"), key, 0o600)?;
+    }
+    Ok(written)
+}

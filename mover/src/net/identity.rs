@@ -1,0 +1,194 @@
+//! Who a certificate speaks for: a transfer id and a role, carried as a URI SAN
+//! `urn:ferry:transfer:<transfer-id>:role:<role>`.
+
+use std::fmt;
+
+use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+
+const PREFIX: &str = "urn:ferry:transfer:";
+const ROLE_SEP: &str = ":role:";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Sender,
+    Receiver,
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sender => "sender",
+            Self::Receiver => "receiver",
+            Self::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "sender" => Some(Self::Sender),
+            "receiver" => Some(Self::Receiver),
+            "operator" => Some(Self::Operator),
+            _ => None,
+        }
+    }
+
+    /// The mover role at the other end of a data connection.
+    pub fn opposite(self) -> Self {
+        match self {
+            Self::Sender => Self::Receiver,
+            Self::Receiver | Self::Operator => Self::Sender,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A (transfer id, role) pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub transfer_id: String,
+    pub role: Role,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("invalid transfer id {0:?}: use 1 to 128 characters from A-Z a-z 0-9 '.' '_' '-'")]
+    BadTransferId(String),
+    #[error("peer certificate is not valid X.509")]
+    BadCertificate,
+    #[error("peer certificate carries no ferry identity (no URI SAN starting with {PREFIX})")]
+    NoIdentity,
+    #[error(
+        "peer certificate identity {peer} is not allowed here: this endpoint is {local} and \
+         accepts only {accepted}"
+    )]
+    Mismatch {
+        peer: String,
+        local: String,
+        accepted: String,
+    },
+}
+
+impl Identity {
+    pub fn new(transfer_id: &str, role: Role) -> Result<Self, IdentityError> {
+        validate_transfer_id(transfer_id)?;
+        Ok(Self {
+            transfer_id: transfer_id.to_owned(),
+            role,
+        })
+    }
+
+    pub fn uri(&self) -> String {
+        format!("{PREFIX}{}{ROLE_SEP}{}", self.transfer_id, self.role)
+    }
+
+    pub fn parse_uri(uri: &str) -> Option<Self> {
+        let rest = uri.strip_prefix(PREFIX)?;
+        let (id, role) = rest.rsplit_once(ROLE_SEP)?;
+        validate_transfer_id(id).ok()?;
+        Some(Self {
+            transfer_id: id.to_owned(),
+            role: Role::parse(role)?,
+        })
+    }
+
+    /// Reads the ferry identity from a DER certificate (the first matching URI SAN).
+    pub fn from_cert_der(der: &[u8]) -> Result<Self, IdentityError> {
+        let (_, cert) =
+            X509Certificate::from_der(der).map_err(|_| IdentityError::BadCertificate)?;
+        let san = cert
+            .subject_alternative_name()
+            .map_err(|_| IdentityError::BadCertificate)?
+            .ok_or(IdentityError::NoIdentity)?;
+        san.value
+            .general_names
+            .iter()
+            .find_map(|n| match n {
+                GeneralName::URI(u) => Self::parse_uri(u),
+                _ => None,
+            })
+            .ok_or(IdentityError::NoIdentity)
+    }
+
+    /// Checks a peer's identity against what `local` accepts.
+    pub fn check_peer(&self, peer: &Identity, accepted: &[Role]) -> Result<(), IdentityError> {
+        if peer.transfer_id == self.transfer_id && accepted.contains(&peer.role) {
+            return Ok(());
+        }
+        let accepted = accepted
+            .iter()
+            .map(|r| {
+                Identity {
+                    transfer_id: self.transfer_id.clone(),
+                    role: *r,
+                }
+                .uri()
+            })
+            .collect::<Vec<_>>()
+            .join(" or ");
+        Err(IdentityError::Mismatch {
+            peer: peer.uri(),
+            local: self.uri(),
+            accepted,
+        })
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.uri())
+    }
+}
+
+fn validate_transfer_id(id: &str) -> Result<(), IdentityError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(IdentityError::BadTransferId(id.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uri_round_trips() {
+        let id = Identity::new("abc-123", Role::Receiver).unwrap();
+        assert_eq!(id.uri(), "urn:ferry:transfer:abc-123:role:receiver");
+        assert_eq!(Identity::parse_uri(&id.uri()), Some(id));
+    }
+
+    #[test]
+    fn bad_ids_and_roles_are_refused() {
+        assert!(Identity::new("a:b", Role::Sender).is_err());
+        assert!(Identity::new("", Role::Sender).is_err());
+        assert!(Identity::parse_uri("urn:ferry:transfer:x:role:admin").is_none());
+        assert!(Identity::parse_uri("urn:other:x").is_none());
+    }
+
+    #[test]
+    fn mismatch_names_both_identities() {
+        let local = Identity::new("t1", Role::Receiver).unwrap();
+        let peer = Identity::new("t2", Role::Sender).unwrap();
+        let err = local
+            .check_peer(&peer, &[Role::Sender])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("urn:ferry:transfer:t2:role:sender"), "{err}");
+        assert!(err.contains("urn:ferry:transfer:t1:role:receiver"), "{err}");
+        let same = Identity::new("t1", Role::Sender).unwrap();
+        local.check_peer(&same, &[Role::Sender]).unwrap();
+        assert!(local.check_peer(&same, &[Role::Operator]).is_err());
+    }
+}

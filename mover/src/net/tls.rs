@@ -1,0 +1,308 @@
+//! rustls configurations for ferry endpoints: TLS 1.3 only, AES-128-GCM preferred, client
+//! certificates mandatory, and verifiers that add the ferry identity check to chain validation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, aws_lc_rs};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+
+use super::identity::{Identity, Role};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("failed to read {what} from {path}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{path} holds no {what}")]
+    Empty { what: &'static str, path: PathBuf },
+    #[error("CA certificate in {path} is not usable as a trust anchor")]
+    BadCa {
+        path: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("own certificate {path} is not a ferry certificate")]
+    OwnIdentity {
+        path: PathBuf,
+        #[source]
+        source: super::IdentityError,
+    },
+    #[error(
+        "own certificate {path} is for {found}, but this endpoint runs as {expected}; pass the \
+         certificate issued for this transfer and role"
+    )]
+    WrongOwnIdentity {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("failed to build the TLS configuration")]
+    Config(#[source] rustls::Error),
+    #[error("failed to build the client certificate verifier")]
+    Verifier(#[source] rustls::server::VerifierBuilderError),
+}
+
+/// The CA, own certificate chain and key an endpoint was given, plus its identity.
+#[derive(Debug)]
+pub struct TlsFiles {
+    pub roots: Arc<RootCertStore>,
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: Arc<PrivateKeyDer<'static>>,
+    pub identity: Identity,
+}
+
+/// Loads `--ca`, `--cert` and `--key` and checks the certificate names `transfer_id` and `role`.
+pub fn load_files(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    transfer_id: &str,
+    role: Role,
+) -> Result<TlsFiles, TlsError> {
+    let read_err = |what, path: &Path| {
+        let path = path.to_owned();
+        move |source| TlsError::Read { what, path, source }
+    };
+    let mut roots = RootCertStore::empty();
+    let mut n = 0;
+    for c in CertificateDer::pem_file_iter(ca).map_err(read_err("CA certificates", ca))? {
+        let c = c.map_err(read_err("CA certificates", ca))?;
+        roots.add(c).map_err(|source| TlsError::BadCa {
+            path: ca.to_owned(),
+            source,
+        })?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(TlsError::Empty {
+            what: "CA certificate",
+            path: ca.to_owned(),
+        });
+    }
+    let chain = CertificateDer::pem_file_iter(cert)
+        .map_err(read_err("certificates", cert))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read_err("certificates", cert))?;
+    let Some(leaf) = chain.first() else {
+        return Err(TlsError::Empty {
+            what: "certificate",
+            path: cert.to_owned(),
+        });
+    };
+    let identity = Identity::from_cert_der(leaf).map_err(|source| TlsError::OwnIdentity {
+        path: cert.to_owned(),
+        source,
+    })?;
+    if identity.transfer_id != transfer_id || identity.role != role {
+        return Err(TlsError::WrongOwnIdentity {
+            path: cert.to_owned(),
+            found: identity.uri(),
+            expected: Identity {
+                transfer_id: transfer_id.to_owned(),
+                role,
+            }
+            .uri(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(read_err("private key", key))?;
+    Ok(TlsFiles {
+        roots: Arc::new(roots),
+        chain,
+        key: Arc::new(key),
+        identity,
+    })
+}
+
+/// aws-lc-rs with TLS 1.3 suites only, AES-128-GCM first (fastest with AES-NI/VAES).
+fn provider() -> Arc<CryptoProvider> {
+    let mut p = aws_lc_rs::default_provider();
+    p.cipher_suites = vec![
+        aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        aws_lc_rs::cipher_suite::TLS13_AES_256_GCM_SHA384,
+        aws_lc_rs::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256,
+    ];
+    Arc::new(p)
+}
+
+/// Server side: requires a client certificate chaining to the CA whose identity is the same
+/// transfer and one of `accepted` roles.
+pub fn server_config(
+    files: &TlsFiles,
+    accepted: &[Role],
+) -> Result<rustls::ServerConfig, TlsError> {
+    let provider = provider();
+    let inner = WebPkiClientVerifier::builder_with_provider(files.roots.clone(), provider.clone())
+        .build()
+        .map_err(TlsError::Verifier)?;
+    let verifier = Arc::new(IdentityClientVerifier {
+        inner,
+        local: files.identity.clone(),
+        accepted: accepted.to_vec(),
+    });
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Config)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(files.chain.clone(), files.key.clone_key())
+        .map_err(TlsError::Config)?;
+    // Session tickets buy nothing for a handful of long-lived streams.
+    cfg.send_tls13_tickets = 0;
+    cfg.alpn_protocols = Vec::new();
+    Ok(cfg)
+}
+
+/// Client side: presents our certificate and accepts only a server chaining to the CA whose
+/// identity is the same transfer and one of `accepted` roles.
+pub fn client_config(
+    files: &TlsFiles,
+    accepted: &[Role],
+) -> Result<rustls::ClientConfig, TlsError> {
+    let provider = provider();
+    let verifier = Arc::new(IdentityServerVerifier {
+        roots: files.roots.clone(),
+        provider: provider.clone(),
+        local: files.identity.clone(),
+        accepted: accepted.to_vec(),
+    });
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Config)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_auth_cert(files.chain.clone(), files.key.clone_key())
+        .map_err(TlsError::Config)?;
+    Ok(cfg)
+}
+
+fn identity_error(e: super::IdentityError) -> rustls::Error {
+    // rustls carries the text into the handshake error on this side; the peer gets an alert.
+    rustls::Error::General(e.to_string())
+}
+
+#[derive(Debug)]
+struct IdentityClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    local: Identity,
+    accepted: Vec<Role>,
+}
+
+impl ClientCertVerifier for IdentityClientVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Chain first: an identity read from an untrusted certificate means nothing.
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
+        self.local
+            .check_peer(&peer, &self.accepted)
+            .map_err(identity_error)?;
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[derive(Debug)]
+struct IdentityServerVerifier {
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+    local: Identity,
+    accepted: Vec<Role>,
+}
+
+impl ServerCertVerifier for IdentityServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // The DNS name is meaningless for pod-to-pod transfers; the URI SAN identity replaces it.
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
+        self.local
+            .check_peer(&peer, &self.accepted)
+            .map_err(identity_error)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not allowed".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

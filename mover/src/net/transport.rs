@@ -1,0 +1,72 @@
+//! TCP + TLS connection setup with deadlines: nothing is allocated for a peer beyond the TLS
+//! handshake until its certificate passed the identity check.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector, client, server};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("failed to connect to {addr}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {addr} failed")]
+    Handshake {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS handshake with {addr} did not finish within {secs} s")]
+    Timeout { addr: SocketAddr, secs: u64 },
+}
+
+/// Connects and completes the TLS handshake within `timeout`.
+pub async fn connect_tls(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> Result<client::TlsStream<TcpStream>, TransportError> {
+    let fut = async {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| TransportError::Connect { addr, source })?;
+        let _ = tcp.set_nodelay(true);
+        // Identities are checked by URI SAN, not by DNS name; any syntactically valid name works.
+        let name = ServerName::try_from("ferry.invalid")
+            .map_err(|_| TransportError::Timeout { addr, secs: 0 })?;
+        TlsConnector::from(config)
+            .connect(name, tcp)
+            .await
+            .map_err(|source| TransportError::Handshake { addr, source })
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| TransportError::Timeout {
+            addr,
+            secs: timeout.as_secs(),
+        })?
+}
+
+/// Completes the server side of the TLS handshake within `timeout`.
+pub async fn accept_tls(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    acceptor: &TlsAcceptor,
+    timeout: Duration,
+) -> Result<server::TlsStream<TcpStream>, TransportError> {
+    let _ = tcp.set_nodelay(true);
+    tokio::time::timeout(timeout, acceptor.accept(tcp))
+        .await
+        .map_err(|_| TransportError::Timeout {
+            addr,
+            secs: timeout.as_secs(),
+        })?
+        .map_err(|source| TransportError::Handshake { addr, source })
+}

@@ -1,0 +1,133 @@
+//! Counters shared by the session tasks and the progress service.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Connecting = 1,
+    Transferring = 2,
+    Finishing = 3,
+    Succeeded = 4,
+    Failed = 5,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            2 => Self::Transferring,
+            3 => Self::Finishing,
+            4 => Self::Succeeded,
+            5 => Self::Failed,
+            _ => Self::Connecting,
+        }
+    }
+}
+
+/// Counts what this end did. On the receiver, `bytes_done`/`files_done` are what it wrote and
+/// verified; on the sender they are what the receiver confirmed at the end plus what was queued.
+#[derive(Debug)]
+pub struct Progress {
+    phase: AtomicU8,
+    pub files_done: AtomicU64,
+    pub files_total: AtomicU64,
+    pub bytes_done: AtomicU64,
+    pub bytes_total: AtomicU64,
+    pub totals_final: AtomicBool,
+    pub wire_bytes: std::sync::Arc<AtomicU64>,
+    pub skipped: AtomicU64,
+    pub resumed_bytes: AtomicU64,
+    last_error: Mutex<String>,
+    start: Mutex<Instant>,
+    pub transfer_id: String,
+    pub role: String,
+}
+
+/// A consistent-enough copy of the counters.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub phase: Phase,
+    pub files_done: u64,
+    pub files_total: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub totals_final: bool,
+    pub wire_bytes: u64,
+    pub skipped: u64,
+    pub resumed_bytes: u64,
+    pub last_error: String,
+    pub elapsed: f64,
+}
+
+impl Progress {
+    pub fn new(transfer_id: &str, role: &str) -> Self {
+        Self {
+            phase: AtomicU8::new(Phase::Connecting as u8),
+            files_done: AtomicU64::new(0),
+            files_total: AtomicU64::new(0),
+            bytes_done: AtomicU64::new(0),
+            bytes_total: AtomicU64::new(0),
+            totals_final: AtomicBool::new(false),
+            wire_bytes: Default::default(),
+            skipped: AtomicU64::new(0),
+            resumed_bytes: AtomicU64::new(0),
+            last_error: Mutex::new(String::new()),
+            start: Mutex::new(Instant::now()),
+            transfer_id: transfer_id.to_owned(),
+            role: role.to_owned(),
+        }
+    }
+
+    pub fn set_phase(&self, p: Phase) {
+        if p == Phase::Transferring {
+            if let Ok(mut s) = self.start.lock() {
+                *s = Instant::now();
+            }
+        }
+        self.phase.store(p as u8, Ordering::Relaxed);
+    }
+
+    pub fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    pub fn set_error(&self, e: &str) {
+        if let Ok(mut s) = self.last_error.lock() {
+            *s = e.chars().take(1024).collect();
+        }
+    }
+
+    pub fn add(&self, c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn elapsed(&self) -> f64 {
+        self.start
+            .lock()
+            .map(|s| s.elapsed().as_secs_f64())
+            .unwrap_or(0.0)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Snapshot {
+            phase: self.phase(),
+            files_done: r(&self.files_done),
+            files_total: r(&self.files_total),
+            bytes_done: r(&self.bytes_done),
+            bytes_total: r(&self.bytes_total),
+            totals_final: self.totals_final.load(Ordering::Relaxed),
+            wire_bytes: r(&self.wire_bytes),
+            skipped: r(&self.skipped),
+            resumed_bytes: r(&self.resumed_bytes),
+            last_error: self
+                .last_error
+                .lock()
+                .map(|s| s.clone())
+                .unwrap_or_default(),
+            elapsed: self.elapsed(),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The gRPC `ferry.progress.v1.Progress` service over mutual TLS, and a client for it (used by
+//! the operator and by tests).
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use ferry_proto::progress::v1 as pb;
+use ferry_proto::progress::v1::progress_client::ProgressClient;
+use ferry_proto::progress::v1::progress_server::{Progress as ProgressApi, ProgressServer};
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tonic::transport::server::Connected;
+use tonic::{Request, Response, Status};
+
+use super::counters::{Phase, Progress, Snapshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressServiceError {
+    #[error("progress service failed")]
+    Serve(#[source] tonic::transport::Error),
+    #[error("failed to connect to the progress service at {addr}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
+    let phase = match s.phase {
+        Phase::Connecting => pb::Phase::Connecting,
+        Phase::Transferring => pb::Phase::Transferring,
+        Phase::Finishing => pb::Phase::Finishing,
+        Phase::Succeeded => pb::Phase::Succeeded,
+        Phase::Failed => pb::Phase::Failed,
+    };
+    pb::ProgressUpdate {
+        phase: phase as i32,
+        files_done: s.files_done,
+        files_total: s.files_total,
+        bytes_done: s.bytes_done,
+        bytes_total: s.bytes_total,
+        totals_final: s.totals_final,
+        wire_bytes: s.wire_bytes,
+        throughput_current: current,
+        throughput_average: if s.elapsed > 0.0 {
+            s.bytes_done as f64 / s.elapsed
+        } else {
+            0.0
+        },
+        last_error: s.last_error.clone(),
+        skipped: s.skipped,
+        resumed_bytes: s.resumed_bytes,
+        elapsed_seconds: s.elapsed,
+        transfer_id: p.transfer_id.clone(),
+        role: p.role.clone(),
+    }
+}
+
+struct Service {
+    progress: Arc<Progress>,
+}
+
+type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::ProgressUpdate, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ProgressApi for Service {
+    type WatchStream = UpdateStream;
+
+    async fn watch(
+        &self,
+        req: Request<pb::ProgressRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let interval =
+            Duration::from_millis(u64::from(req.get_ref().interval_ms.clamp(100, 60_000)));
+        let progress = self.progress.clone();
+        // State: (last bytes, last instant, finished).
+        let init = (None::<(u64, Instant)>, false);
+        let stream = futures::stream::unfold(init, move |(last, finished)| {
+            let progress = progress.clone();
+            async move {
+                if finished {
+                    return None;
+                }
+                if last.is_some() {
+                    tokio::time::sleep(interval).await;
+                }
+                let s = progress.snapshot();
+                let now = Instant::now();
+                let current = match last {
+                    Some((b, t)) => {
+                        s.bytes_done.saturating_sub(b) as f64
+                            / now.duration_since(t).as_secs_f64().max(1e-3)
+                    }
+                    None => 0.0,
+                };
+                let done = matches!(s.phase, Phase::Succeeded | Phase::Failed);
+                let update = to_pb(&progress, &s, current);
+                Some((Ok(update), (Some((s.bytes_done, now)), done)))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get(
+        &self,
+        _req: Request<pb::ProgressRequest>,
+    ) -> Result<Response<pb::ProgressUpdate>, Status> {
+        let s = self.progress.snapshot();
+        Ok(Response::new(to_pb(&self.progress, &s, 0.0)))
+    }
+}
+
+/// A TLS connection as tonic sees it.
+struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
+
+impl Connected for TlsConn {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Serves the progress service on `listener`; `tls` must require client certificates (build it
+/// with `net::server_config(files, &[Role::Operator])`). Handshakes that fail or stall are
+/// dropped after 10 s without affecting other clients.
+pub async fn serve_progress(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    progress: Arc<Progress>,
+) -> Result<(), ProgressServiceError> {
+    let acceptor = TlsAcceptor::from(tls);
+    let (tx, rx) = tokio::sync::mpsc::channel::<TlsConn>(16);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, addr)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match crate::net::accept_tls(tcp, addr, &acceptor, Duration::from_secs(10)).await {
+                    Ok(tls) => {
+                        let _ = tx.send(TlsConn(tls)).await;
+                    }
+                    Err(e) => tracing::warn!(
+                        "progress port refused {addr}: {}",
+                        crate::session::anyhow_chain(&e)
+                    ),
+                }
+            });
+        }
+    });
+    let incoming = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|c| (Ok::<_, std::io::Error>(c), rx))
+    });
+    tonic::transport::Server::builder()
+        .add_service(ProgressServer::new(Service { progress }))
+        .serve_with_incoming(incoming)
+        .await
+        .map_err(ProgressServiceError::Serve)
+}
+
+/// Connects to a mover's progress service with mutual TLS (`tls` from
+/// `net::client_config(files, &[Role::Sender, Role::Receiver])` with an operator certificate).
+pub async fn connect_progress(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<ProgressClient<tonic::transport::Channel>, ProgressServiceError> {
+    let connector = tower::service_fn(move |_uri: http::Uri| {
+        let tls = tls.clone();
+        async move {
+            crate::net::connect_tls(addr, tls, Duration::from_secs(10))
+                .await
+                .map(hyper_util::rt::TokioIo::new)
+                .map_err(std::io::Error::other)
+        }
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://ferry.invalid")
+        .connect_with_connector(connector)
+        .await
+        .map_err(|source| ProgressServiceError::Connect { addr, source })?;
+    Ok(ProgressClient::new(channel))
+}

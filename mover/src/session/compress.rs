@@ -1,0 +1,243 @@
+//! Per-block compression: encode with zstd or lz4 and keep the result only if it saves at least
+//! 5 %; decode with the output capped at the declared length (itself capped at the block size).
+//!
+//! `auto` rule: compress (zstd level 1) only while the link's measured goodput is below half of
+//! this CPU's measured zstd-1 speed. Goodput is bytes written divided by the time the writers
+//! spent inside writes (including bandwidth-limit waits), so a fast link (loopback, 10 GbE) is
+//! measured fast and gets raw blocks, and a slow or limited link gets compression.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::wire::{BLOCK_SIZE, codec};
+
+/// Zero blocks are sent as a codec with no payload; the receiver leaves a hole.
+pub const CODEC_ZERO: u32 = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compress {
+    Auto,
+    Zstd,
+    Lz4,
+    None,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("unknown codec {0}")]
+    Unknown(u32),
+    #[error("codec {0} was not negotiated")]
+    NotNegotiated(u32),
+    #[error("declared length {0} is above the block size")]
+    TooLong(u64),
+    #[error(
+        "compressed data does not decode to exactly {expected} bytes (zstd/lz4 error or size mismatch)"
+    )]
+    Decode { expected: usize },
+    #[error("zero block carries {0} payload bytes")]
+    ZeroWithData(usize),
+}
+
+/// Decodes `data` into `out` (cleared, then exactly `raw_len` bytes long).
+pub fn decode(
+    codec_id: u32,
+    data: &[u8],
+    raw_len: usize,
+    negotiated: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    if raw_len > BLOCK_SIZE {
+        return Err(CodecError::TooLong(raw_len as u64));
+    }
+    out.clear();
+    match codec_id {
+        codec::RAW => {
+            if data.len() != raw_len {
+                return Err(CodecError::Decode { expected: raw_len });
+            }
+            out.extend_from_slice(data);
+        }
+        codec::ZSTD => {
+            if negotiated & crate::wire::caps::ZSTD == 0 {
+                return Err(CodecError::NotNegotiated(codec_id));
+            }
+            out.resize(raw_len, 0);
+            // Bulk API with a fixed output: a frame that would expand past raw_len is an error.
+            let n = zstd::bulk::Decompressor::new()
+                .and_then(|mut d| {
+                    d.window_log_max(23)?;
+                    d.decompress_to_buffer(data, &mut out[..])
+                })
+                .map_err(|_| CodecError::Decode { expected: raw_len })?;
+            if n != raw_len {
+                return Err(CodecError::Decode { expected: raw_len });
+            }
+        }
+        codec::LZ4 => {
+            if negotiated & crate::wire::caps::LZ4 == 0 {
+                return Err(CodecError::NotNegotiated(codec_id));
+            }
+            out.resize(raw_len, 0);
+            let n = lz4_flex::block::decompress_into(data, &mut out[..])
+                .map_err(|_| CodecError::Decode { expected: raw_len })?;
+            if n != raw_len {
+                return Err(CodecError::Decode { expected: raw_len });
+            }
+        }
+        CODEC_ZERO => {
+            if !data.is_empty() {
+                return Err(CodecError::ZeroWithData(data.len()));
+            }
+            out.resize(raw_len, 0);
+        }
+        other => return Err(CodecError::Unknown(other)),
+    }
+    Ok(())
+}
+
+/// Compresses with `codec_id`; `None` when the result does not save at least 5 %.
+pub fn encode(codec_id: u32, raw: &[u8], level: i32) -> Option<Vec<u8>> {
+    let out = match codec_id {
+        codec::ZSTD => zstd::bulk::compress(raw, level).ok()?,
+        codec::LZ4 => lz4_flex::block::compress(raw),
+        _ => return None,
+    };
+    (out.len() * 100 <= raw.len() * 95).then_some(out)
+}
+
+/// Chooses the codec for each block of a session.
+pub struct CodecPolicy {
+    mode: Compress,
+    negotiated: u64,
+    bandwidth_limit: Option<u64>,
+    /// Bytes written and nanoseconds spent writing, summed over all streams.
+    pub written: AtomicU64,
+    pub write_nanos: AtomicU64,
+}
+
+/// Measured zstd-1 speed of this CPU (bytes/s) on text-like data, computed once per process.
+pub fn zstd_speed() -> f64 {
+    static SPEED: OnceLock<f64> = OnceLock::new();
+    *SPEED.get_or_init(|| {
+        let mut sample = Vec::with_capacity(1 << 20);
+        let mut x: u32 = 12345;
+        let words: [&[u8]; 8] = [
+            b"transfer ",
+            b"block ",
+            b"receiver ",
+            b"the ",
+            b"of ",
+            b"stream\n",
+            b"file ",
+            b"42 ",
+        ];
+        while sample.len() < (1 << 20) {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            sample.extend_from_slice(words[(x >> 16) as usize % words.len()]);
+        }
+        let t = Instant::now();
+        let _ = zstd::bulk::compress(&sample, 1);
+        let secs = t.elapsed().as_secs_f64().max(1e-6);
+        sample.len() as f64 / secs
+    })
+}
+
+impl CodecPolicy {
+    pub fn new(mode: Compress, negotiated: u64, bandwidth_limit: Option<u64>) -> Self {
+        Self {
+            mode,
+            negotiated,
+            bandwidth_limit,
+            written: AtomicU64::new(0),
+            write_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn note_write(&self, bytes: u64, nanos: u64) {
+        self.written.fetch_add(bytes, Ordering::Relaxed);
+        self.write_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Link goodput estimate in bytes/s, once enough has been written to judge.
+    pub fn goodput(&self) -> Option<f64> {
+        let bytes = self.written.load(Ordering::Relaxed);
+        let nanos = self.write_nanos.load(Ordering::Relaxed);
+        (bytes >= 8 << 20 && nanos > 0).then(|| bytes as f64 * 1e9 / nanos as f64)
+    }
+
+    /// (codec, zstd level) for the next block.
+    pub fn choose(&self) -> (u32, i32) {
+        let has = |c| self.negotiated & c != 0;
+        match self.mode {
+            Compress::None => (codec::RAW, 0),
+            Compress::Zstd if has(crate::wire::caps::ZSTD) => (codec::ZSTD, 3),
+            Compress::Lz4 if has(crate::wire::caps::LZ4) => (codec::LZ4, 0),
+            Compress::Zstd | Compress::Lz4 => (codec::RAW, 0),
+            Compress::Auto => {
+                if !has(crate::wire::caps::ZSTD) {
+                    return (codec::RAW, 0);
+                }
+                let link = match (self.bandwidth_limit, self.goodput()) {
+                    (Some(l), Some(g)) => (l as f64).min(g),
+                    (Some(l), None) => l as f64,
+                    (None, Some(g)) => g,
+                    (None, None) => return (codec::RAW, 0),
+                };
+                if link < zstd_speed() / 2.0 {
+                    (codec::ZSTD, 1)
+                } else {
+                    (codec::RAW, 0)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::caps;
+
+    #[test]
+    fn compressible_round_trips_and_random_is_skipped() {
+        let text = b"hello ferry ".repeat(10_000);
+        for c in [codec::ZSTD, codec::LZ4] {
+            let enc = encode(c, &text, 1).unwrap();
+            let mut out = Vec::new();
+            decode(c, &enc, text.len(), caps::SUPPORTED, &mut out).unwrap();
+            assert_eq!(out, text);
+        }
+        let random: Vec<u8> = (0..100_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        assert!(encode(codec::LZ4, &random, 1).is_none() || random.len() < 10);
+    }
+
+    #[test]
+    fn zstd_bomb_past_declared_length_is_refused() {
+        let big = vec![0u8; BLOCK_SIZE];
+        let enc = zstd::bulk::compress(&big, 3).unwrap();
+        let mut out = Vec::new();
+        let err = decode(codec::ZSTD, &enc, 1024, caps::SUPPORTED, &mut out).unwrap_err();
+        assert!(
+            matches!(err, CodecError::Decode { expected: 1024 }),
+            "{err}"
+        );
+        assert!(out.len() <= 1024);
+        let err = decode(codec::RAW, &[], BLOCK_SIZE + 1, caps::SUPPORTED, &mut out).unwrap_err();
+        assert!(matches!(err, CodecError::TooLong(_)));
+    }
+
+    #[test]
+    fn auto_sends_raw_on_a_fast_link_and_zstd_on_a_slow_one() {
+        let fast = CodecPolicy::new(Compress::Auto, caps::SUPPORTED, None);
+        assert_eq!(fast.choose().0, codec::RAW, "no measurement yet: raw");
+        fast.note_write(64 << 20, 20_000_000); // 3.2 GB/s
+        assert_eq!(fast.choose().0, codec::RAW);
+        let slow = CodecPolicy::new(Compress::Auto, caps::SUPPORTED, Some(50_000_000));
+        assert_eq!(slow.choose().0, codec::ZSTD);
+        let none = CodecPolicy::new(Compress::Zstd, caps::LZ4, None);
+        assert_eq!(none.choose().0, codec::RAW, "zstd not negotiated");
+    }
+}

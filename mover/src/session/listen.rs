@@ -1,0 +1,125 @@
+//! The receiver's accept loop: TLS and Hello under the handshake deadline (at most 64 at once),
+//! streams grouped by session id, each complete session run to its end.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+use super::Summary;
+use super::receiver::{Accepted, ReceiveError, ReceiverConfig, accept_stream, receive_session};
+use crate::net::accept_tls;
+use crate::progress::Progress;
+
+const MAX_HANDSHAKES: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("failed to accept a connection")]
+    Accept(#[source] std::io::Error),
+    #[error(transparent)]
+    Session(#[from] ReceiveError),
+}
+
+/// Serves sessions until one completes (`once`) or forever; returns the summaries.
+/// `on_session` sees each session's result (the CLI prints summaries as they finish).
+pub async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    cfg: ReceiverConfig,
+    once: bool,
+    progress: Arc<Progress>,
+    mut on_session: impl FnMut(&Result<Summary, ReceiveError>),
+) -> Result<(), ListenError> {
+    let (tx, mut rx) = mpsc::channel::<Accepted<TlsStream<TcpStream>>>(MAX_HANDSHAKES);
+    let limit = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let cfg = Arc::new(cfg);
+    let wire = progress.wire_bytes.clone();
+    let c = cfg.clone();
+    let acceptor_task = tokio::spawn(async move {
+        loop {
+            let (tcp, addr) = listener.accept().await.map_err(ListenError::Accept)?;
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                return Ok::<(), ListenError>(());
+            };
+            let (tx, acceptor, cfg, wire) = (tx.clone(), acceptor.clone(), c.clone(), wire.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                let r = async {
+                    let tls = accept_tls(tcp, addr, &acceptor, cfg.timeouts.handshake)
+                        .await
+                        .map_err(|e| anyhow_chain(&e))?;
+                    accept_stream(tls, &cfg, wire, 0)
+                        .await
+                        .map_err(|e| anyhow_chain(&e))
+                }
+                .await;
+                match r {
+                    Ok(acc) => {
+                        let _ = tx.send(acc).await;
+                    }
+                    Err(msg) => tracing::warn!("refused connection from {addr}: {msg}"),
+                }
+            });
+        }
+    });
+
+    let mut pending: HashMap<Vec<u8>, (Instant, Vec<Accepted<TlsStream<TcpStream>>>)> =
+        HashMap::new();
+    let result = loop {
+        let Some(acc) = rx.recv().await else {
+            break Ok(());
+        };
+        // Drop half-assembled sessions whose other streams never came.
+        pending.retain(|_, (t, _)| t.elapsed() < cfg.timeouts.handshake * 2);
+        let sid = acc.hello.session_id.clone();
+        let count = acc.hello.stream_count as usize;
+        let entry = pending
+            .entry(sid.clone())
+            .or_insert_with(|| (Instant::now(), Vec::new()));
+        if entry
+            .1
+            .iter()
+            .any(|a| a.hello.stream_index == acc.hello.stream_index)
+        {
+            tracing::warn!(
+                "duplicate stream index {} in a session",
+                acc.hello.stream_index
+            );
+            continue;
+        }
+        entry.1.push(acc);
+        if entry.1.len() < count {
+            continue;
+        }
+        let Some((_, streams)) = pending.remove(&sid) else {
+            continue;
+        };
+        let r = receive_session(&cfg, streams, progress.clone()).await;
+        if let Err(e) = &r {
+            tracing::warn!("session failed: {}", anyhow_chain(e));
+        }
+        on_session(&r);
+        if once {
+            break r.map(|_| ()).map_err(ListenError::from);
+        }
+    };
+    acceptor_task.abort();
+    result
+}
+
+/// "outer: cause: root cause" for logs.
+pub fn anyhow_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

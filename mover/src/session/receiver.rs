@@ -1,0 +1,802 @@
+//! The receiving end: validates every name and every block, writes beneath the destination root
+//! only, publishes each file by one rename after all of its content verified, and keeps resume
+//! state in the staging directory.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ferry_proto::wire::v1 as pb;
+use std::os::unix::fs::FileExt;
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
+
+use super::compress::{self, CodecError};
+use super::dest::{DestError, DestRoot, Existing, set_meta};
+use super::framed::{FrameReader, FrameWriter, FramedError};
+use super::handshake::{HandshakeError, accept_hello};
+use super::relpath::{PeerPath, RelPathError};
+use super::staging::{LargeStaging, Staging, StagingError, block_count, block_len};
+use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, SMALL_FILE_MAX, Summary, Timeouts};
+use crate::progress::{Phase, Progress};
+use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
+
+/// Most files the receiver tracks as "offered, not yet complete" at once.
+const MAX_IN_FLIGHT: usize = 32 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error(transparent)]
+    Framed(#[from] FramedError),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    #[error(transparent)]
+    Path(#[from] RelPathError),
+    #[error(transparent)]
+    Dest(#[from] DestError),
+    #[error(transparent)]
+    Staging(#[from] StagingError),
+    #[error("stream {stream}: {kind:?} frame not allowed {when}")]
+    OutOfOrder {
+        stream: u32,
+        kind: FrameType,
+        when: &'static str,
+    },
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("block {index} of {path}: {source}")]
+    Codec {
+        path: String,
+        index: u64,
+        #[source]
+        source: CodecError,
+    },
+    #[error("{path}: block {index} does not match its BLAKE3 hash; nothing was written")]
+    HashMismatch { path: String, index: u64 },
+    #[error("failed to write {path}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sender reported an error: {0}")]
+    Peer(String),
+    #[error("the sender finished but {count} file(s) are incomplete, e.g. {example}")]
+    Incomplete { count: usize, example: String },
+    #[error("streams of one session disagree: {0}")]
+    Streams(String),
+    #[error("a blocking filesystem task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+fn proto(msg: impl Into<String>) -> ReceiveError {
+    ReceiveError::Protocol(msg.into())
+}
+
+/// Receiver settings.
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    pub root: PathBuf,
+    pub transfer_id: String,
+    pub timeouts: Timeouts,
+    /// fsync each file before its rename (durable commits).
+    pub sync: bool,
+}
+
+/// One stream past Hello/Welcome.
+pub struct Accepted<S> {
+    pub reader: FrameReader<ReadHalf<S>>,
+    pub writer: FrameWriter<WriteHalf<S>>,
+    pub hello: pb::Hello,
+    pub caps: u64,
+}
+
+/// Reads Hello on a fresh stream (under the handshake timeout) and answers Welcome.
+pub async fn accept_stream<S>(
+    stream: S,
+    cfg: &ReceiverConfig,
+    wire_bytes: Arc<AtomicU64>,
+    index_hint: u32,
+) -> Result<Accepted<S>, ReceiveError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (r, w) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(r, index_hint, cfg.timeouts.handshake, wire_bytes);
+    let mut writer = FrameWriter::new(w, index_hint, cfg.timeouts.handshake, Default::default());
+    let fut = accept_hello(&mut reader, &mut writer, &cfg.transfer_id, MAX_STREAMS);
+    let (hello, caps) = match tokio::time::timeout(cfg.timeouts.handshake, fut).await {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(FramedError::IdleTimeout {
+                stream: index_hint,
+                secs: cfg.timeouts.handshake.as_secs(),
+            }
+            .into());
+        }
+    };
+    let idx = hello.stream_index;
+    reader.set_stream(idx, cfg.timeouts.idle);
+    writer.set_stream(idx, cfg.timeouts.idle);
+    Ok(Accepted {
+        reader,
+        writer,
+        hello,
+        caps,
+    })
+}
+
+/// Where the bytes of a block come from. Today only the wire; the block store (issue 5) adds a
+/// variant that materialises a verified block from the node's CAS after proof of possession.
+pub enum BlockSource<'a> {
+    Wire { codec: u32, data: &'a [u8] },
+}
+
+enum InFlight {
+    Small(FileMeta),
+    Large(Arc<LargeFile>),
+}
+
+#[derive(Clone)]
+struct FileMeta {
+    path: PeerPath,
+    size: u64,
+    mode: u32,
+    mtime: (i64, u32),
+}
+
+struct LargeFile {
+    meta: FileMeta,
+    nblocks: u64,
+    state: Mutex<LargeState>,
+}
+
+struct LargeState {
+    staging: LargeStaging,
+    /// Blocks not yet claimed by any stream.
+    need: Vec<bool>,
+    /// Blocks claimed but not yet verified and written.
+    remaining: u64,
+}
+
+struct Shared {
+    dest: DestRoot,
+    staging: Staging,
+    session_tag: String,
+    caps: u64,
+    sync: bool,
+    table: Mutex<Table>,
+    next_id: AtomicU64,
+    progress: Arc<Progress>,
+    /// Root directory metadata, applied after the staging directory is gone (its removal
+    /// would otherwise bump the root's mtime).
+    root_meta: Mutex<Option<(u32, (i64, u32))>>,
+}
+
+#[derive(Default)]
+struct Table {
+    files: HashMap<u64, InFlight>,
+    paths: HashSet<String>,
+}
+
+/// Runs one session over its accepted streams (all with the same session id).
+pub async fn receive_session<S>(
+    cfg: &ReceiverConfig,
+    mut streams: Vec<Accepted<S>>,
+    progress: Arc<Progress>,
+) -> Result<Summary, ReceiveError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let started = Instant::now();
+    streams.sort_by_key(|a| a.hello.stream_index);
+    let n = streams.len() as u32;
+    let first = streams
+        .first()
+        .ok_or_else(|| ReceiveError::Streams("no streams".into()))?;
+    let (sid, caps) = (first.hello.session_id.clone(), first.caps);
+    for (i, s) in streams.iter().enumerate() {
+        if s.hello.session_id != sid
+            || s.hello.stream_count != n
+            || s.hello.stream_index != i as u32
+        {
+            return Err(ReceiveError::Streams(format!(
+                "stream {} of {} announced index {} of {}",
+                i, n, s.hello.stream_index, s.hello.stream_count
+            )));
+        }
+    }
+    let root = cfg.root.clone();
+    let tid = cfg.transfer_id.clone();
+    let (dest, staging) = tokio::task::spawn_blocking(move || {
+        let dest = DestRoot::open(&root)?;
+        let staging = Staging::open(&dest, &tid)?;
+        Ok::<_, ReceiveError>((dest, staging))
+    })
+    .await??;
+    let shared = Arc::new(Shared {
+        dest,
+        staging,
+        session_tag: sid.iter().take(4).map(|b| format!("{b:02x}")).collect(),
+        caps,
+        sync: cfg.sync,
+        table: Mutex::new(Table::default()),
+        next_id: AtomicU64::new(1),
+        progress: progress.clone(),
+        root_meta: Mutex::new(None),
+    });
+    progress.set_phase(Phase::Transferring);
+
+    let done = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut futs = Vec::new();
+    for s in streams {
+        futs.push(run_stream(shared.clone(), s, done.clone(), n));
+    }
+    let result = futures::future::try_join_all(futs).await;
+    match result {
+        Ok(_) => {
+            let sh = shared.clone();
+            tokio::task::spawn_blocking(move || {
+                sh.staging.cleanup(&sh.dest);
+                let meta = sh.root_meta.lock().ok().and_then(|m| *m);
+                if let Some((mode, mtime)) = meta {
+                    let fd = sh.dest.open_dir(None)?;
+                    set_meta(&fd, mode, mtime).map_err(|e| ReceiveError::Write {
+                        path: ".".into(),
+                        source: e.into(),
+                    })?;
+                }
+                Ok::<(), ReceiveError>(())
+            })
+            .await??;
+            progress.set_phase(Phase::Succeeded);
+            let p = progress.snapshot();
+            Ok(Summary {
+                files: p.files_done,
+                bytes: p.bytes_done,
+                wire_bytes: p.wire_bytes,
+                seconds: started.elapsed().as_secs_f64(),
+                streams: n,
+                skipped: p.skipped,
+                resumed_bytes: p.resumed_bytes,
+                dedup_blocks: 0,
+                dedup_bytes: 0,
+            })
+        }
+        Err(e) => {
+            progress.set_error(&e.to_string());
+            progress.set_phase(Phase::Failed);
+            Err(e)
+        }
+    }
+}
+
+async fn run_stream<S>(
+    shared: Arc<Shared>,
+    acc: Accepted<S>,
+    done: Arc<tokio::sync::Semaphore>,
+    n: u32,
+) -> Result<(), ReceiveError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let Accepted {
+        mut reader,
+        mut writer,
+        ..
+    } = acc;
+    let stream = reader.stream();
+    let r = stream_loop(&shared, &mut reader, &mut writer, &done, n).await;
+    if let Err(e) = &r {
+        // Tell the sender why, best effort; it may already be gone.
+        let _ = writer
+            .send(&Message::Error(pb::Error {
+                message: e.to_string(),
+            }))
+            .await;
+        let _ = writer.flush().await;
+    }
+    tracing::debug!(stream, ok = r.is_ok(), "receiver stream ended");
+    r
+}
+
+async fn stream_loop<R, W>(
+    shared: &Arc<Shared>,
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+    done: &tokio::sync::Semaphore,
+    n: u32,
+) -> Result<(), ReceiveError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let stream = reader.stream();
+    // Main phase: offers, data.
+    loop {
+        match reader.expect().await? {
+            Message::Offer(o) => {
+                let sh = shared.clone();
+                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                writer.send(&Message::Want(want)).await?;
+                writer.flush().await?;
+            }
+            Message::Batch { header, data } => {
+                let sh = shared.clone();
+                tokio::task::spawn_blocking(move || handle_batch(&sh, header, &data)).await??;
+            }
+            Message::Block { header, data } => {
+                let sh = shared.clone();
+                tokio::task::spawn_blocking(move || {
+                    let source = BlockSource::Wire {
+                        codec: header.codec,
+                        data: &data,
+                    };
+                    handle_block(&sh, &header, source)
+                })
+                .await??;
+            }
+            Message::Keepalive => {}
+            Message::Done(_) => break,
+            Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+            other => {
+                return Err(ReceiveError::OutOfOrder {
+                    stream,
+                    kind: other.frame_type(),
+                    when: "while data flows",
+                });
+            }
+        }
+    }
+    if stream != 0 {
+        done.add_permits(1);
+        return Ok(());
+    }
+    // Stream 0 waits for every other stream's Done: all data is in before directory metadata.
+    if n > 1 {
+        let _permits = done
+            .acquire_many(n - 1)
+            .await
+            .map_err(|_| proto("session closed"))?;
+    }
+    shared.progress.set_phase(Phase::Finishing);
+    loop {
+        match reader.expect().await? {
+            Message::Offer(o) => {
+                let sh = shared.clone();
+                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                writer.send(&Message::Want(want)).await?;
+                writer.flush().await?;
+            }
+            Message::DirDone(d) => {
+                let sh = shared.clone();
+                tokio::task::spawn_blocking(move || handle_dir_done(&sh, d)).await??;
+            }
+            Message::Keepalive => {}
+            Message::Finish => break,
+            Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+            other => {
+                return Err(ReceiveError::OutOfOrder {
+                    stream,
+                    kind: other.frame_type(),
+                    when: "after Done",
+                });
+            }
+        }
+    }
+    {
+        let table = shared.table.lock().map_err(|_| proto("state poisoned"))?;
+        if let Some(example) = table.paths.iter().next() {
+            return Err(ReceiveError::Incomplete {
+                count: table.paths.len(),
+                example: example.clone(),
+            });
+        }
+    }
+    let p = shared.progress.snapshot();
+    writer
+        .send(&Message::Summary(pb::Summary {
+            files: p.files_done,
+            bytes: p.bytes_done,
+            skipped: p.skipped,
+            resumed_bytes: p.resumed_bytes,
+            wire_bytes: p.wire_bytes,
+        }))
+        .await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+fn mtime_of(e: &pb::Entry) -> (i64, u32) {
+    (e.mtime_sec, e.mtime_nsec.min(999_999_999))
+}
+
+fn handle_offer(sh: &Shared, offer: pb::Offer) -> Result<pb::Want, ReceiveError> {
+    if offer.entries.len() > MAX_OFFER_ENTRIES {
+        return Err(proto(format!(
+            "offer with {} entries (max {MAX_OFFER_ENTRIES})",
+            offer.entries.len()
+        )));
+    }
+    let mut wants = Vec::with_capacity(offer.entries.len());
+    for e in offer.entries {
+        wants.push(handle_entry(sh, e)?);
+    }
+    Ok(pb::Want {
+        offer_id: offer.offer_id,
+        entries: wants,
+    })
+}
+
+fn skip() -> pb::EntryWant {
+    pb::EntryWant {
+        skip: true,
+        need_blocks: Vec::new(),
+        file_id: 0,
+    }
+}
+
+fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError> {
+    let path = PeerPath::parse(&e.path)?;
+    let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
+    match kind {
+        pb::EntryKind::Dir => {
+            sh.dest.create_dirs(path.as_str())?;
+            Ok(skip())
+        }
+        pb::EntryKind::Symlink => {
+            if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
+                return Err(proto(format!("invalid symlink target for {path}")));
+            }
+            let tmp = format!("{}-link.tmp", sh.session_tag);
+            sh.dest
+                .symlink(&path, &e.target, mtime_of(&e), sh.staging.dir(), &tmp)?;
+            Ok(skip())
+        }
+        pb::EntryKind::Hardlink => {
+            let target = PeerPath::parse(&e.target)?;
+            let tmp = format!("{}-hlink.tmp", sh.session_tag);
+            sh.dest.hardlink(&path, &target, sh.staging.dir(), &tmp)?;
+            Ok(skip())
+        }
+        pb::EntryKind::File => offer_file(sh, path, &e),
+        pb::EntryKind::Unspecified => Err(proto(format!("entry {path} has no kind"))),
+    }
+}
+
+fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWant, ReceiveError> {
+    let meta = FileMeta {
+        path: path.clone(),
+        size: e.size,
+        mode: e.mode,
+        mtime: mtime_of(e),
+    };
+    {
+        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        if t.paths.contains(path.as_str()) {
+            return Err(proto(format!("duplicate entry {path} in one session")));
+        }
+        if t.files.len() >= MAX_IN_FLIGHT {
+            return Err(proto("too many files in flight"));
+        }
+    }
+    let parent = sh.dest.parent_of(&path)?;
+    let (_, leaf) = path.split_parent();
+    let existing = sh.dest.existing(&parent, leaf)?;
+    if let Existing::File { size, mtime } = existing
+        && size == e.size
+    {
+        let same = if sh.caps & caps::CHECKSUM != 0 && e.checksum.len() == 32 {
+            hash_existing(sh, &path)? == e.checksum.as_slice()
+        } else {
+            mtime == meta.mtime
+        };
+        if same {
+            if mtime != meta.mtime {
+                let f = sh.dest.open_file(path.as_str())?;
+                let _ = set_meta(&f, meta.mode, meta.mtime);
+            }
+            sh.progress.add(&sh.progress.skipped, 1);
+            return Ok(skip());
+        }
+    }
+    let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+    if e.size <= SMALL_FILE_MAX {
+        register(sh, id, InFlight::Small(meta))?;
+        return Ok(pb::EntryWant {
+            skip: false,
+            need_blocks: Vec::new(),
+            file_id: id,
+        });
+    }
+    let resumed = sh.staging.open_large(&path, e.size, meta.mtime)?;
+    let nblocks = block_count(e.size);
+    let remaining = resumed.need.iter().filter(|n| **n).count() as u64;
+    sh.progress
+        .add(&sh.progress.resumed_bytes, resumed.resumed_bytes);
+    let mut bitmap = vec![0u8; nblocks.div_ceil(8) as usize];
+    for (i, n) in resumed.need.iter().enumerate() {
+        if *n {
+            bitmap[i / 8] |= 1 << (i % 8);
+        }
+    }
+    let lf = Arc::new(LargeFile {
+        meta,
+        nblocks,
+        state: Mutex::new(LargeState {
+            staging: resumed.staging,
+            need: resumed.need,
+            remaining,
+        }),
+    });
+    if remaining == 0 {
+        // Everything was already verified by an earlier run: publish now.
+        commit_large(sh, &lf)?;
+        sh.progress.add(&sh.progress.files_done, 1);
+        sh.progress.add(&sh.progress.bytes_done, lf.meta.size);
+        return Ok(skip());
+    }
+    register(sh, id, InFlight::Large(lf))?;
+    Ok(pb::EntryWant {
+        skip: false,
+        need_blocks: bitmap,
+        file_id: id,
+    })
+}
+
+fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
+    let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+    let path = match &f {
+        InFlight::Small(m) => m.path.as_str().to_owned(),
+        InFlight::Large(l) => l.meta.path.as_str().to_owned(),
+    };
+    if !t.paths.insert(path.clone()) {
+        return Err(proto(format!("duplicate entry {path} in one session")));
+    }
+    t.files.insert(id, f);
+    Ok(())
+}
+
+fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<Vec<u8>, ReceiveError> {
+    let mut f = sh.dest.open_file(path.as_str())?;
+    let mut h = blake3::Hasher::new();
+    h.update_reader(&mut f)
+        .map_err(|source| ReceiveError::Write {
+            path: path.to_string(),
+            source,
+        })?;
+    Ok(h.finalize().as_bytes().to_vec())
+}
+
+fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(), ReceiveError> {
+    let mut off = 0usize;
+    let mut buf = Vec::new();
+    for bf in header.files {
+        let stored = bf.stored_len as usize;
+        let end = off
+            .checked_add(stored)
+            .filter(|e| *e <= data.len())
+            .ok_or_else(|| proto("batch entry runs past the end of its frame"))?;
+        let chunk = &data[off..end];
+        off = end;
+        let meta = {
+            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+            match t.files.remove(&bf.file_id) {
+                Some(InFlight::Small(m)) => {
+                    t.paths.remove(m.path.as_str());
+                    m
+                }
+                Some(other) => {
+                    t.files.insert(bf.file_id, other);
+                    return Err(proto(format!("batch names large file id {}", bf.file_id)));
+                }
+                None => return Err(proto(format!("batch names unknown file id {}", bf.file_id))),
+            }
+        };
+        if u64::from(bf.raw_len) != meta.size {
+            return Err(proto(format!(
+                "{}: batch carries {} bytes, the offer said {}",
+                meta.path, bf.raw_len, meta.size
+            )));
+        }
+        compress::decode(bf.codec, chunk, bf.raw_len as usize, sh.caps, &mut buf).map_err(
+            |source| ReceiveError::Codec {
+                path: meta.path.to_string(),
+                index: 0,
+                source,
+            },
+        )?;
+        if blake3::hash(&buf).as_bytes().as_slice() != bf.hash.as_slice() {
+            return Err(ReceiveError::HashMismatch {
+                path: meta.path.to_string(),
+                index: 0,
+            });
+        }
+        write_small(sh, &meta, &buf)?;
+    }
+    if off != data.len() {
+        return Err(proto("batch frame has trailing bytes"));
+    }
+    Ok(())
+}
+
+fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
+    use std::io::Write;
+    let tmp = format!(
+        "{}-{}.tmp",
+        sh.session_tag,
+        sh.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let werr = |source| ReceiveError::Write {
+        path: meta.path.to_string(),
+        source,
+    };
+    let mut f = sh.staging.create_temp(&tmp)?;
+    let r = (|| -> Result<(), ReceiveError> {
+        f.write_all(content).map_err(werr)?;
+        set_meta(&f, meta.mode, meta.mtime).map_err(|e| werr(e.into()))?;
+        if sh.sync {
+            f.sync_all().map_err(werr)?;
+        }
+        let parent = sh.dest.parent_of(&meta.path)?;
+        let (_, leaf) = meta.path.split_parent();
+        sh.dest
+            .publish(sh.staging.dir(), &tmp, &parent, leaf, meta.path.as_str())?;
+        Ok(())
+    })();
+    if r.is_err() {
+        sh.staging.remove(&tmp);
+    }
+    r?;
+    sh.progress.add(&sh.progress.files_done, 1);
+    sh.progress.add(&sh.progress.bytes_done, meta.size);
+    Ok(())
+}
+
+fn handle_block(
+    sh: &Shared,
+    h: &pb::BlockHeader,
+    source: BlockSource<'_>,
+) -> Result<(), ReceiveError> {
+    let lf = {
+        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        match t.files.get(&h.file_id) {
+            Some(InFlight::Large(l)) => l.clone(),
+            Some(InFlight::Small(_)) => {
+                return Err(proto(format!("block for small file id {}", h.file_id)));
+            }
+            None => return Err(proto(format!("block for unknown file id {}", h.file_id))),
+        }
+    };
+    let path = lf.meta.path.to_string();
+    if h.index >= lf.nblocks {
+        return Err(proto(format!(
+            "{path}: block index {} past the last block {}",
+            h.index,
+            lf.nblocks - 1
+        )));
+    }
+    let expected = block_len(lf.meta.size, h.index);
+    if u64::from(h.raw_len) != expected {
+        return Err(proto(format!(
+            "{path}: block {} is {} bytes, expected {expected}",
+            h.index, h.raw_len
+        )));
+    }
+    // Claim the block so a duplicate on another stream is refused.
+    {
+        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        match st.need.get_mut(h.index as usize) {
+            Some(slot) if *slot => *slot = false,
+            _ => {
+                return Err(proto(format!(
+                    "{path}: block {} was not requested or was sent twice",
+                    h.index
+                )));
+            }
+        }
+    }
+    let BlockSource::Wire { codec, data } = source;
+    let mut buf = Vec::with_capacity(expected as usize);
+    compress::decode(codec, data, expected as usize, sh.caps, &mut buf).map_err(|source| {
+        ReceiveError::Codec {
+            path: path.clone(),
+            index: h.index,
+            source,
+        }
+    })?;
+    let hash = blake3::hash(&buf);
+    if hash.as_bytes().as_slice() != h.hash.as_slice() {
+        return Err(ReceiveError::HashMismatch {
+            path,
+            index: h.index,
+        });
+    }
+    let off = h.index * BLOCK_SIZE as u64;
+    let werr = |source| ReceiveError::Write {
+        path: lf.meta.path.to_string(),
+        source,
+    };
+    let finished = {
+        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        // All-zero blocks stay holes in the pre-sized staging file.
+        if codec != compress::CODEC_ZERO {
+            st.staging.data.write_all_at(&buf, off).map_err(werr)?;
+        }
+        st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
+        st.remaining -= 1;
+        st.remaining == 0
+    };
+    sh.progress.add(&sh.progress.bytes_done, expected);
+    if finished {
+        {
+            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+            t.files.remove(&h.file_id);
+            t.paths.remove(lf.meta.path.as_str());
+        }
+        commit_large(sh, &lf)?;
+        sh.progress.add(&sh.progress.files_done, 1);
+    }
+    Ok(())
+}
+
+fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {
+    let st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+    let werr = |source| ReceiveError::Write {
+        path: lf.meta.path.to_string(),
+        source,
+    };
+    set_meta(&st.staging.data, lf.meta.mode, lf.meta.mtime).map_err(|e| werr(e.into()))?;
+    if sh.sync {
+        st.staging.data.sync_all().map_err(werr)?;
+    }
+    let parent = sh.dest.parent_of(&lf.meta.path)?;
+    let (_, leaf) = lf.meta.path.split_parent();
+    sh.dest.publish(
+        sh.staging.dir(),
+        &st.staging.part_name,
+        &parent,
+        leaf,
+        lf.meta.path.as_str(),
+    )?;
+    sh.staging.finish_large(&st.staging);
+    Ok(())
+}
+
+fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
+    let Some(dir) = d.dir else {
+        return Err(proto("DirDone without a directory"));
+    };
+    let rel = if dir.path.is_empty() {
+        None
+    } else {
+        Some(PeerPath::parse(&dir.path)?)
+    };
+    if sh.caps & caps::DELETE != 0 && d.complete_listing {
+        if d.names.len() > 10_000_000 {
+            return Err(proto("directory listing too long"));
+        }
+        let mut keep = HashSet::with_capacity(d.names.len());
+        for name in d.names {
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(proto(format!(
+                    "invalid name {name:?} in a directory listing"
+                )));
+            }
+            keep.insert(name);
+        }
+        sh.dest
+            .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep)?;
+    }
+    let mtime = mtime_of(&dir);
+    match rel {
+        Some(p) => sh.dest.set_dir_meta(&p, dir.mode, mtime)?,
+        None => {
+            if let Ok(mut m) = sh.root_meta.lock() {
+                *m = Some((dir.mode, mtime));
+            }
+        }
+    }
+    Ok(())
+}

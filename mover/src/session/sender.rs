@@ -1,0 +1,537 @@
+//! The sending end: walks the tree while streams carry data, pipelines Offers, reads Wants, and
+//! stripes the blocks of large files over all streams.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_proto::wire::v1 as pb;
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
+use tokio::sync::{Mutex, mpsc};
+
+use super::compress::{self, CODEC_ZERO, CodecPolicy, Compress};
+use super::framed::{FrameReader, FrameWriter, FramedError};
+use super::handshake::{HandshakeError, send_hello};
+use super::limiter::Limiter;
+use super::scan::{self, ScanError, open_source};
+use super::staging::block_len;
+use super::{SMALL_FILE_MAX, Summary, Timeouts};
+use crate::progress::{Phase, Progress};
+use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
+
+/// Offers in flight per stream before the sender waits for Wants.
+const OFFER_WINDOW: usize = 4;
+/// Keepalive after this much silence on a stream, well below any sane idle timeout.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+/// Bytes of small-file content per Batch frame.
+const BATCH_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Framed(#[from] FramedError),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    #[error("receiver refused: {0}")]
+    Peer(String),
+    #[error("stream {stream}: unexpected {kind:?} frame from receiver (expected {expected})")]
+    Unexpected {
+        stream: u32,
+        kind: FrameType,
+        expected: &'static str,
+    },
+    #[error("receiver answered offer {got}, expected {expected}")]
+    WantMismatch { got: u64, expected: u64 },
+    #[error("failed to read source file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("source file {0} changed size during the transfer")]
+    Changed(PathBuf),
+    #[error("internal channel closed")]
+    Channel,
+    #[error("a blocking task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Sender settings.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    pub root: PathBuf,
+    pub transfer_id: String,
+    pub compress: Compress,
+    pub delete: bool,
+    pub checksum: bool,
+    pub sync: bool,
+    pub bandwidth_limit: Option<u64>,
+    pub timeouts: Timeouts,
+}
+
+struct BlockJob {
+    file_id: u64,
+    path: Arc<PathBuf>,
+    index: u64,
+    len: u64,
+}
+
+struct Ctx {
+    root: PathBuf,
+    policy: CodecPolicy,
+    limiter: Option<Limiter>,
+    progress: Arc<Progress>,
+    work: Mutex<mpsc::Receiver<Vec<pb::Entry>>>,
+    blocks: Mutex<mpsc::Receiver<BlockJob>>,
+    next_offer: AtomicU64,
+}
+
+type Reader<S> = FrameReader<ReadHalf<S>>;
+type Writer<S> = FrameWriter<WriteHalf<S>>;
+
+/// Runs a whole transfer over `streams` (already connected, e.g. TLS); stream i gets index i.
+pub async fn send_session<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    progress: Arc<Progress>,
+) -> Result<Summary, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let r = run(cfg, streams, progress.clone()).await;
+    match &r {
+        Ok(_) => progress.set_phase(Phase::Succeeded),
+        Err(e) => {
+            progress.set_error(&e.to_string());
+            progress.set_phase(Phase::Failed);
+        }
+    }
+    r
+}
+
+async fn run<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    progress: Arc<Progress>,
+) -> Result<Summary, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let n = streams.len() as u32;
+    let session_id: [u8; 16] = rand::random();
+    let mut want_caps = caps::ZSTD | caps::LZ4 | caps::VERIFY;
+    if cfg.delete {
+        want_caps |= caps::DELETE;
+    }
+    if cfg.checksum {
+        want_caps |= caps::CHECKSUM;
+    }
+    if cfg.sync {
+        want_caps |= caps::SYNC;
+    }
+    let wire = progress.wire_bytes.clone();
+    let mut halves = Vec::new();
+    let mut negotiated = want_caps;
+    for (i, s) in streams.into_iter().enumerate() {
+        let (r, w) = tokio::io::split(s);
+        let mut reader = FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
+        let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire.clone());
+        let hello = pb::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: want_caps,
+            transfer_id: cfg.transfer_id.clone(),
+            session_id: session_id.to_vec(),
+            stream_index: i as u32,
+            stream_count: n,
+            block_size: BLOCK_SIZE as u32,
+        };
+        let fut = send_hello(&mut reader, &mut writer, hello);
+        let got = tokio::time::timeout(cfg.timeouts.handshake, fut)
+            .await
+            .map_err(|_| FramedError::IdleTimeout {
+                stream: i as u32,
+                secs: cfg.timeouts.handshake.as_secs(),
+            })??;
+        negotiated &= got;
+        reader.set_stream(i as u32, cfg.timeouts.idle);
+        writer.set_stream(i as u32, cfg.timeouts.idle);
+        halves.push((reader, writer));
+    }
+    let started = Instant::now();
+    progress.set_phase(Phase::Transferring);
+
+    let (work_tx, work_rx) = mpsc::channel(2 * n as usize);
+    let (block_tx, block_rx) = mpsc::channel(n as usize);
+    let ctx = Arc::new(Ctx {
+        root: cfg.root.clone(),
+        policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
+        limiter: cfg.bandwidth_limit.map(Limiter::new),
+        progress: progress.clone(),
+        work: Mutex::new(work_rx),
+        blocks: Mutex::new(block_rx),
+        next_offer: AtomicU64::new(1),
+    });
+    let root = cfg.root.clone();
+    let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
+    let p = progress.clone();
+    let scanner = tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p));
+
+    let mut futs = Vec::new();
+    for (reader, writer) in halves {
+        futs.push(run_stream(ctx.clone(), reader, writer, block_tx.clone()));
+    }
+    drop(block_tx);
+    let mut ends = futures::future::try_join_all(futs).await?;
+    // The walk must have succeeded before we tell the receiver the tree is complete.
+    let hardlinks = scanner.await??;
+
+    let (mut reader, mut writer) = ends.swap_remove(0);
+    finish(cfg, &ctx, &mut reader, &mut writer, hardlinks, negotiated).await?;
+    let summary = match reader.expect().await? {
+        Message::Summary(s) => s,
+        Message::Error(e) => return Err(SendError::Peer(e.message)),
+        other => {
+            return Err(SendError::Unexpected {
+                stream: 0,
+                kind: other.frame_type(),
+                expected: "Summary",
+            });
+        }
+    };
+    writer.shutdown().await;
+    for (_, mut w) in ends {
+        w.shutdown().await;
+    }
+    progress.files_done.store(summary.files, Ordering::Relaxed);
+    progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
+    progress.skipped.store(summary.skipped, Ordering::Relaxed);
+    progress
+        .resumed_bytes
+        .store(summary.resumed_bytes, Ordering::Relaxed);
+    Ok(Summary {
+        files: summary.files,
+        bytes: summary.bytes,
+        wire_bytes: wire.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+        streams: n,
+        skipped: summary.skipped,
+        resumed_bytes: summary.resumed_bytes,
+        dedup_blocks: 0,
+        dedup_bytes: 0,
+    })
+}
+
+/// Final phase on stream 0: hard links, directory metadata (and delete listings), Finish.
+async fn finish<S>(
+    cfg: &SenderConfig,
+    ctx: &Ctx,
+    reader: &mut Reader<S>,
+    writer: &mut Writer<S>,
+    hardlinks: Vec<pb::Entry>,
+    negotiated: u64,
+) -> Result<(), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    ctx.progress.set_phase(Phase::Finishing);
+    for chunk in hardlinks.chunks(super::MAX_OFFER_ENTRIES) {
+        let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
+        writer
+            .send(&Message::Offer(pb::Offer {
+                offer_id,
+                entries: chunk.to_vec(),
+            }))
+            .await?;
+        writer.flush().await?;
+        read_want(reader, offer_id).await?;
+    }
+    let (tx, mut rx) = mpsc::channel(16);
+    let root = cfg.root.clone();
+    let with_names = cfg.delete && negotiated & caps::DELETE != 0;
+    let walker = tokio::task::spawn_blocking(move || scan::walk_dirs(&root, with_names, tx));
+    while let Some(d) = rx.recv().await {
+        writer.send(&Message::DirDone(d)).await?;
+    }
+    walker.await??;
+    writer.send(&Message::Finish).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+async fn read_want<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    offer_id: u64,
+) -> Result<pb::Want, SendError> {
+    let mut msg = reader.expect().await?;
+    while let Message::Keepalive = msg {
+        msg = reader.expect().await?;
+    }
+    match msg {
+        Message::Want(w) if w.offer_id == offer_id => Ok(w),
+        Message::Want(w) => Err(SendError::WantMismatch {
+            got: w.offer_id,
+            expected: offer_id,
+        }),
+        Message::Error(e) => Err(SendError::Peer(e.message)),
+        other => Err(SendError::Unexpected {
+            stream: reader.stream(),
+            kind: other.frame_type(),
+            expected: "Want",
+        }),
+    }
+}
+
+async fn run_stream<S>(
+    ctx: Arc<Ctx>,
+    reader: Reader<S>,
+    writer: Writer<S>,
+    block_tx: mpsc::Sender<BlockJob>,
+) -> Result<(Reader<S>, Writer<S>), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (out_tx, out_rx) = mpsc::channel::<Message>(1);
+    let (pending_tx, pending_rx) = mpsc::channel(OFFER_WINDOW);
+    let offers = offer_task(ctx.clone(), out_tx.clone(), pending_tx);
+    let answers = answer_task(ctx.clone(), reader, out_tx.clone(), pending_rx, block_tx);
+    let blocks = block_task(ctx.clone(), out_tx);
+    let write = writer_task(ctx.clone(), writer, out_rx);
+    let ((), reader, (), writer) = tokio::try_join!(offers, answers, blocks, write)?;
+    Ok((reader, writer))
+}
+
+async fn offer_task(
+    ctx: Arc<Ctx>,
+    out: mpsc::Sender<Message>,
+    pending: mpsc::Sender<(u64, Vec<pb::Entry>)>,
+) -> Result<(), SendError> {
+    loop {
+        let group = { ctx.work.lock().await.recv().await };
+        let Some(entries) = group else {
+            return Ok(());
+        };
+        let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
+        // The window: at most OFFER_WINDOW offers wait for their Want.
+        pending
+            .send((offer_id, entries.clone()))
+            .await
+            .map_err(|_| SendError::Channel)?;
+        out.send(Message::Offer(pb::Offer { offer_id, entries }))
+            .await
+            .map_err(|_| SendError::Channel)?;
+    }
+}
+
+async fn answer_task<S>(
+    ctx: Arc<Ctx>,
+    mut reader: Reader<S>,
+    out: mpsc::Sender<Message>,
+    mut pending: mpsc::Receiver<(u64, Vec<pb::Entry>)>,
+    block_tx: mpsc::Sender<BlockJob>,
+) -> Result<Reader<S>, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    while let Some((offer_id, entries)) = pending.recv().await {
+        let want = read_want(&mut reader, offer_id).await?;
+        if want.entries.len() != entries.len() {
+            return Err(SendError::Peer(format!(
+                "answer to offer {offer_id} has {} entries, the offer had {}",
+                want.entries.len(),
+                entries.len()
+            )));
+        }
+        let mut small = Vec::new();
+        for (e, w) in entries.into_iter().zip(want.entries) {
+            if w.skip || e.kind != pb::EntryKind::File as i32 {
+                continue;
+            }
+            if e.size <= SMALL_FILE_MAX {
+                small.push((w.file_id, e));
+                continue;
+            }
+            let path = Arc::new(ctx.root.join(&e.path));
+            let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
+            for index in 0..nblocks {
+                let needed = w.need_blocks.is_empty()
+                    || w.need_blocks
+                        .get((index / 8) as usize)
+                        .is_some_and(|b| b & (1 << (index % 8)) != 0);
+                if !needed {
+                    continue;
+                }
+                let job = BlockJob {
+                    file_id: w.file_id,
+                    path: path.clone(),
+                    index,
+                    len: block_len(e.size, index),
+                };
+                block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+            }
+        }
+        if !small.is_empty() {
+            let c = ctx.clone();
+            let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
+            for b in batches {
+                out.send(b).await.map_err(|_| SendError::Channel)?;
+            }
+        }
+    }
+    Ok(reader)
+}
+
+/// Reads wanted small files and packs them into Batch frames of about 4 MiB.
+fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>, SendError> {
+    let mut out = Vec::new();
+    let mut header = pb::BatchHeader::default();
+    let mut data = Vec::new();
+    for (file_id, e) in files {
+        let path = ctx.root.join(&e.path);
+        let rerr = |source| SendError::Read {
+            path: path.clone(),
+            source,
+        };
+        let mut content = Vec::with_capacity(e.size as usize);
+        let f = open_source(&path).map_err(rerr)?;
+        use std::io::Read;
+        f.take(e.size + 1).read_to_end(&mut content).map_err(rerr)?;
+        if content.len() as u64 != e.size {
+            return Err(SendError::Changed(path));
+        }
+        let hash = blake3::hash(&content);
+        let (codec_id, level) = ctx.policy.choose();
+        let (stored, codec_id) = match compress::encode(codec_id, &content, level) {
+            Some(c) if content.len() >= 512 => (c, codec_id),
+            _ => (content, codec::RAW),
+        };
+        header.files.push(pb::BatchFile {
+            file_id,
+            raw_len: e.size as u32,
+            stored_len: stored.len() as u32,
+            codec: codec_id,
+            hash: hash.as_bytes().to_vec(),
+        });
+        data.extend_from_slice(&stored);
+        ctx.progress.add(&ctx.progress.bytes_done, e.size);
+        if data.len() >= BATCH_BYTES || header.files.len() >= 4096 {
+            out.push(Message::Batch {
+                header: std::mem::take(&mut header),
+                data: Bytes::from(std::mem::take(&mut data)),
+            });
+        }
+    }
+    if !header.files.is_empty() {
+        out.push(Message::Batch {
+            header,
+            data: Bytes::from(data),
+        });
+    }
+    Ok(out)
+}
+
+async fn block_task(ctx: Arc<Ctx>, out: mpsc::Sender<Message>) -> Result<(), SendError> {
+    loop {
+        let job = { ctx.blocks.lock().await.recv().await };
+        let Some(job) = job else {
+            return Ok(());
+        };
+        let c = ctx.clone();
+        let msg = tokio::task::spawn_blocking(move || read_block(&c, job)).await??;
+        out.send(msg).await.map_err(|_| SendError::Channel)?;
+    }
+}
+
+fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
+    let path: &Path = &job.path;
+    let rerr = |source| SendError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let f = open_source(path).map_err(rerr)?;
+    let len = job.len as usize;
+    let mut buf = vec![0u8; len];
+    let off = job.index * BLOCK_SIZE as u64;
+    f.read_exact_at(&mut buf, off).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            SendError::Changed(path.to_owned())
+        } else {
+            rerr(e)
+        }
+    })?;
+    let hash = blake3::hash(&buf);
+    ctx.progress.add(&ctx.progress.bytes_done, job.len);
+    let (codec_id, data) = if is_zero(&buf) {
+        (CODEC_ZERO, Bytes::new())
+    } else {
+        let (c, level) = ctx.policy.choose();
+        match compress::encode(c, &buf, level) {
+            Some(enc) => (c, Bytes::from(enc)),
+            None => (codec::RAW, Bytes::from(buf)),
+        }
+    };
+    Ok(Message::Block {
+        header: pb::BlockHeader {
+            file_id: job.file_id,
+            index: job.index,
+            raw_len: job.len as u32,
+            codec: codec_id,
+            hash: hash.as_bytes().to_vec(),
+        },
+        data,
+    })
+}
+
+fn is_zero(buf: &[u8]) -> bool {
+    let mut words = buf.chunks_exact(16);
+    words
+        .by_ref()
+        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0)
+        && words.remainder().iter().all(|b| *b == 0)
+}
+
+async fn writer_task<S>(
+    ctx: Arc<Ctx>,
+    mut writer: Writer<S>,
+    mut rx: mpsc::Receiver<Message>,
+) -> Result<Writer<S>, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    loop {
+        let msg = match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(_) => {
+                writer.send(&Message::Keepalive).await?;
+                writer.flush().await?;
+                continue;
+            }
+        };
+        let len = frame_len(&msg);
+        let t = Instant::now();
+        if let Some(l) = &ctx.limiter {
+            l.take(len).await;
+        }
+        writer.send(&msg).await?;
+        if rx.is_empty() {
+            writer.flush().await?;
+        }
+        ctx.policy
+            .note_write(len as u64, t.elapsed().as_nanos() as u64);
+    }
+    writer.send(&Message::Done(pb::Done::default())).await?;
+    writer.flush().await?;
+    Ok(writer)
+}
+
+fn frame_len(m: &Message) -> usize {
+    match m {
+        Message::Block { data, .. } | Message::Batch { data, .. } => data.len() + 128,
+        _ => 64,
+    }
+}

@@ -1,0 +1,311 @@
+//! Shared helpers for the network tests: throwaway PKI, trees, in-process ends, comparisons.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_mover::net::{self, Role, TlsFiles};
+use ferry_mover::progress::Progress;
+use ferry_mover::session::{
+    self, Compress, ReceiveError, ReceiverConfig, SenderConfig, Summary, Timeouts,
+};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_ferry-mover");
+
+pub struct Pki {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub transfer: String,
+}
+
+pub fn pki(transfer: &str) -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = net::generate_certs(transfer, 1).unwrap();
+    net::write_certs(dir.path(), &certs).unwrap();
+    Pki {
+        path: dir.path().to_owned(),
+        _dir: dir,
+        transfer: transfer.to_owned(),
+    }
+}
+
+impl Pki {
+    pub fn files(&self, role: Role) -> TlsFiles {
+        self.files_as(role, &self.transfer)
+    }
+    pub fn files_as(&self, role: Role, transfer: &str) -> TlsFiles {
+        net::load_files(
+            &self.path.join("ca.crt"),
+            &self.path.join(format!("{role}.crt")),
+            &self.path.join(format!("{role}.key")),
+            transfer,
+            role,
+        )
+        .unwrap()
+    }
+    pub fn args(&self, role: &str) -> Vec<String> {
+        vec![
+            "--ca".into(),
+            self.path.join("ca.crt").display().to_string(),
+            "--cert".into(),
+            self.path.join(format!("{role}.crt")).display().to_string(),
+            "--key".into(),
+            self.path.join(format!("{role}.key")).display().to_string(),
+            "--transfer".into(),
+            self.transfer.clone(),
+        ]
+    }
+}
+
+pub fn write(path: &Path, data: &[u8]) {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    std::fs::write(path, data).unwrap();
+}
+
+/// Deterministic pseudo-random bytes (incompressible).
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+/// Small, large multi-block, empty file, empty dir, symlink, hard link, sparse, odd modes/mtimes.
+pub fn mixed_tree(root: &Path) {
+    write(&root.join("small.txt"), b"hello ferry\n");
+    write(&root.join("empty"), b"");
+    std::fs::create_dir_all(root.join("empty-dir")).unwrap();
+    write(&root.join("dir/sub/deep.txt"), &b"text line\n".repeat(5000));
+    for i in 0..300 {
+        write(
+            &root.join(format!("many/f{i:04}")),
+            format!("file {i}\n").as_bytes(),
+        );
+    }
+    // 3 blocks + a partial one.
+    write(
+        &root.join("big.bin"),
+        &random_bytes(13 * 1024 * 1024 + 17, 1),
+    );
+    // A file just over the small-file threshold.
+    write(&root.join("dir/mid.bin"), &random_bytes(1024 * 1024 + 1, 2));
+    std::os::unix::fs::symlink("dir/sub/deep.txt", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("../../outside", root.join("dir/dangling")).unwrap();
+    std::fs::hard_link(root.join("small.txt"), root.join("dir/hardlink")).unwrap();
+    // Sparse: 12 MiB hole then data.
+    let f = std::fs::File::create(root.join("sparse")).unwrap();
+    f.set_len(12 * 1024 * 1024).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(b"end", 12 * 1024 * 1024).unwrap();
+    drop(f);
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("small.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::set_permissions(root.join("dir/sub"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    let t = std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let f = std::fs::File::options()
+        .write(true)
+        .open(root.join("dir/sub/deep.txt"))
+        .unwrap();
+    f.set_modified(t).unwrap();
+}
+
+#[derive(Debug, PartialEq)]
+pub struct Node {
+    kind: char,
+    mode: u32,
+    mtime: (i64, i64),
+    size: u64,
+    content: Option<[u8; 32]>,
+    target: Option<PathBuf>,
+}
+
+/// A comparable description of a tree (everything but the root's own entry and staging).
+pub fn describe(root: &Path) -> BTreeMap<PathBuf, Node> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_owned();
+            if rel.starts_with(".ferry-staging") {
+                continue;
+            }
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let ft = md.file_type();
+            let kind = if ft.is_dir() {
+                stack.push(p.clone());
+                'd'
+            } else if ft.is_symlink() {
+                'l'
+            } else {
+                'f'
+            };
+            let content =
+                (kind == 'f').then(|| *blake3::hash(&std::fs::read(&p).unwrap()).as_bytes());
+            out.insert(
+                rel,
+                Node {
+                    kind,
+                    mode: if kind == 'l' { 0 } else { md.mode() & 0o7777 },
+                    mtime: (md.mtime(), md.mtime_nsec()),
+                    size: if kind == 'd' { 0 } else { md.size() },
+                    content,
+                    target: (kind == 'l').then(|| std::fs::read_link(&p).unwrap()),
+                },
+            );
+        }
+    }
+    out
+}
+
+pub fn assert_same_tree(src: &Path, dst: &Path) {
+    let a = describe(src);
+    let b = describe(dst);
+    for (k, v) in &a {
+        assert_eq!(Some(v), b.get(k), "entry {} differs", k.display());
+    }
+    assert_eq!(a.len(), b.len(), "destination has extra entries");
+    let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+    if src.join("dir/hardlink").exists() {
+        assert_eq!(
+            ino(&dst.join("small.txt")),
+            ino(&dst.join("dir/hardlink")),
+            "hard link kept"
+        );
+    }
+}
+
+pub fn fast_timeouts() -> Timeouts {
+    Timeouts {
+        handshake: Duration::from_secs(3),
+        idle: Duration::from_secs(10),
+    }
+}
+
+/// Starts an in-process receiver serving one session on 127.0.0.1:0.
+pub async fn start_receiver(
+    pki: &Pki,
+    root: &Path,
+) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+    let files = pki.files(Role::Receiver);
+    let server = Arc::new(net::server_config(&files, &[Role::Sender]).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = ReceiverConfig {
+        root: root.to_owned(),
+        transfer_id: pki.transfer.clone(),
+        timeouts: fast_timeouts(),
+        sync: false,
+    };
+    let h = tokio::spawn(async move {
+        let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
+        let mut result: Option<Result<Summary, String>> = None;
+        let r = session::serve(
+            listener,
+            tokio_rustls::TlsAcceptor::from(server),
+            cfg,
+            true,
+            progress,
+            |r: &Result<Summary, ReceiveError>| {
+                result = Some(
+                    r.as_ref()
+                        .map(Clone::clone)
+                        .map_err(|e| session::anyhow_chain(e)),
+                );
+            },
+        )
+        .await;
+        match (r, result) {
+            (_, Some(r)) => r,
+            (Err(e), None) => Err(session::anyhow_chain(&e)),
+            (Ok(()), None) => Err("no session".into()),
+        }
+    });
+    (addr, h)
+}
+
+pub struct SendOpts {
+    pub streams: u32,
+    pub compress: Compress,
+    pub delete: bool,
+    pub checksum: bool,
+    pub bandwidth_limit: Option<u64>,
+}
+
+impl Default for SendOpts {
+    fn default() -> Self {
+        Self {
+            streams: 2,
+            compress: Compress::Auto,
+            delete: false,
+            checksum: false,
+            bandwidth_limit: None,
+        }
+    }
+}
+
+pub async fn send(
+    pki: &Pki,
+    root: &Path,
+    addr: SocketAddr,
+    o: &SendOpts,
+) -> Result<Summary, String> {
+    let files = pki.files(Role::Sender);
+    let client = Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
+    let mut streams = Vec::new();
+    for _ in 0..o.streams {
+        streams.push(
+            net::connect_tls(addr, client.clone(), Duration::from_secs(5))
+                .await
+                .map_err(|e| session::anyhow_chain(&e))?,
+        );
+    }
+    let cfg = SenderConfig {
+        root: root.to_owned(),
+        transfer_id: pki.transfer.clone(),
+        compress: o.compress,
+        delete: o.delete,
+        checksum: o.checksum,
+        sync: false,
+        bandwidth_limit: o.bandwidth_limit,
+        timeouts: fast_timeouts(),
+    };
+    let progress = Arc::new(Progress::new(&pki.transfer, "sender"));
+    session::send_session(&cfg, streams, progress)
+        .await
+        .map_err(|e| session::anyhow_chain(&e))
+}
+
+/// One in-process round trip: receiver up, send, both results.
+pub async fn round_trip(pki: &Pki, src: &Path, dst: &Path, o: &SendOpts) -> (Summary, Summary) {
+    let (addr, recv) = start_receiver(pki, dst).await;
+    let sent = send(pki, src, addr, o).await.expect("send");
+    let received = recv.await.unwrap().expect("receive");
+    (sent, received)
+}
+
+/// Total size of the regular files under `root`.
+pub fn tree_bytes(root: &Path) -> u64 {
+    describe(root)
+        .values()
+        .filter(|n| n.kind == 'f')
+        .map(|n| n.size)
+        .sum()
+}

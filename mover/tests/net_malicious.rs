@@ -1,0 +1,429 @@
+//! A scripted malicious sender speaking the codec directly after a valid handshake. Oracle for
+//! every case: the receiver ends with a clear error, nothing appears outside its root, and no
+//! final path holds bytes that were not verified.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use common::*;
+use ferry_mover::progress::Progress;
+use ferry_mover::session::{
+    FrameReader, FrameWriter, ReceiverConfig, accept_stream, receive_session,
+};
+use ferry_mover::wire::{self, BLOCK_SIZE, FrameType, Message, caps, codec};
+use ferry_proto::wire::v1 as pb;
+
+struct World {
+    _base: tempfile::TempDir,
+    root: std::path::PathBuf,
+    outside: std::path::PathBuf,
+}
+
+fn world() -> World {
+    let base = tempfile::tempdir().unwrap();
+    let root = base.path().join("root");
+    let outside = base.path().join("outside");
+    std::fs::create_dir_all(&root).unwrap();
+    write(&outside.join("sentinel"), b"keep me");
+    World {
+        root,
+        outside,
+        _base: base,
+    }
+}
+
+impl World {
+    /// Nothing new next to or above the root: only `root` and `outside/sentinel` exist.
+    fn assert_outside_untouched(&self) {
+        let base = self.root.parent().unwrap();
+        let mut names: Vec<_> = std::fs::read_dir(base)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["outside", "root"]);
+        let inside: Vec<_> = std::fs::read_dir(&self.outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(inside.len(), 1, "new entries outside the root: {inside:?}");
+        assert_eq!(std::fs::read(self.outside.join("sentinel")).unwrap(), b"keep me");
+    }
+}
+
+fn hello(caps: u64) -> pb::Hello {
+    pb::Hello {
+        version: wire::PROTOCOL_VERSION,
+        capabilities: caps,
+        transfer_id: "evil".into(),
+        session_id: vec![9; 16],
+        stream_index: 0,
+        stream_count: 1,
+        block_size: BLOCK_SIZE as u32,
+    }
+}
+
+fn encode(msgs: &[Message]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    for m in msgs {
+        m.encode(&mut b).unwrap();
+    }
+    b.to_vec()
+}
+
+/// Runs a receiver on one in-memory stream, feeds it `script` (raw bytes after Hello), then
+/// closes; returns the receiver's error text (or "OK").
+async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
+    let (client, server) = tokio::io::duplex(32 * 1024 * 1024);
+    let cfg = ReceiverConfig {
+        root: root.to_owned(),
+        transfer_id: "evil".into(),
+        timeouts: fast_timeouts(),
+        sync: false,
+    };
+    let recv = tokio::spawn(async move {
+        let progress = Arc::new(Progress::new("evil", "receiver"));
+        let acc = accept_stream(server, &cfg, progress.wire_bytes.clone(), 0)
+            .await
+            .map_err(|e| ferry_mover::session::anyhow_chain(&e))?;
+        receive_session(&cfg, vec![acc], progress)
+            .await
+            .map_err(|e| ferry_mover::session::anyhow_chain(&e))
+    });
+    let (r, w) = tokio::io::split(client);
+    let mut reader = FrameReader::new(r, 0, std::time::Duration::from_secs(5), Default::default());
+    let mut writer = FrameWriter::new(w, 0, std::time::Duration::from_secs(5), Default::default());
+    writer.send(&Message::Hello(hello(negotiated))).await.unwrap();
+    writer.flush().await.unwrap();
+    match reader.expect().await.unwrap() {
+        Message::Welcome(_) => {}
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+    let _ = writer.send_raw(&script).await;
+    writer.shutdown().await;
+    // Drain answers so the receiver never blocks on writing.
+    let drain = tokio::spawn(async move { while let Ok(Some(_)) = reader.next().await {} });
+    let out = match recv.await.unwrap() {
+        Ok(_) => "OK".to_owned(),
+        Err(e) => e,
+    };
+    drain.abort();
+    out
+}
+
+fn file(path: &str, size: u64) -> pb::Entry {
+    pb::Entry {
+        path: path.into(),
+        kind: pb::EntryKind::File as i32,
+        mode: 0o644,
+        size,
+        ..Default::default()
+    }
+}
+
+fn offer(id: u64, entries: Vec<pb::Entry>) -> Message {
+    Message::Offer(pb::Offer {
+        offer_id: id,
+        entries,
+    })
+}
+
+fn batch(file_id: u64, content: &[u8], codec_id: u32, stored: Vec<u8>) -> Message {
+    Message::Batch {
+        header: pb::BatchHeader {
+            files: vec![pb::BatchFile {
+                file_id,
+                raw_len: content.len() as u32,
+                stored_len: stored.len() as u32,
+                codec: codec_id,
+                hash: blake3::hash(content).as_bytes().to_vec(),
+            }],
+        },
+        data: Bytes::from(stored),
+    }
+}
+
+/// A complete, valid one-file session; the receiver assigns file id 1 to the first file.
+fn valid_session() -> Vec<Message> {
+    vec![
+        offer(1, vec![file("ok.txt", 5)]),
+        batch(1, b"hello", codec::RAW, b"hello".to_vec()),
+        Message::Done(pb::Done::default()),
+        Message::DirDone(pb::DirDone {
+            dir: Some(pb::Entry {
+                path: String::new(),
+                kind: pb::EntryKind::Dir as i32,
+                mode: 0o755,
+                ..Default::default()
+            }),
+            complete_listing: false,
+            names: vec![],
+        }),
+        Message::Finish,
+    ]
+}
+
+#[tokio::test]
+async fn valid_script_succeeds() {
+    let w = world();
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&valid_session())).await;
+    assert_eq!(out, "OK");
+    assert_eq!(std::fs::read(w.root.join("ok.txt")).unwrap(), b"hello");
+}
+
+#[tokio::test]
+async fn dot_dot_and_absolute_names_are_refused() {
+    for bad in ["../escape", "a/../../escape", "/tmp/ferry-abs-escape", "a//b", "./x"] {
+        let w = world();
+        let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file(bad, 1)])])).await;
+        assert!(out.contains("invalid path"), "{bad}: {out}");
+        w.assert_outside_untouched();
+        assert!(!Path::new("/tmp/ferry-abs-escape").exists());
+    }
+}
+
+#[tokio::test]
+async fn write_through_a_symlink_is_refused() {
+    let w = world();
+    let link = pb::Entry {
+        path: "l".into(),
+        kind: pb::EntryKind::Symlink as i32,
+        target: w.outside.display().to_string(),
+        ..Default::default()
+    };
+    let script = encode(&[
+        offer(1, vec![link]),
+        offer(2, vec![file("l/pwned", 5)]),
+        batch(1, b"pwned", codec::RAW, b"pwned".to_vec()),
+    ]);
+    let out = run_script(&w.root, caps::SUPPORTED, script).await;
+    assert!(out.contains("l"), "{out}");
+    assert_ne!(out, "OK");
+    w.assert_outside_untouched();
+    // The symlink itself exists, inert.
+    assert!(std::fs::symlink_metadata(w.root.join("l")).unwrap().file_type().is_symlink());
+
+    // Relative escape through a symlinked parent directory and a dir entry below it.
+    let w = world();
+    let link = pb::Entry {
+        path: "up".into(),
+        kind: pb::EntryKind::Symlink as i32,
+        target: "../outside".into(),
+        ..Default::default()
+    };
+    let dir = pb::Entry {
+        path: "up/newdir".into(),
+        kind: pb::EntryKind::Dir as i32,
+        ..Default::default()
+    };
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![link, dir])])).await;
+    assert_ne!(out, "OK");
+    w.assert_outside_untouched();
+
+    // A hard link to a file outside the root through a symlink.
+    let w = world();
+    let link = pb::Entry {
+        path: "up".into(),
+        kind: pb::EntryKind::Symlink as i32,
+        target: "../outside".into(),
+        ..Default::default()
+    };
+    let hard = pb::Entry {
+        path: "copy".into(),
+        kind: pb::EntryKind::Hardlink as i32,
+        target: "up/sentinel".into(),
+        ..Default::default()
+    };
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![link, hard])])).await;
+    assert_ne!(out, "OK");
+    assert!(!w.root.join("copy").exists(), "hard link to an outside file created");
+    w.assert_outside_untouched();
+}
+
+#[tokio::test]
+async fn duplicate_entries_are_refused() {
+    let w = world();
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![file("a", 3), file("a", 3)])]),
+    )
+    .await;
+    assert!(out.contains("duplicate entry a"), "{out}");
+    assert!(!w.root.join("a").exists());
+}
+
+#[tokio::test]
+async fn four_gib_length_field_is_refused_before_allocation() {
+    let w = world();
+    let out = run_script(&w.root, caps::SUPPORTED, vec![0xff, 0xff, 0xff, 0xff, FrameType::Block as u8]).await;
+    assert!(out.contains("above its cap"), "{out}");
+    let out = run_script(&w.root, caps::SUPPORTED, vec![0xff, 0xff, 0xff, 0xff, FrameType::Offer as u8]).await;
+    assert!(out.contains("above its cap"), "{out}");
+}
+
+#[tokio::test]
+async fn unknown_and_reserved_frame_types_are_refused() {
+    let w = world();
+    let out = run_script(&w.root, caps::SUPPORTED, vec![0, 0, 0, 0, 0x7f]).await;
+    assert!(out.contains("unknown frame type 0x7f"), "{out}");
+    let out = run_script(&w.root, caps::SUPPORTED, vec![0, 0, 0, 0, 0x22]).await;
+    assert!(out.contains("reserved for the block store"), "{out}");
+    // Out of order: a second Hello, or Finish before Done.
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[Message::Hello(hello(0))])).await;
+    assert!(out.contains("not allowed"), "{out}");
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[Message::Finish])).await;
+    assert!(out.contains("not allowed"), "{out}");
+}
+
+#[tokio::test]
+async fn every_truncation_of_a_valid_session_fails_cleanly() {
+    let whole = encode(&valid_session());
+    for cut in 0..whole.len() {
+        let w = world();
+        let out = run_script(&w.root, caps::SUPPORTED, whole[..cut].to_vec()).await;
+        assert!(out.contains("closed by peer"), "cut {cut}: {out}");
+        // A final path holds verified content or nothing.
+        match std::fs::read(w.root.join("ok.txt")) {
+            Ok(c) => assert_eq!(c, b"hello", "cut {cut}"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+        }
+        w.assert_outside_untouched();
+    }
+}
+
+#[tokio::test]
+async fn zstd_expanding_past_the_block_size_is_refused() {
+    let w = world();
+    // Small file declared 10 bytes, zstd payload that decodes to 1 MiB.
+    let bomb = zstd::bulk::compress(&vec![0u8; 1024 * 1024], 3).unwrap();
+    let script = encode(&[offer(1, vec![file("bomb", 10)]), batch(1, &[0u8; 10], codec::ZSTD, bomb)]);
+    let out = run_script(&w.root, caps::SUPPORTED, script).await;
+    assert!(out.contains("does not decode to exactly 10 bytes"), "{out}");
+    assert!(!w.root.join("bomb").exists());
+
+    // Large file: block 1 is declared 1 byte and expands to a whole block (and more).
+    let w = world();
+    let bomb = zstd::bulk::compress(&vec![0u8; 2 * BLOCK_SIZE], 3).unwrap();
+    let script = encode(&[
+        offer(1, vec![file("big", BLOCK_SIZE as u64 + 1)]),
+        Message::Block {
+            header: pb::BlockHeader {
+                file_id: 1,
+                index: 1,
+                raw_len: 1,
+                codec: codec::ZSTD,
+                hash: blake3::hash(&[0]).as_bytes().to_vec(),
+            },
+            data: Bytes::from(bomb),
+        },
+    ]);
+    let out = run_script(&w.root, caps::SUPPORTED, script).await;
+    assert!(out.contains("does not decode"), "{out}");
+    assert!(!w.root.join("big").exists());
+
+    // zstd when the session did not negotiate it.
+    let w = world();
+    let z = zstd::bulk::compress(b"hello", 3).unwrap();
+    let script = encode(&[offer(1, vec![file("z", 5)]), batch(1, b"hello", codec::ZSTD, z)]);
+    let out = run_script(&w.root, caps::LZ4, script).await;
+    assert!(out.contains("not negotiated"), "{out}");
+}
+
+#[tokio::test]
+async fn block_that_does_not_match_its_hash_is_refused() {
+    let w = world();
+    let mut bad = batch(1, b"hello", codec::RAW, b"HELLO".to_vec());
+    if let Message::Batch { header, .. } = &mut bad {
+        header.files[0].hash = blake3::hash(b"hello").as_bytes().to_vec();
+    }
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("h", 5)]), bad])).await;
+    assert!(out.contains("does not match its BLAKE3 hash"), "{out}");
+    assert!(!w.root.join("h").exists());
+
+    let w = world();
+    let data = vec![7u8; BLOCK_SIZE];
+    let script = encode(&[
+        offer(1, vec![file("big", 2 * BLOCK_SIZE as u64)]),
+        Message::Block {
+            header: pb::BlockHeader {
+                file_id: 1,
+                index: 0,
+                raw_len: BLOCK_SIZE as u32,
+                codec: codec::RAW,
+                hash: vec![0; 32],
+            },
+            data: Bytes::from(data),
+        },
+    ]);
+    let out = run_script(&w.root, caps::SUPPORTED, script).await;
+    assert!(out.contains("block 0 does not match"), "{out}");
+    assert!(!w.root.join("big").exists());
+}
+
+#[tokio::test]
+async fn blocks_out_of_range_or_twice_or_for_unknown_files_are_refused() {
+    let block = |file_id, index, raw: &[u8]| Message::Block {
+        header: pb::BlockHeader {
+            file_id,
+            index,
+            raw_len: raw.len() as u32,
+            codec: codec::RAW,
+            hash: blake3::hash(raw).as_bytes().to_vec(),
+        },
+        data: Bytes::copy_from_slice(raw),
+    };
+    let size = BLOCK_SIZE as u64 + 3;
+    let cases = [
+        (vec![block(99, 0, b"abc")], "unknown file id 99"),
+        (vec![block(1, 5, b"abc")], "past the last block"),
+        (vec![block(1, 1, b"abcd")], "expected 3"),
+        (vec![block(1, 1, b"abc"), block(1, 1, b"abc")], "sent twice"),
+    ];
+    for (blocks, want) in cases {
+        let w = world();
+        let mut msgs = vec![offer(1, vec![file("big", size)])];
+        msgs.extend(blocks);
+        msgs.push(Message::Done(pb::Done::default()));
+        msgs.push(Message::Finish);
+        let out = run_script(&w.root, caps::SUPPORTED, encode(&msgs)).await;
+        assert!(out.contains(want), "want {want:?}: {out}");
+        assert!(!w.root.join("big").exists());
+    }
+    // Finish with a file still incomplete.
+    let w = world();
+    let msgs = vec![
+        offer(1, vec![file("big", size)]),
+        block(1, 1, b"abc"),
+        Message::Done(pb::Done::default()),
+        Message::Finish,
+    ];
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&msgs)).await;
+    assert!(out.contains("incomplete"), "{out}");
+    assert!(!w.root.join("big").exists());
+}
+
+#[tokio::test]
+async fn batch_with_trailing_or_missing_bytes_is_refused() {
+    let w = world();
+    let mut m = batch(1, b"hello", codec::RAW, b"hello".to_vec());
+    if let Message::Batch { data, .. } = &mut m {
+        let mut d = BytesMut::from(&data[..]);
+        d.put_slice(b"extra");
+        *data = d.freeze();
+    }
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("t", 5)]), m])).await;
+    assert!(out.contains("trailing bytes"), "{out}");
+    let w = world();
+    let mut m = batch(1, b"hello", codec::RAW, b"hel".to_vec());
+    if let Message::Batch { header, .. } = &mut m {
+        header.files[0].stored_len = 5;
+    }
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("t", 5)]), m])).await;
+    assert!(out.contains("past the end"), "{out}");
+    assert!(!w.root.join("t").exists());
+}
