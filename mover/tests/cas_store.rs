@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_mover::cas::dedup::{DedupReceiver, DedupSender};
-use ferry_mover::cas::pop::{self, Proof};
+use ferry_mover::cas::pop::{self, PopKey, Proof};
 use ferry_mover::cas::{BLOCK_SIZE, BlockHash, CasError, CasStore, InsertOutcome};
 
 /// Deterministic pseudo-random bytes (xorshift), different per seed.
@@ -298,6 +298,8 @@ fn proof_of_possession_gates_materialisation() {
     store.insert(&h, &data).unwrap();
 
     let receiver = DedupReceiver::new(store.clone(), "t1").unwrap();
+    let nonce = pop::challenge();
+    let key = PopKey::derive(&nonce);
     let dst_dir = tempfile::tempdir().unwrap();
     let dst = OpenOptions::new()
         .read(true)
@@ -312,9 +314,7 @@ fn proof_of_possession_gates_materialisation() {
     let attacker_guesses = [
         Proof(*h.as_bytes()),
         pop::prove(&pop::challenge(), &data), // a real proof under another nonce (replay)
-        DedupSender::new(&receiver.nonce())
-            .announce(0, b"other bytes")
-            .proof,
+        DedupSender::new(&nonce).announce(0, b"other bytes").proof,
     ];
     for proof in attacker_guesses {
         let announced = ferry_mover::cas::dedup::AnnouncedBlock {
@@ -322,10 +322,12 @@ fn proof_of_possession_gates_materialisation() {
             hash: h,
             proof,
         };
-        let need = receiver.materialize_announced(&dst, &[announced]).unwrap();
+        let need = receiver
+            .materialize_announced(&key, &dst, &[announced])
+            .unwrap();
         assert_eq!(
             need,
-            vec![1],
+            vec![true],
             "a block without proof must come over the wire"
         );
     }
@@ -339,11 +341,17 @@ fn proof_of_possession_gates_materialisation() {
     assert_eq!((c.dedup_blocks, c.proofs_rejected), (0, 3));
 
     // The real holder proves possession and gets the block from the store.
-    let sender = DedupSender::new(&receiver.nonce());
+    let sender = DedupSender::new(&nonce);
     let missing = block(9, BLOCK_SIZE);
     let announced = [sender.announce(0, &missing), sender.announce(1, &data)];
-    let need = receiver.materialize_announced(&dst, &announced).unwrap();
-    assert_eq!(need, vec![0], "only the block the store lacks is needed");
+    let need = receiver
+        .materialize_announced(&key, &dst, &announced)
+        .unwrap();
+    assert_eq!(
+        need,
+        vec![true, false],
+        "only the block the store lacks is needed"
+    );
     dst.read_exact_at(&mut back, BLOCK_SIZE as u64).unwrap();
     assert_eq!(back, data);
     let c = receiver.counters();

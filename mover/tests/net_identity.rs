@@ -77,8 +77,14 @@ async fn certificate_for_another_transfer_is_refused_naming_both_identities() {
     )
     .await;
     let err = cli.unwrap_err();
-    assert!(err.contains("urn:ferry:transfer:transfer-a:role:receiver"), "{err}");
-    assert!(err.contains("urn:ferry:transfer:transfer-b:role:sender"), "{err}");
+    assert!(
+        err.contains("urn:ferry:transfer:transfer-a:role:receiver"),
+        "{err}"
+    );
+    assert!(
+        err.contains("urn:ferry:transfer:transfer-b:role:sender"),
+        "{err}"
+    );
 
     // ...and a client that skips its own checks is refused by the receiver's verifier.
     let server_files = mixed.files_as(Role::Receiver, "transfer-a");
@@ -113,8 +119,14 @@ async fn certificate_for_another_transfer_is_refused_naming_both_identities() {
         let _ = s.read(&mut b).await;
     }
     let err = srv.await.unwrap().unwrap_err();
-    assert!(err.contains("urn:ferry:transfer:transfer-b:role:sender"), "{err}");
-    assert!(err.contains("urn:ferry:transfer:transfer-a:role:receiver"), "{err}");
+    assert!(
+        err.contains("urn:ferry:transfer:transfer-b:role:sender"),
+        "{err}"
+    );
+    assert!(
+        err.contains("urn:ferry:transfer:transfer-a:role:receiver"),
+        "{err}"
+    );
 }
 
 /// What a malicious client would do: accept any server certificate.
@@ -180,7 +192,10 @@ async fn sender_certificate_used_as_server_is_refused() {
     )
     .await;
     let err = cli.unwrap_err();
-    assert!(err.contains("urn:ferry:transfer:roles:role:sender"), "{err}");
+    assert!(
+        err.contains("urn:ferry:transfer:roles:role:sender"),
+        "{err}"
+    );
     assert!(err.contains("role:receiver"), "{err}");
 }
 
@@ -195,13 +210,21 @@ async fn silent_client_is_cut_off_by_the_handshake_timeout() {
     let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut b))
         .await
         .expect("receiver kept a silent connection open past its deadline");
-    assert!(matches!(n, Ok(0) | Err(_)), "server sent data to an unauthenticated peer");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "server sent data to an unauthenticated peer"
+    );
     let waited = started.elapsed();
-    assert!(waited >= Duration::from_secs(2), "closed too early: {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(2),
+        "closed too early: {waited:?}"
+    );
     // The receiver is still serving: a real sender gets through afterwards.
     let src = tempfile::tempdir().unwrap();
     write(&src.path().join("a"), b"still alive");
-    send(&p, src.path(), addr, &SendOpts::default()).await.unwrap();
+    send(&p, src.path(), addr, &SendOpts::default())
+        .await
+        .unwrap();
     recv.await.unwrap().unwrap();
     assert_eq!(std::fs::read(dst.path().join("a")).unwrap(), b"still alive");
 }
@@ -212,7 +235,9 @@ async fn tls_client_that_never_sends_hello_is_cut_off() {
     let dst = tempfile::tempdir().unwrap();
     let (addr, _recv) = start_receiver(&p, dst.path()).await;
     let client = Arc::new(net::client_config(&p.files(Role::Sender), &[Role::Receiver]).unwrap());
-    let mut s = net::connect_tls(addr, client, Duration::from_secs(5)).await.unwrap();
+    let mut s = net::connect_tls(addr, client, Duration::from_secs(5))
+        .await
+        .unwrap();
     let mut b = [0u8; 16];
     let r = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
         .await
@@ -226,7 +251,9 @@ async fn progress_service_serves_operators_and_refuses_senders() {
     let recv_files = p.files(Role::Receiver);
     let progress = Arc::new(Progress::new("prog", "receiver"));
     progress.set_phase(Phase::Transferring);
-    progress.bytes_done.store(1234, std::sync::atomic::Ordering::Relaxed);
+    progress
+        .bytes_done
+        .store(1234, std::sync::atomic::Ordering::Relaxed);
     let tls = Arc::new(net::server_config(&recv_files, &[Role::Operator]).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -252,24 +279,34 @@ async fn progress_service_serves_operators_and_refuses_senders() {
         .into_inner();
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.bytes_done, 1234);
-    progress.bytes_done.store(5000, std::sync::atomic::Ordering::Relaxed);
+    progress
+        .bytes_done
+        .store(5000, std::sync::atomic::Ordering::Relaxed);
     progress.set_phase(Phase::Succeeded);
     let mut last = first;
     while let Some(u) = stream.message().await.unwrap() {
         last = u;
     }
     assert_eq!(last.bytes_done, 5000);
-    assert_eq!(last.phase, ferry_proto::progress::v1::Phase::Succeeded as i32);
+    assert_eq!(
+        last.phase,
+        ferry_proto::progress::v1::Phase::Succeeded as i32
+    );
 
     let sender = Arc::new(
         net::client_config(&p.files(Role::Sender), &[Role::Sender, Role::Receiver]).unwrap(),
     );
     let refused = async {
-        let mut c = connect_progress(addr, sender).await.map_err(|e| e.to_string())?;
+        let mut c = connect_progress(addr, sender)
+            .await
+            .map_err(|e| e.to_string())?;
         c.get(ferry_proto::progress::v1::ProgressRequest { interval_ms: 100 })
             .await
             .map_err(|e| e.to_string())
     }
     .await;
-    assert!(refused.is_err(), "a sender certificate read the progress port");
+    assert!(
+        refused.is_err(),
+        "a sender certificate read the progress port"
+    );
 }

@@ -51,7 +51,10 @@ impl World {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(inside.len(), 1, "new entries outside the root: {inside:?}");
-        assert_eq!(std::fs::read(self.outside.join("sentinel")).unwrap(), b"keep me");
+        assert_eq!(
+            std::fs::read(self.outside.join("sentinel")).unwrap(),
+            b"keep me"
+        );
     }
 }
 
@@ -84,6 +87,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         transfer_id: "evil".into(),
         timeouts: fast_timeouts(),
         sync: false,
+        cas: None,
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -97,7 +101,10 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
     let (r, w) = tokio::io::split(client);
     let mut reader = FrameReader::new(r, 0, std::time::Duration::from_secs(5), Default::default());
     let mut writer = FrameWriter::new(w, 0, std::time::Duration::from_secs(5), Default::default());
-    writer.send(&Message::Hello(hello(negotiated))).await.unwrap();
+    writer
+        .send(&Message::Hello(hello(negotiated)))
+        .await
+        .unwrap();
     writer.flush().await.unwrap();
     match reader.expect().await.unwrap() {
         Message::Welcome(_) => {}
@@ -177,9 +184,20 @@ async fn valid_script_succeeds() {
 
 #[tokio::test]
 async fn dot_dot_and_absolute_names_are_refused() {
-    for bad in ["../escape", "a/../../escape", "/tmp/ferry-abs-escape", "a//b", "./x"] {
+    for bad in [
+        "../escape",
+        "a/../../escape",
+        "/tmp/ferry-abs-escape",
+        "a//b",
+        "./x",
+    ] {
         let w = world();
-        let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file(bad, 1)])])).await;
+        let out = run_script(
+            &w.root,
+            caps::SUPPORTED,
+            encode(&[offer(1, vec![file(bad, 1)])]),
+        )
+        .await;
         assert!(out.contains("invalid path"), "{bad}: {out}");
         w.assert_outside_untouched();
         assert!(!Path::new("/tmp/ferry-abs-escape").exists());
@@ -205,7 +223,12 @@ async fn write_through_a_symlink_is_refused() {
     assert_ne!(out, "OK");
     w.assert_outside_untouched();
     // The symlink itself exists, inert.
-    assert!(std::fs::symlink_metadata(w.root.join("l")).unwrap().file_type().is_symlink());
+    assert!(
+        std::fs::symlink_metadata(w.root.join("l"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 
     // Relative escape through a symlinked parent directory and a dir entry below it.
     let w = world();
@@ -220,7 +243,12 @@ async fn write_through_a_symlink_is_refused() {
         kind: pb::EntryKind::Dir as i32,
         ..Default::default()
     };
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![link, dir])])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![link, dir])]),
+    )
+    .await;
     assert_ne!(out, "OK");
     w.assert_outside_untouched();
 
@@ -238,9 +266,17 @@ async fn write_through_a_symlink_is_refused() {
         target: "up/sentinel".into(),
         ..Default::default()
     };
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![link, hard])])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![link, hard])]),
+    )
+    .await;
     assert_ne!(out, "OK");
-    assert!(!w.root.join("copy").exists(), "hard link to an outside file created");
+    assert!(
+        !w.root.join("copy").exists(),
+        "hard link to an outside file created"
+    );
     w.assert_outside_untouched();
 }
 
@@ -260,9 +296,19 @@ async fn duplicate_entries_are_refused() {
 #[tokio::test]
 async fn four_gib_length_field_is_refused_before_allocation() {
     let w = world();
-    let out = run_script(&w.root, caps::SUPPORTED, vec![0xff, 0xff, 0xff, 0xff, FrameType::Block as u8]).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        vec![0xff, 0xff, 0xff, 0xff, FrameType::Block as u8],
+    )
+    .await;
     assert!(out.contains("above its cap"), "{out}");
-    let out = run_script(&w.root, caps::SUPPORTED, vec![0xff, 0xff, 0xff, 0xff, FrameType::Offer as u8]).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        vec![0xff, 0xff, 0xff, 0xff, FrameType::Offer as u8],
+    )
+    .await;
     assert!(out.contains("above its cap"), "{out}");
 }
 
@@ -274,7 +320,12 @@ async fn unknown_and_reserved_frame_types_are_refused() {
     let out = run_script(&w.root, caps::SUPPORTED, vec![0, 0, 0, 0, 0x22]).await;
     assert!(out.contains("reserved for the block store"), "{out}");
     // Out of order: a second Hello, or Finish before Done.
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[Message::Hello(hello(0))])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[Message::Hello(hello(0))]),
+    )
+    .await;
     assert!(out.contains("not allowed"), "{out}");
     let out = run_script(&w.root, caps::SUPPORTED, encode(&[Message::Finish])).await;
     assert!(out.contains("not allowed"), "{out}");
@@ -301,7 +352,10 @@ async fn zstd_expanding_past_the_block_size_is_refused() {
     let w = world();
     // Small file declared 10 bytes, zstd payload that decodes to 1 MiB.
     let bomb = zstd::bulk::compress(&vec![0u8; 1024 * 1024], 3).unwrap();
-    let script = encode(&[offer(1, vec![file("bomb", 10)]), batch(1, &[0u8; 10], codec::ZSTD, bomb)]);
+    let script = encode(&[
+        offer(1, vec![file("bomb", 10)]),
+        batch(1, &[0u8; 10], codec::ZSTD, bomb),
+    ]);
     let out = run_script(&w.root, caps::SUPPORTED, script).await;
     assert!(out.contains("does not decode to exactly 10 bytes"), "{out}");
     assert!(!w.root.join("bomb").exists());
@@ -329,7 +383,10 @@ async fn zstd_expanding_past_the_block_size_is_refused() {
     // zstd when the session did not negotiate it.
     let w = world();
     let z = zstd::bulk::compress(b"hello", 3).unwrap();
-    let script = encode(&[offer(1, vec![file("z", 5)]), batch(1, b"hello", codec::ZSTD, z)]);
+    let script = encode(&[
+        offer(1, vec![file("z", 5)]),
+        batch(1, b"hello", codec::ZSTD, z),
+    ]);
     let out = run_script(&w.root, caps::LZ4, script).await;
     assert!(out.contains("not negotiated"), "{out}");
 }
@@ -341,7 +398,12 @@ async fn block_that_does_not_match_its_hash_is_refused() {
     if let Message::Batch { header, .. } = &mut bad {
         header.files[0].hash = blake3::hash(b"hello").as_bytes().to_vec();
     }
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("h", 5)]), bad])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![file("h", 5)]), bad]),
+    )
+    .await;
     assert!(out.contains("does not match its BLAKE3 hash"), "{out}");
     assert!(!w.root.join("h").exists());
 
@@ -416,14 +478,24 @@ async fn batch_with_trailing_or_missing_bytes_is_refused() {
         d.put_slice(b"extra");
         *data = d.freeze();
     }
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("t", 5)]), m])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![file("t", 5)]), m]),
+    )
+    .await;
     assert!(out.contains("trailing bytes"), "{out}");
     let w = world();
     let mut m = batch(1, b"hello", codec::RAW, b"hel".to_vec());
     if let Message::Batch { header, .. } = &mut m {
         header.files[0].stored_len = 5;
     }
-    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![file("t", 5)]), m])).await;
+    let out = run_script(
+        &w.root,
+        caps::SUPPORTED,
+        encode(&[offer(1, vec![file("t", 5)]), m]),
+    )
+    .await;
     assert!(out.contains("past the end"), "{out}");
     assert!(!w.root.join("t").exists());
 }

@@ -13,7 +13,14 @@ use common::*;
 
 fn spawn_receiver(pki: &Pki, dst: &Path) -> (Child, String, BufReader<std::process::ChildStdout>) {
     let mut c = Command::new(BIN)
-        .args(["receive", "--listen", "127.0.0.1:0", "--once", "--json", "--root"])
+        .args([
+            "receive",
+            "--listen",
+            "127.0.0.1:0",
+            "--once",
+            "--json",
+            "--root",
+        ])
         .arg(dst)
         .args(pki.args("receiver"))
         .stdout(Stdio::piped())
@@ -28,11 +35,21 @@ fn spawn_receiver(pki: &Pki, dst: &Path) -> (Child, String, BufReader<std::proce
 
 fn spawn_sender(pki: &Pki, src: &Path, addr: &str, limit: Option<u64>) -> Child {
     let mut cmd = Command::new(BIN);
-    cmd.args(["send", "--connect", addr, "--streams", "2", "--compress", "none", "--json", "--root"])
-        .arg(src)
-        .args(pki.args("sender"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "send",
+        "--connect",
+        addr,
+        "--streams",
+        "2",
+        "--compress",
+        "none",
+        "--json",
+        "--root",
+    ])
+    .arg(src)
+    .args(pki.args("sender"))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     if let Some(l) = limit {
         cmd.args(["--bandwidth-limit", &l.to_string()]);
     }
@@ -76,8 +93,14 @@ fn wait_for_progress(dst: &Path, bytes: u64, deadline: Duration) {
 
 fn rerun(pki: &Pki, src: &Path, dst: &Path) -> serde_json::Value {
     let (mut recv, addr, _out) = spawn_receiver(pki, dst);
-    let send = spawn_sender(pki, src, &addr, None).wait_with_output().unwrap();
-    assert!(send.status.success(), "{}", String::from_utf8_lossy(&send.stderr));
+    let send = spawn_sender(pki, src, &addr, None)
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        send.status.success(),
+        "{}",
+        String::from_utf8_lossy(&send.stderr)
+    );
     assert!(recv.wait().unwrap().success());
     serde_json::from_slice(&send.stdout).unwrap()
 }
@@ -85,7 +108,10 @@ fn rerun(pki: &Pki, src: &Path, dst: &Path) -> serde_json::Value {
 fn setup() -> (Pki, tempfile::TempDir, u64) {
     let pki = pki("resume");
     let src = tempfile::tempdir().unwrap();
-    write(&src.path().join("big1.bin"), &random_bytes(48 * 1024 * 1024, 7));
+    write(
+        &src.path().join("big1.bin"),
+        &random_bytes(48 * 1024 * 1024, 7),
+    );
     write(&src.path().join("small/a.txt"), b"small file");
     let total = tree_bytes(src.path());
     (pki, src, total)
@@ -100,8 +126,14 @@ fn resume_after_receiver_is_killed() {
     wait_for_progress(dst.path(), 16 * 1024 * 1024, Duration::from_secs(30));
     recv.kill().unwrap(); // SIGKILL
     recv.wait().unwrap();
-    assert!(!send.wait().unwrap().success(), "sender must fail when the receiver dies");
-    assert!(!dst.path().join("big1.bin").exists(), "no unverified file at a final path");
+    assert!(
+        !send.wait().unwrap().success(),
+        "sender must fail when the receiver dies"
+    );
+    assert!(
+        !dst.path().join("big1.bin").exists(),
+        "no unverified file at a final path"
+    );
 
     let s = rerun(&pki, src.path(), dst.path());
     assert_same_tree(src.path(), dst.path());
@@ -131,6 +163,12 @@ fn resume_after_sender_is_killed() {
     assert_same_tree(src.path(), dst.path());
     let wire = s["wire_bytes"].as_u64().unwrap();
     assert!(s["resumed_bytes"].as_u64().unwrap() >= 16 * 1024 * 1024);
-    assert!(wire < total - 12 * 1024 * 1024, "second run sent {wire} of {total}");
-    assert!(!dst.path().join(".ferry-staging").exists(), "staging cleaned up");
+    assert!(
+        wire < total - 12 * 1024 * 1024,
+        "second run sent {wire} of {total}"
+    );
+    assert!(
+        !dst.path().join(".ferry-staging").exists(),
+        "staging cleaned up"
+    );
 }

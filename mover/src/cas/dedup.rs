@@ -1,10 +1,10 @@
 //! The two ends of block dedup for one transfer, as the network session calls them. Frame
 //! encoding belongs to `wire`/`session`; this module only decides and does the store work.
 //!
-//! Flow (see `docs/cas.md`): the receiver picks a nonce per transfer and sends it in its Welcome;
-//! for each file with at least one full block the sender announces `(index, hash, proof)` for every
-//! full block; the receiver pins them, materialises those it holds *and* whose proof matches its
-//! stored bytes, and answers with the indices it still needs. Missing, corrupt and wrongly proven
+//! Flow (see `docs/cas.md`): the receiver picks a random nonce per stream and sends it in its
+//! Welcome; after a Want that asks for blocks of a file with at least one full block the sender
+//! announces `(index, hash, proof)` for those full blocks; the receiver pins them, materialises
+//! those it holds *and* whose proof matches its stored bytes, and answers which it still needs. Missing, corrupt and wrongly proven
 //! blocks all look the same to the sender, so the answer reveals nothing to a sender that only
 //! knows hashes.
 
@@ -18,7 +18,7 @@ use super::BLOCK_SIZE;
 use super::error::Result;
 use super::hash::BlockHash;
 use super::lease::Lease;
-use super::pop::{self, Nonce, PopKey, Proof};
+use super::pop::{Nonce, PopKey, Proof};
 use super::store::{CasStore, Materialized};
 
 /// One full block of a file, as the sender announces it.
@@ -40,6 +40,11 @@ impl DedupSender {
         Self {
             key: PopKey::derive(nonce),
         }
+    }
+
+    /// Proof only (the caller already has the hash).
+    pub fn prove(&self, block: &[u8]) -> Proof {
+        self.key.prove(block)
     }
 
     /// Hash and proof for one full block the sender read from its source.
@@ -67,12 +72,11 @@ pub struct DedupCounters {
     pub corrupt_discarded: u64,
 }
 
-/// Receiver side for one transfer: holds the nonce and a lease on the shared store.
+/// Receiver side for one transfer: a lease on the shared store and the transfer's counters. The
+/// proof keys are per stream (each stream's Welcome carries its own nonce) and passed in.
 pub struct DedupReceiver {
     store: Arc<CasStore>,
     lease: Lease,
-    nonce: Nonce,
-    key: PopKey,
     dedup_blocks: AtomicU64,
     dedup_bytes: AtomicU64,
     proofs_rejected: AtomicU64,
@@ -80,15 +84,12 @@ pub struct DedupReceiver {
 }
 
 impl DedupReceiver {
-    /// Chooses a fresh nonce and takes a lease named after the transfer.
+    /// Takes a lease named after the transfer.
     pub fn new(store: Arc<CasStore>, transfer_id: &str) -> Result<Self> {
         let lease = store.lease(transfer_id)?;
-        let nonce = pop::challenge();
         Ok(Self {
-            key: PopKey::derive(&nonce),
             store,
             lease,
-            nonce,
             dedup_blocks: AtomicU64::new(0),
             dedup_bytes: AtomicU64::new(0),
             proofs_rejected: AtomicU64::new(0),
@@ -96,46 +97,47 @@ impl DedupReceiver {
         })
     }
 
-    /// The challenge to send to the sender (in the Welcome).
-    pub fn nonce(&self) -> Nonce {
-        self.nonce
-    }
-
     pub fn store(&self) -> &CasStore {
         &self.store
     }
 
-    /// Handles one announcement for the file open as `dst`: pins the blocks, writes every block
-    /// the store holds and the sender proved, and returns the indices that must come over the
-    /// wire, ascending.
+    /// Handles one announcement for the file open as `dst`, proofs checked under `key` (from the
+    /// nonce of the stream it arrived on): pins the blocks, writes every block the store holds and
+    /// the sender proved, and returns, parallel to `announced`, whether each must still come over
+    /// the wire.
     pub fn materialize_announced(
         &self,
+        key: &PopKey,
         dst: &File,
         announced: &[AnnouncedBlock],
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<bool>> {
         let hashes: Vec<BlockHash> = announced.iter().map(|a| a.hash).collect();
         self.lease.pin(&hashes)?;
-        let mut need = Vec::new();
+        let mut need = Vec::with_capacity(announced.len());
         for a in announced {
             let offset = a.index.saturating_mul(BLOCK_SIZE as u64);
-            match self
+            let needed = match self
                 .store
-                .materialize(&a.hash, &self.key, &a.proof, dst, offset)?
+                .materialize(&a.hash, key, &a.proof, dst, offset)?
             {
                 Materialized::Written(len) => {
                     self.dedup_blocks.fetch_add(1, Ordering::Relaxed);
                     self.dedup_bytes.fetch_add(len, Ordering::Relaxed);
+                    false
                 }
                 Materialized::ProofRejected => {
                     self.proofs_rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(block = %a.hash, "sender's proof of possession does not match the stored block; fetching it over the wire");
-                    need.push(a.index);
+                    tracing::warn!(
+                        block = %a.hash,
+                        "sender's proof of possession does not match the stored block; \
+                         fetching it over the wire"
+                    );
+                    true
                 }
-                Materialized::Missing => need.push(a.index),
-            }
+                Materialized::Missing => true,
+            };
+            need.push(needed);
         }
-        need.sort_unstable();
-        need.dedup();
         Ok(need)
     }
 

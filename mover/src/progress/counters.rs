@@ -81,10 +81,10 @@ impl Progress {
     }
 
     pub fn set_phase(&self, p: Phase) {
-        if p == Phase::Transferring {
-            if let Ok(mut s) = self.start.lock() {
-                *s = Instant::now();
-            }
+        if p == Phase::Transferring
+            && let Ok(mut s) = self.start.lock()
+        {
+            *s = Instant::now();
         }
         self.phase.store(p as u8, Ordering::Relaxed);
     }

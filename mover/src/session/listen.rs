@@ -68,6 +68,7 @@ pub async fn serve(
         }
     });
 
+    #[allow(clippy::type_complexity)] // session id -> (first seen, its streams so far)
     let mut pending: HashMap<Vec<u8>, (Instant, Vec<Accepted<TlsStream<TcpStream>>>)> =
         HashMap::new();
     let result = loop {

@@ -213,6 +213,7 @@ pub async fn start_receiver(
         transfer_id: pki.transfer.clone(),
         timeouts: fast_timeouts(),
         sync: false,
+        cas: None,
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
@@ -224,11 +225,10 @@ pub async fn start_receiver(
             true,
             progress,
             |r: &Result<Summary, ReceiveError>| {
-                result = Some(
-                    r.as_ref()
-                        .map(Clone::clone)
-                        .map_err(|e| session::anyhow_chain(e)),
-                );
+                result = Some(match r {
+                    Ok(s) => Ok(s.clone()),
+                    Err(e) => Err(session::anyhow_chain(e)),
+                });
             },
         )
         .await;
