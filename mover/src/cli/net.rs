@@ -141,8 +141,16 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
         eprintln!(
             "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
-             {} resumed bytes, {} streams",
-            s.files, s.bytes, s.seconds, s.wire_bytes, s.skipped, s.resumed_bytes, s.streams
+             {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store",
+            s.files,
+            s.bytes,
+            s.seconds,
+            s.wire_bytes,
+            s.skipped,
+            s.resumed_bytes,
+            s.streams,
+            s.dedup_blocks,
+            s.dedup_bytes
         );
     }
     out.flush()?;

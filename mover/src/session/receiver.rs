@@ -504,14 +504,23 @@ fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError
             if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
-            let tmp = format!("{}-link.tmp", sh.session_tag);
+            // Unique per entry: streams publish symlinks concurrently.
+            let tmp = format!(
+                "{}-{}-link.tmp",
+                sh.session_tag,
+                sh.next_id.fetch_add(1, Ordering::Relaxed)
+            );
             sh.dest
                 .symlink(&path, &e.target, mtime_of(&e), sh.staging.dir(), &tmp)?;
             Ok(skip())
         }
         pb::EntryKind::Hardlink => {
             let target = PeerPath::parse(&e.target)?;
-            let tmp = format!("{}-hlink.tmp", sh.session_tag);
+            let tmp = format!(
+                "{}-{}-hlink.tmp",
+                sh.session_tag,
+                sh.next_id.fetch_add(1, Ordering::Relaxed)
+            );
             sh.dest.hardlink(&path, &target, sh.staging.dir(), &tmp)?;
             Ok(skip())
         }
