@@ -409,3 +409,43 @@ async fn a_hash_announced_without_possession_is_refused() {
         "the victim's block is still stored"
     );
 }
+
+/// Two receivers (separate store handles, as two processes would have) fill and use one store at
+/// the same time; the store ends consistent and serves a third transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_receivers_share_one_store_at_the_same_time() {
+    let work = tempfile::tempdir().unwrap();
+    let store_dir = work.path().join("store");
+    let s1 = Arc::new(CasStore::open(&store_dir, 1 << 30).unwrap());
+    let s2 = Arc::new(CasStore::open_existing(&store_dir).unwrap());
+    let shared = blocks(8, 10);
+    let src1 = work.path().join("src1");
+    let src2 = work.path().join("src2");
+    write(&src1.join("one.bin"), &shared.concat());
+    write(&src2.join("elsewhere/two.bin"), &shared.concat());
+    let (p1, p2) = (pki("cas-share-1"), pki("cas-share-2"));
+    let (d1, d2) = (work.path().join("d1"), work.path().join("d2"));
+    let (a, b) = tokio::join!(
+        round_trip_cas(&p1, &src1, &d1, &s1, 2),
+        round_trip_cas(&p2, &src2, &d2, &s2, 2)
+    );
+    assert_same_tree(&src1, &d1);
+    assert_same_tree(&src2, &d2);
+    // Whatever the interleaving, every block reached each destination exactly once.
+    assert!(a.1.dedup_blocks + b.1.dedup_blocks <= 8);
+    let stats = s1.stats().unwrap();
+    assert_eq!(stats.blocks, 8);
+    assert_eq!(stats.live_leases, 0);
+    assert_eq!(s1.verify_all().unwrap().bad_blocks_discarded, 0);
+    assert!(
+        std::fs::read_dir(store_dir.join("tmp"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "no temp left behind"
+    );
+    let d3 = work.path().join("d3");
+    let (_, r) = round_trip_cas(&p1, &src1, &d3, &s2, 2).await;
+    assert_eq!(r.dedup_blocks, 8);
+    assert_same_tree(&src1, &d3);
+}

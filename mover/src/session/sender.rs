@@ -30,8 +30,9 @@ const OFFER_WINDOW: usize = 4;
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// Bytes of small-file content per Batch frame.
 const BATCH_BYTES: usize = 4 * 1024 * 1024;
-/// Most blocks per BlockAnnounce (the receiver refuses more).
-const ANNOUNCE_CHUNK: usize = 65536;
+/// Blocks per BlockAnnounce (the receiver accepts up to 65 536). Small enough that the receiver
+/// materialises one chunk while the sender hashes the next.
+const ANNOUNCE_CHUNK: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -579,29 +580,39 @@ fn build_announce(
         source,
     };
     let f = open_source(path).map_err(rerr)?;
-    let mut buf = vec![0u8; BLOCK_SIZE];
+    // Read, hash and prove on every core: None marks an all-zero block.
+    let parts = crate::cas::dedup::par_chunks(&indexes, |part| {
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        let mut out = Vec::with_capacity(part.len());
+        for &index in part {
+            f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        SendError::Changed(path.to_owned())
+                    } else {
+                        rerr(e)
+                    }
+                })?;
+            out.push((index, (!is_zero(&buf)).then(|| dedup.announce(index, &buf))));
+        }
+        Ok::<_, SendError>(out)
+    });
     let mut msg = pb::BlockAnnounce {
         file_id,
         ..Default::default()
     };
     let mut zeros = Vec::new();
-    for index in indexes {
-        f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
-            .map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    SendError::Changed(path.to_owned())
-                } else {
-                    rerr(e)
+    for part in parts {
+        for (index, a) in part? {
+            match a {
+                None => zeros.push(index),
+                Some(a) => {
+                    msg.indexes.push(index);
+                    msg.hashes.push(a.hash.as_bytes().to_vec());
+                    msg.proofs.push(a.proof.0.to_vec());
                 }
-            })?;
-        if is_zero(&buf) {
-            zeros.push(index);
-            continue;
+            }
         }
-        let a = dedup.announce(index, &buf);
-        msg.indexes.push(index);
-        msg.hashes.push(a.hash.as_bytes().to_vec());
-        msg.proofs.push(a.proof.0.to_vec());
     }
     if msg.indexes.is_empty() {
         return Ok(AnnounceChunk {
