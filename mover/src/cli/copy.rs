@@ -1,16 +1,72 @@
-//! `ferry-mover copy SRC DST` (issue 2).
+//! `ferry-mover copy SRC DST` (issue 2): flags, progress bar, summary, exit status.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
+
+use crate::copy::{CopyOptions, copy_tree};
+use crate::report::{Progress, ProgressBar};
+
 #[derive(clap::Args, Debug)]
 pub struct CopyArgs {
-    /// Source directory.
+    /// Source directory (its contents are copied into DST).
     pub src: PathBuf,
     /// Destination directory (created if missing).
     pub dst: PathBuf,
+    /// Files copied in parallel (default: number of CPUs).
+    #[arg(short, long)]
+    pub jobs: Option<usize>,
+    /// fsync every file and directory before reporting success.
+    #[arg(long)]
+    pub sync: bool,
+    /// Skip files whose BLAKE3 matches instead of those whose size and mtime match.
+    #[arg(short, long)]
+    pub checksum: bool,
+    /// Remove destination entries that are not in the source.
+    #[arg(long)]
+    pub delete: bool,
+    /// Copy user.* extended attributes.
+    #[arg(long)]
+    pub xattrs: bool,
+    /// Print one JSON summary line on stdout (and no progress bar).
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: CopyArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("copy is not implemented yet")
+/// Exit status 0 when everything was copied, 1 when some entries failed (each reported on
+/// stderr); whole-command failures return an error (exit status 2).
+pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
+    let mut opts = CopyOptions {
+        sync: args.sync,
+        checksum: args.checksum,
+        delete: args.delete,
+        xattrs: args.xattrs,
+        ..CopyOptions::default()
+    };
+    if let Some(jobs) = args.jobs {
+        anyhow::ensure!(jobs > 0, "--jobs must be at least 1");
+        opts.jobs = jobs;
+    }
+    let progress = Progress::new();
+    let bar = ProgressBar::start(progress.clone(), !args.json);
+    let result = copy_tree(&args.src, &args.dst, &opts, progress);
+    bar.finish();
+    let summary = result.with_context(|| {
+        format!(
+            "failed to copy {} to {}",
+            args.src.display(),
+            args.dst.display()
+        )
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        eprintln!("{}", summary.human());
+    }
+    Ok(if summary.failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

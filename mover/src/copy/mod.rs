@@ -1,1 +1,397 @@
-//! Local parallel copy engine (issue 2).
+//! The local parallel copy engine behind `ferry-mover copy SRC DST` (semantics: `docs/engine.md`).
+//!
+//! Shape, tuned for few cores and many small files:
+//! - one *scan* thread walks the source ([`Scanner`]), creates each destination directory before
+//!   its children, and hands files and symlinks to workers in batches over a bounded channel;
+//!   when the channel is full it copies the batch itself instead of waiting, so no core idles;
+//! - `jobs` *worker* threads copy files, each write going to a `.ferry-tmp.*` name renamed into
+//!   place on completion ([`crate::tree::StagedFile`]);
+//! - every directory counts its unfinished children ([`dirs::DirState`]); whoever finishes the
+//!   last one applies the directory's mode and mtime, so directory mtimes survive their children;
+//! - hard links are made after all files are in place (their first name must exist first).
+//!
+//! Memory: the channel holds at most `2 * jobs` batches, the scanner one open directory per level
+//! of depth, and the hard-link map only files with several links.
+
+mod checksum;
+mod dirs;
+mod worker;
+mod xattr;
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::report::{Progress, Summary};
+use crate::tree::dest::{ensure_dir_at, list_dir, lookup_at, remove_at};
+use crate::tree::{
+    CopyCaps, DestError, DestOptions, DestRoot, Kind, Resolve, ScanError, ScanEvent, Scanner,
+    is_temp_name,
+};
+
+use dirs::DirState;
+use worker::{Batch, Job, Worker};
+
+/// What a copy does beyond the defaults.
+#[derive(Debug, Clone)]
+pub struct CopyOptions {
+    /// Worker threads copying file data (at least 1).
+    pub jobs: usize,
+    /// fsync every file and directory before reporting success.
+    pub sync: bool,
+    /// Decide "unchanged" by comparing BLAKE3 of the contents instead of size + mtime.
+    pub checksum: bool,
+    /// Remove destination entries that are not in the source.
+    pub delete: bool,
+    /// Copy `user.*` extended attributes.
+    pub xattrs: bool,
+    /// Destination directory resolution (tests force the fallback walk).
+    pub resolve: Resolve,
+    /// Never try copy_file_range (tests use it to cover the read/write path).
+    pub no_copy_file_range: bool,
+}
+
+impl Default for CopyOptions {
+    fn default() -> CopyOptions {
+        CopyOptions {
+            jobs: std::thread::available_parallelism().map_or(2, usize::from),
+            sync: false,
+            checksum: false,
+            delete: false,
+            xattrs: false,
+            resolve: Resolve::Auto,
+            no_copy_file_range: false,
+        }
+    }
+}
+
+/// A failure of the whole copy (per-file failures are counted in the [`Summary`] instead).
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("failed to open the source")]
+    Source(#[source] ScanError),
+    #[error("failed to open the destination")]
+    Dest(#[source] DestError),
+    #[error("failed to start a copy worker thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// Counters that are not part of [`Progress`].
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub dirs: AtomicU64,
+    pub symlinks: AtomicU64,
+    pub hardlinks: AtomicU64,
+    pub specials: AtomicU64,
+    pub deleted: AtomicU64,
+    pub temps_cleaned: AtomicU64,
+}
+
+/// Everything the threads share.
+pub(crate) struct Shared {
+    pub dest: DestRoot,
+    pub opts: CopyOptions,
+    pub caps: CopyCaps,
+    pub progress: Arc<Progress>,
+    pub stats: Stats,
+}
+
+impl Shared {
+    /// Reports one failed entry on stderr (with the whole cause chain) and counts it.
+    pub fn fail(&self, err: &dyn std::error::Error) {
+        self.progress.add_failed(1);
+        tracing::error!("{}", chain(err));
+    }
+}
+
+/// "outer: inner: innermost" for an error and its sources.
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+/// Batches are cut at this many entries or this many bytes of file data, whichever comes first.
+const BATCH_ENTRIES: usize = 64;
+const BATCH_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Copies the tree `src` into `dst` (created if missing). Returns the summary; per-entry failures
+/// are reported on stderr and counted in `failed`.
+pub fn copy_tree(
+    src: &Path,
+    dst: &Path,
+    opts: &CopyOptions,
+    progress: Arc<Progress>,
+) -> Result<Summary, CopyError> {
+    let started = Instant::now();
+    let scanner = Scanner::open(src).map_err(CopyError::Source)?;
+    let dst_existed = dst.symlink_metadata().is_ok();
+    // Local copies are of the user's own tree: setuid/setgid/sticky are preserved like cp -p.
+    let dest = DestRoot::open_with(
+        dst,
+        DestOptions {
+            allow_special_bits: true,
+            resolve: opts.resolve,
+        },
+    )
+    .map_err(CopyError::Dest)?;
+    let caps = CopyCaps::new();
+    if opts.no_copy_file_range {
+        caps.disable_copy_file_range();
+    }
+    let shared = Arc::new(Shared {
+        dest,
+        opts: CopyOptions {
+            jobs: opts.jobs.max(1),
+            ..opts.clone()
+        },
+        caps,
+        progress,
+        stats: Stats::default(),
+    });
+
+    let (tx, rx) = sync_channel::<Batch>(shared.opts.jobs * 2);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handles = Vec::with_capacity(shared.opts.jobs);
+    for i in 0..shared.opts.jobs {
+        let rx = rx.clone();
+        let shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("copy-{i}"))
+            .spawn(move || {
+                let mut worker = Worker::new(&shared);
+                loop {
+                    // The lock is held only while waiting for the next batch.
+                    let next = match rx.lock() {
+                        Ok(guard) => guard.recv(),
+                        Err(_) => break,
+                    };
+                    match next {
+                        Ok(batch) => worker.run(batch),
+                        Err(_) => break,
+                    }
+                }
+            })
+            .map_err(CopyError::Spawn)?;
+        handles.push(handle);
+    }
+
+    let mut own = Worker::new(&shared);
+    let mut batch = Batch::default();
+    let send = |batch: Batch, own: &mut Worker<'_>| match tx.try_send(batch) {
+        Ok(()) => {}
+        // Workers are busy: do this batch here rather than block the scan.
+        Err(TrySendError::Full(batch)) => own.run(batch),
+        Err(TrySendError::Disconnected(batch)) => own.run(batch),
+    };
+
+    let root = DirState::root(&shared, &scanner, !dst_existed);
+    if dst_existed {
+        clean_temps(&shared, &root);
+    }
+    let mut stack: Vec<Arc<DirState>> = vec![root];
+    let mut deferred_links = Vec::new();
+
+    for event in scanner {
+        let event = match event {
+            Ok(ev) => ev,
+            Err(e) => {
+                shared.fail(&e);
+                continue;
+            }
+        };
+        match event {
+            ScanEvent::DirDone { complete, .. } => {
+                let Some(state) = stack.pop() else { continue };
+                if shared.opts.delete && complete && !state.fresh {
+                    delete_extras(&shared, &state);
+                }
+                // Files still queued in this batch must not wait for the next directory.
+                if !batch.is_empty() {
+                    send(std::mem::take(&mut batch), &mut own);
+                }
+                state.release(&shared);
+            }
+            ScanEvent::Entry(entry) => {
+                let Some(parent) = stack.last().cloned() else {
+                    continue;
+                };
+                let Some(parent_dst) = parent.dst.clone() else {
+                    // The directory could not be created: its contents are failures too.
+                    shared.fail(&dirs::ParentMissing(entry.rel.to_string()));
+                    if entry.meta.kind == Kind::Dir {
+                        stack.push(DirState::broken(&parent, entry));
+                    }
+                    continue;
+                };
+                match entry.meta.kind {
+                    Kind::Dir => {
+                        let created = ensure_dir_at(
+                            parent_dst.as_fd(),
+                            entry.rel.file_name(),
+                            entry.meta.mode,
+                        );
+                        let state = match created {
+                            Ok((fd, created)) => {
+                                shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
+                                DirState::child(&parent, entry, Arc::new(fd), created)
+                            }
+                            Err(e) => {
+                                shared.fail(&DestError::io("create directory", &entry.rel, e));
+                                DirState::broken(&parent, entry)
+                            }
+                        };
+                        if let Some(dst) = &state.dst {
+                            if !state.fresh {
+                                clean_temps(&shared, &state);
+                            }
+                            if shared.opts.xattrs
+                                && let Some(src) = &state.src
+                                && let Err(e) = xattr::copy_user_xattrs(src.as_fd(), dst.as_fd())
+                            {
+                                shared.fail(&dirs::EntryError::new(
+                                    "copy extended attributes of",
+                                    &state.rel_display(),
+                                    e,
+                                ));
+                            }
+                        }
+                        stack.push(state);
+                    }
+                    Kind::File if entry.hardlink_of.is_some() => {
+                        parent.hold();
+                        deferred_links.push((entry, parent));
+                    }
+                    Kind::File | Kind::Symlink => {
+                        parent.hold();
+                        let bytes = if entry.meta.kind == Kind::File {
+                            entry.meta.size
+                        } else {
+                            0
+                        };
+                        if entry.meta.kind == Kind::File {
+                            shared.progress.add_total(1, bytes);
+                        }
+                        batch.push(Job { entry, dir: parent }, bytes);
+                        if batch.len() >= BATCH_ENTRIES || batch.bytes() >= BATCH_BYTES {
+                            send(std::mem::take(&mut batch), &mut own);
+                        }
+                    }
+                    Kind::Special => {
+                        shared.stats.specials.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "skipping {}: FIFOs, sockets and device nodes are not copied",
+                            entry.rel
+                        );
+                    }
+                }
+            }
+        }
+    }
+    if !batch.is_empty() {
+        send(batch, &mut own);
+    }
+    shared.progress.set_totals_known();
+    drop(tx);
+    for h in handles {
+        let _ = h.join();
+    }
+    for (entry, parent) in deferred_links {
+        own.hard_link(&entry, &parent);
+    }
+    drop(own);
+    drop(stack);
+
+    let p = shared.progress.snapshot();
+    let s = &shared.stats;
+    Ok(Summary {
+        files: p.files_done,
+        bytes: p.bytes_done,
+        skipped: p.skipped,
+        failed: p.failed,
+        seconds: started.elapsed().as_secs_f64(),
+        dirs: s.dirs.load(Ordering::Relaxed),
+        symlinks: s.symlinks.load(Ordering::Relaxed),
+        hardlinks: s.hardlinks.load(Ordering::Relaxed),
+        specials_skipped: s.specials.load(Ordering::Relaxed),
+        deleted: s.deleted.load(Ordering::Relaxed),
+        temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
+    })
+}
+
+/// Removes temp files an interrupted earlier run left in a directory that already existed.
+fn clean_temps(shared: &Shared, state: &DirState) {
+    let Some(dst) = &state.dst else { return };
+    match DestRoot::clean_temps_in(dst.as_fd()) {
+        Ok(n) => {
+            shared.stats.temps_cleaned.fetch_add(n, Ordering::Relaxed);
+        }
+        Err(e) => shared.fail(&dirs::EntryError::new(
+            "clean temporary files in",
+            &state.rel_display(),
+            e,
+        )),
+    }
+}
+
+/// `--delete`: removes what the destination directory holds and the source directory does not.
+/// Decided per name against the source directory handle, so nothing is remembered per file.
+fn delete_extras(shared: &Shared, state: &DirState) {
+    let (Some(src), Some(dst)) = (&state.src, &state.dst) else {
+        return;
+    };
+    let listing = match list_dir(dst.as_fd()) {
+        Ok(l) => l,
+        Err(e) => {
+            shared.fail(&dirs::EntryError::new(
+                "list for --delete",
+                &state.rel_display(),
+                e,
+            ));
+            return;
+        }
+    };
+    for item in listing {
+        let item = match item {
+            Ok(i) => i,
+            Err(e) => {
+                shared.fail(&dirs::EntryError::new(
+                    "list for --delete",
+                    &state.rel_display(),
+                    e,
+                ));
+                return;
+            }
+        };
+        let name = item.file_name().to_bytes();
+        if name == b"." || name == b".." || is_temp_name(name) {
+            continue;
+        }
+        match lookup_at(src.as_fd(), name) {
+            Ok(Some(_)) => {}
+            Ok(None) => match remove_at(dst.as_fd(), name) {
+                Ok(()) => {
+                    shared.stats.deleted.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => shared.fail(&dirs::EntryError::new(
+                    "delete",
+                    &dirs::join_display(&state.rel_display(), name),
+                    e,
+                )),
+            },
+            Err(e) => shared.fail(&dirs::EntryError::new(
+                "check the source for",
+                &dirs::join_display(&state.rel_display(), name),
+                e,
+            )),
+        }
+    }
+}

@@ -136,10 +136,17 @@ pub fn zstd_speed() -> f64 {
             x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
             sample.extend_from_slice(words[(x >> 16) as usize % words.len()]);
         }
-        let t = Instant::now();
-        let _ = zstd::bulk::compress(&sample, 1);
-        let secs = t.elapsed().as_secs_f64().max(1e-6);
-        sample.len() as f64 / secs
+        // Best of 5: on a shared machine a single timing mostly measures preemption.
+        let mut best = f64::MAX;
+        for chunk in sample
+            .chunks(256 * 1024)
+            .chain(sample.chunks(256 * 1024).take(1))
+        {
+            let t = Instant::now();
+            let _ = zstd::bulk::compress(chunk, 1);
+            best = best.min(t.elapsed().as_secs_f64().max(1e-7) / chunk.len() as f64);
+        }
+        1.0 / best
     })
 }
 
@@ -208,10 +215,23 @@ mod tests {
             decode(c, &enc, text.len(), caps::SUPPORTED, &mut out).unwrap();
             assert_eq!(out, text);
         }
-        let random: Vec<u8> = (0..100_000u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let random: Vec<u8> = (0..100_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
             .collect();
-        assert!(encode(codec::LZ4, &random, 1).is_none() || random.len() < 10);
+        assert!(
+            encode(codec::LZ4, &random, 1).is_none(),
+            "random data kept compressed"
+        );
+        assert!(
+            encode(codec::ZSTD, &random, 1).is_none(),
+            "random data kept compressed"
+        );
     }
 
     #[test]

@@ -1,47 +1,16 @@
-//! The receiver's destination tree: every operation is relative to the root directory handle
-//! and resolved with openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS), so a
-//! symlink planted by the peer (or anyone) is never followed and nothing lands outside the root.
-//!
-//! Stands in for the engine's `tree::DestRoot` until that lands; the receiver touches the
-//! destination only through this type, so swapping the implementation is local.
+//! The receiver's view of its destination: a thin adapter over the engine's confined
+//! [`crate::tree::DestRoot`], so network and local copies share one set of semantics (every
+//! operation beneath the root handle, symlinks never followed, atomic publish, metadata through
+//! file descriptors, setuid/setgid/sticky stripped for peer-described files).
 
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::os::fd::AsFd;
+use std::path::Path;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
-use rustix::io::Errno;
+use super::relpath::{PeerPath, STAGING_DIR};
+use crate::tree::{self, DirFd, FileOpen, Kind, Meta, RelPath, StagedFile};
 
-use super::relpath::PeerPath;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DestError {
-    #[error("failed to open destination root {path}")]
-    OpenRoot {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("failed to {op} {path} beneath the destination root")]
-    Io {
-        op: &'static str,
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-fn io_err<'a>(op: &'static str, path: &'a str) -> impl FnOnce(Errno) -> DestError + 'a {
-    move |e| DestError::Io {
-        op,
-        path: path.to_owned(),
-        source: e.into(),
-    }
-}
-
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS);
+pub use crate::tree::DestError;
 
 /// What is at a path right now (never following a final symlink).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,168 +25,114 @@ pub enum Existing {
 /// The destination root, held open for the whole session.
 #[derive(Debug)]
 pub struct DestRoot {
-    root: OwnedFd,
-    path: PathBuf,
+    tree: tree::DestRoot,
+}
+
+fn rel(s: &str) -> Result<RelPath, DestError> {
+    // Peer paths were validated by `PeerPath`; staging paths are ours. The engine validates again.
+    Ok(RelPath::parse(s.as_bytes())?)
 }
 
 impl DestRoot {
-    /// Opens (creating if missing) the root directory; the root itself must not be a symlink.
+    /// Opens (creating if missing) the root directory; setuid/setgid/sticky never applied.
     pub fn open(path: &Path) -> Result<Self, DestError> {
-        let err = |source| DestError::OpenRoot {
-            path: path.to_owned(),
-            source,
-        };
-        match std::fs::create_dir(path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(err(e)),
-        }
-        let root = rustix::fs::open(
+        let tree = tree::DestRoot::open_with(
             path,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| err(e.into()))?;
-        Ok(Self {
-            root,
-            path: path.to_owned(),
+            tree::DestOptions {
+                allow_special_bits: false,
+                ..Default::default()
+            },
+        )?;
+        Ok(Self { tree })
+    }
+
+    pub fn tree(&self) -> &tree::DestRoot {
+        &self.tree
+    }
+
+    /// Metadata for a peer-described entry, owned by whoever runs the receiver.
+    pub fn meta(&self, kind: Kind, mode: u32, size: u64, mtime: (i64, u32)) -> Meta {
+        let mut m = Meta::new(kind, mode & 0o777, size, mtime.0, mtime.1);
+        let p = self.tree.policy();
+        m.uid = p.euid;
+        m.gid = p.egid;
+        m
+    }
+
+    /// Opens a directory beneath the root (None is the root itself).
+    pub fn open_dir(&self, path: Option<&str>) -> Result<DirFd, DestError> {
+        match path {
+            None => self.tree.open_dir(None),
+            Some(p) => self.tree.open_dir(Some(&rel(p)?)),
+        }
+    }
+
+    /// Creates every missing directory of `path` (a non-directory in the way is replaced).
+    pub fn create_dirs(&self, path: &str) -> Result<DirFd, DestError> {
+        self.tree.create_dir_all(&rel(path)?, 0o755)
+    }
+
+    /// Creates the parent directories of a peer path.
+    pub fn ensure_parent(&self, path: &PeerPath) -> Result<(), DestError> {
+        if let Some(p) = path.split_parent().0 {
+            self.create_dirs(p)?;
+        }
+        Ok(())
+    }
+
+    pub fn existing(&self, path: &PeerPath) -> Result<Existing, DestError> {
+        Ok(match self.tree.lookup(&rel(path.as_str())?)? {
+            None => Existing::Missing,
+            Some(m) => match m.kind {
+                Kind::File => Existing::File {
+                    size: m.size,
+                    mtime: (m.mtime_sec, m.mtime_nsec),
+                },
+                Kind::Dir => Existing::Dir,
+                Kind::Symlink => Existing::Symlink,
+                Kind::Special => Existing::Other,
+            },
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens an existing regular file beneath the root (no symlinks followed).
+    pub fn open_file(&self, path: &str) -> Result<File, DestError> {
+        self.tree.open_file(&rel(path)?, FileOpen::Existing)
     }
 
-    pub fn fd(&self) -> &OwnedFd {
-        &self.root
+    /// Applies mode and mtime to an open file at `path`.
+    pub fn apply_meta(&self, f: &File, path: &str, meta: &Meta) -> Result<(), DestError> {
+        self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
     }
 
-    /// Opens a directory beneath the root ("" or None is the root itself).
-    pub fn open_dir(&self, rel: Option<&str>) -> Result<OwnedFd, DestError> {
-        let rel = rel.unwrap_or(".");
-        rustix::fs::openat2(
-            &self.root,
-            rel,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(io_err("open directory", rel))
+    /// A temporary file next to `path`, published by [`StagedFile::commit`]. The parent must
+    /// exist (the receiver creates it when the file is offered).
+    pub fn stage(&self, path: &PeerPath) -> Result<StagedFile, DestError> {
+        self.tree.stage_file(&rel(path.as_str())?, 0o600)
     }
 
-    /// Creates every missing directory of `rel` (like mkdir -p), one component at a time,
-    /// each resolved beneath the previous handle; returns the handle of the last one.
-    pub fn create_dirs(&self, rel: &str) -> Result<OwnedFd, DestError> {
-        let mut cur = self.open_dir(None)?;
-        for comp in rel.split('/') {
-            match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(io_err("create directory", rel)(e)),
-            }
-            cur = rustix::fs::openat2(
-                &cur,
-                comp,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                Mode::empty(),
-                RESOLVE,
-            )
-            .map_err(io_err("open directory", rel))?;
-        }
-        Ok(cur)
+    /// Renames a file from our staging area over `path` (parents created first).
+    pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<(), DestError> {
+        self.ensure_parent(path)?;
+        self.tree.rename(&rel(staged)?, &rel(path.as_str())?)
     }
 
-    /// Parent directory handle of a peer path, created if missing.
-    pub fn parent_of(&self, path: &PeerPath) -> Result<OwnedFd, DestError> {
-        match path.split_parent().0 {
-            Some(p) => self.create_dirs(p),
-            None => self.open_dir(None),
-        }
-    }
-
-    pub fn existing(&self, parent: &OwnedFd, leaf: &str) -> Result<Existing, DestError> {
-        match rustix::fs::statat(parent, leaf, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => Ok(match FileType::from_raw_mode(st.st_mode) {
-                FileType::RegularFile => Existing::File {
-                    size: st.st_size as u64,
-                    mtime: (st.st_mtime, st.st_mtime_nsec as u32),
-                },
-                FileType::Directory => Existing::Dir,
-                FileType::Symlink => Existing::Symlink,
-                _ => Existing::Other,
-            }),
-            Err(Errno::NOENT) => Ok(Existing::Missing),
-            Err(e) => Err(io_err("inspect", leaf)(e)),
-        }
-    }
-
-    /// Opens an existing regular file beneath the root for reading (no symlinks followed).
-    pub fn open_file(&self, rel: &str) -> Result<File, DestError> {
-        let fd = rustix::fs::openat2(
-            &self.root,
-            rel,
-            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .map_err(io_err("open", rel))?;
-        Ok(File::from(fd))
-    }
-
-    /// Moves `tmp` (in `tmp_dir`) over `leaf` in `parent` atomically. An existing directory in
-    /// the way is removed only if empty, so a type change never deletes a populated tree.
-    pub fn publish(
-        &self,
-        tmp_dir: &OwnedFd,
-        tmp: &str,
-        parent: &OwnedFd,
-        leaf: &str,
-        shown: &str,
-    ) -> Result<(), DestError> {
-        if let Existing::Dir = self.existing(parent, leaf)? {
-            rustix::fs::unlinkat(parent, leaf, AtFlags::REMOVEDIR)
-                .map_err(io_err("replace directory", shown))?;
-        }
-        rustix::fs::renameat(tmp_dir, tmp, parent, leaf).map_err(io_err("rename into place", shown))
-    }
-
-    /// Creates an inert symlink at `path` (replacing a file or symlink there).
+    /// Creates an inert symlink at `path` (replacing what was there).
     pub fn symlink(
         &self,
         path: &PeerPath,
         target: &str,
         mtime: (i64, u32),
-        tmp_dir: &OwnedFd,
-        tmp: &str,
     ) -> Result<(), DestError> {
-        let parent = self.parent_of(path)?;
-        let (_, leaf) = path.split_parent();
-        let _ = rustix::fs::unlinkat(tmp_dir, tmp, AtFlags::empty());
-        rustix::fs::symlinkat(target, tmp_dir, tmp)
-            .map_err(io_err("create symlink", path.as_str()))?;
-        let ts = Timespec {
-            tv_sec: mtime.0,
-            tv_nsec: i64::from(mtime.1.min(999_999_999)),
-        };
-        let times = Timestamps {
-            last_access: ts,
-            last_modification: ts,
-        };
-        // The link itself, never its target.
-        let _ = rustix::fs::utimensat(tmp_dir, tmp, &times, AtFlags::SYMLINK_NOFOLLOW);
-        self.publish(tmp_dir, tmp, &parent, leaf, path.as_str())
+        self.ensure_parent(path)?;
+        let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
+        self.tree
+            .symlink(&rel(path.as_str())?, target.as_bytes(), &meta)
     }
 
     /// Hard-links `path` to the regular file `target`, both beneath the root.
-    pub fn hardlink(
-        &self,
-        path: &PeerPath,
-        target: &PeerPath,
-        tmp_dir: &OwnedFd,
-        tmp: &str,
-    ) -> Result<(), DestError> {
-        let tparent = self.parent_of(target)?;
-        let (_, tleaf) = target.split_parent();
-        match self.existing(&tparent, tleaf)? {
+    pub fn hardlink(&self, path: &PeerPath, target: &PeerPath) -> Result<(), DestError> {
+        match self.existing(target)? {
             Existing::File { .. } => {}
             _ => {
                 return Err(DestError::Io {
@@ -227,104 +142,61 @@ impl DestRoot {
                 });
             }
         }
-        let parent = self.parent_of(path)?;
-        let (_, leaf) = path.split_parent();
-        if let Existing::File { .. } = self.existing(&parent, leaf)? {
-            let a = rustix::fs::statat(&parent, leaf, AtFlags::SYMLINK_NOFOLLOW);
-            let b = rustix::fs::statat(&tparent, tleaf, AtFlags::SYMLINK_NOFOLLOW);
-            if let (Ok(a), Ok(b)) = (a, b)
-                && a.st_ino == b.st_ino
-                && a.st_dev == b.st_dev
-            {
-                return Ok(());
-            }
-        }
-        let _ = rustix::fs::unlinkat(tmp_dir, tmp, AtFlags::empty());
-        // Flags 0: a symlink target would be linked itself, never followed.
-        rustix::fs::linkat(&tparent, tleaf, tmp_dir, tmp, AtFlags::empty())
-            .map_err(io_err("create hard link", path.as_str()))?;
-        self.publish(tmp_dir, tmp, &parent, leaf, path.as_str())
+        self.ensure_parent(path)?;
+        self.tree
+            .hard_link(&rel(target.as_str())?, &rel(path.as_str())?)
     }
 
-    /// Applies mode and mtime to a directory (after its content is complete).
+    /// Applies mode and mtime to a directory (None = the root), after its content is complete.
     pub fn set_dir_meta(
         &self,
-        rel: &PeerPath,
+        path: Option<&PeerPath>,
         mode: u32,
         mtime: (i64, u32),
     ) -> Result<(), DestError> {
-        let fd = self.create_dirs(rel.as_str())?;
-        set_meta(&fd, mode, mtime).map_err(io_err("set metadata of", rel.as_str()))
+        let meta = self.meta(Kind::Dir, mode, 0, mtime);
+        match path {
+            None => self.tree.set_dir_meta(None, &meta),
+            Some(p) => {
+                let r = rel(p.as_str())?;
+                self.tree.create_dir_all(&r, 0o755)?;
+                self.tree.set_dir_meta(Some(&r), &meta)
+            }
+        }
     }
 
-    /// Removes every entry of directory `rel` whose name is not in `keep` (recursively, never
-    /// following symlinks). Returns how many entries were removed.
+    /// Removes every entry of directory `path` whose name is not in `keep` (recursively, never
+    /// following symlinks; the staging directory in the root is kept). Returns how many.
     pub fn delete_extraneous(
         &self,
-        rel: Option<&str>,
+        path: Option<&str>,
         keep: &std::collections::HashSet<String>,
     ) -> Result<u64, DestError> {
-        let shown = rel.unwrap_or(".");
-        let dir = self.open_dir(rel)?;
-        let names = list_dir(&dir).map_err(io_err("list", shown))?;
-        let mut removed = 0;
-        for (name, is_dir) in names {
-            if keep.contains(&name) || (rel.is_none() && name == super::relpath::STAGING_DIR) {
+        let shown = path.unwrap_or(".");
+        let dir = self.open_dir(path)?;
+        let err = |op: &'static str| {
+            move |e: rustix::io::Errno| DestError::Io {
+                op,
+                path: shown.to_owned(),
+                source: e.into(),
+            }
+        };
+        let mut doomed = Vec::new();
+        for ent in tree::dest::list_dir(dir.as_fd()).map_err(err("list"))? {
+            let ent = ent.map_err(err("list"))?;
+            let name = ent.file_name().to_bytes();
+            if name == b"." || name == b".." {
                 continue;
             }
-            remove_tree(&dir, &name, is_dir).map_err(io_err("delete", shown))?;
-            removed += 1;
+            let keep_it = std::str::from_utf8(name).is_ok_and(|n| keep.contains(n))
+                || (path.is_none() && name == STAGING_DIR.as_bytes());
+            if !keep_it {
+                doomed.push(name.to_vec());
+            }
         }
-        Ok(removed)
-    }
-}
-
-/// Sets permission bits (setuid/setgid/sticky stripped) and mtime through an open handle.
-pub fn set_meta(fd: &impl AsFd, mode: u32, mtime: (i64, u32)) -> Result<(), Errno> {
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(mode & 0o777))?;
-    let ts = Timespec {
-        tv_sec: mtime.0,
-        tv_nsec: i64::from(mtime.1.min(999_999_999)),
-    };
-    rustix::fs::futimens(
-        fd,
-        &Timestamps {
-            last_access: ts,
-            last_modification: ts,
-        },
-    )
-}
-
-fn list_dir(dir: &OwnedFd) -> Result<Vec<(String, bool)>, Errno> {
-    let mut out = Vec::new();
-    let mut d = rustix::fs::Dir::read_from(dir)?;
-    while let Some(ent) = d.read() {
-        let ent = ent?;
-        let name = ent.file_name().to_string_lossy().into_owned();
-        if name == "." || name == ".." {
-            continue;
+        for name in &doomed {
+            tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
         }
-        out.push((name, ent.file_type() == FileType::Directory));
+        Ok(doomed.len() as u64)
     }
-    Ok(out)
-}
-
-fn remove_tree(parent: &OwnedFd, name: &str, is_dir: bool) -> Result<(), Errno> {
-    if !is_dir {
-        return match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
-            Err(Errno::ISDIR) => remove_tree(parent, name, true),
-            r => r,
-        };
-    }
-    let fd = rustix::fs::openat2(
-        parent,
-        name,
-        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-        Mode::empty(),
-        RESOLVE,
-    )?;
-    for (child, child_dir) in list_dir(&fd)? {
-        remove_tree(&fd, &child, child_dir)?;
-    }
-    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
 }

@@ -17,6 +17,8 @@ use crate::progress::Progress;
 
 const MAX_HANDSHAKES: usize = 64;
 
+type TlsAccepted = Accepted<TlsStream<TcpStream>>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     #[error("failed to accept a connection")]
@@ -68,9 +70,7 @@ pub async fn serve(
         }
     });
 
-    #[allow(clippy::type_complexity)] // session id -> (first seen, its streams so far)
-    let mut pending: HashMap<Vec<u8>, (Instant, Vec<Accepted<TlsStream<TcpStream>>>)> =
-        HashMap::new();
+    let mut pending: HashMap<Vec<u8>, (Instant, Vec<TlsAccepted>)> = HashMap::new();
     let result = loop {
         let Some(acc) = rx.recv().await else {
             break Ok(());

@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::{self, CodecError};
-use super::dest::{DestError, DestRoot, Existing, set_meta};
+use super::dest::{DestError, DestRoot, Existing};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
@@ -23,6 +23,7 @@ use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
 use crate::progress::{Phase, Progress};
+use crate::tree::{CommitError, Kind};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once.
@@ -59,6 +60,12 @@ pub enum ReceiveError {
     },
     #[error("{path}: block {index} does not match its BLAKE3 hash; nothing was written")]
     HashMismatch { path: String, index: u64 },
+    #[error("failed to publish {path}")]
+    Commit {
+        path: String,
+        #[source]
+        source: CommitError,
+    },
     #[error("failed to write {path}")]
     Write {
         path: String,
@@ -174,6 +181,8 @@ struct FileMeta {
 struct LargeFile {
     meta: FileMeta,
     nblocks: u64,
+    /// A second handle on the staging data file, so streams write blocks in parallel.
+    data: std::fs::File,
     state: Mutex<LargeState>,
 }
 
@@ -188,7 +197,6 @@ struct LargeState {
 struct Shared {
     dest: DestRoot,
     staging: Staging,
-    session_tag: String,
     caps: u64,
     sync: bool,
     table: Mutex<Table>,
@@ -247,7 +255,6 @@ where
     let shared = Arc::new(Shared {
         dest,
         staging,
-        session_tag: sid.iter().take(4).map(|b| format!("{b:02x}")).collect(),
         caps,
         sync: cfg.sync,
         table: Mutex::new(Table::default()),
@@ -271,11 +278,7 @@ where
                 sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
-                    let fd = sh.dest.open_dir(None)?;
-                    set_meta(&fd, mode, mtime).map_err(|e| ReceiveError::Write {
-                        path: ".".into(),
-                        source: e.into(),
-                    })?;
+                    sh.dest.set_dir_meta(None, mode, mtime)?;
                 }
                 Ok::<(), ReceiveError>(())
             })
@@ -351,52 +354,69 @@ where
     W: AsyncWrite + Unpin,
 {
     let stream = reader.stream();
-    // Main phase: offers, data.
-    loop {
-        match reader.expect().await? {
-            Message::Offer(o) => {
-                let sh = shared.clone();
-                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
-                writer.send(&Message::Want(want)).await?;
-                writer.flush().await?;
-            }
-            Message::Batch { header, data } => {
-                let sh = shared.clone();
-                tokio::task::spawn_blocking(move || handle_batch(&sh, header, &data)).await??;
-            }
-            Message::Block { header, data } => {
-                let sh = shared.clone();
-                tokio::task::spawn_blocking(move || {
+    // Main phase. Data frames go to a per-stream blocking worker through a 2-slot channel, so
+    // decrypting the next frame overlaps with hashing and writing this one (memory: 3 frames).
+    let (work_tx, mut work_rx) = tokio::sync::mpsc::channel::<Message>(2);
+    let sh = shared.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        while let Some(m) = work_rx.blocking_recv() {
+            match m {
+                Message::Batch { header, data } => handle_batch(&sh, header, &data)?,
+                Message::Block { header, data } => {
                     let source = BlockSource::Wire {
                         codec: header.codec,
                         data: &data,
                     };
-                    handle_block(&sh, &header, source)
-                })
-                .await??;
-            }
-            Message::BlockAnnounce(a) => {
-                let Some(key) = key.clone() else {
-                    return Err(proto("BlockAnnounce without the dedup capability"));
-                };
-                let sh = shared.clone();
-                let need =
-                    tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a)).await??;
-                writer.send(&Message::NeedBlocks(need)).await?;
-                writer.flush().await?;
-            }
-            Message::Keepalive => {}
-            Message::Done(_) => break,
-            Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
-            other => {
-                return Err(ReceiveError::OutOfOrder {
-                    stream,
-                    kind: other.frame_type(),
-                    when: "while data flows",
-                });
+                    handle_block(&sh, &header, source)?;
+                }
+                _ => {}
             }
         }
-    }
+        Ok::<(), ReceiveError>(())
+    });
+    let main = async {
+        loop {
+            match reader.expect().await? {
+                Message::Offer(o) => {
+                    let sh = shared.clone();
+                    let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                    writer.send(&Message::Want(want)).await?;
+                    writer.flush().await?;
+                }
+                m @ (Message::Batch { .. } | Message::Block { .. }) => {
+                    if work_tx.send(m).await.is_err() {
+                        // The worker failed; its error is reported below.
+                        return Ok(());
+                    }
+                }
+                Message::BlockAnnounce(a) => {
+                    let Some(key) = key.clone() else {
+                        return Err(proto("BlockAnnounce without the dedup capability"));
+                    };
+                    let sh = shared.clone();
+                    let need = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a))
+                        .await??;
+                    writer.send(&Message::NeedBlocks(need)).await?;
+                    writer.flush().await?;
+                }
+                Message::Keepalive => {}
+                Message::Done(_) => return Ok(()),
+                Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+                other => {
+                    return Err(ReceiveError::OutOfOrder {
+                        stream,
+                        kind: other.frame_type(),
+                        when: "while data flows",
+                    });
+                }
+            }
+        }
+    };
+    let r: Result<(), ReceiveError> = main.await;
+    drop(work_tx);
+    // The worker's error (e.g. a hash mismatch) explains more than what the reader saw after it.
+    worker.await??;
+    r?;
     if stream != 0 {
         done.add_permits(1);
         return Ok(());
@@ -475,8 +495,10 @@ fn handle_offer(sh: &Shared, offer: pb::Offer) -> Result<pb::Want, ReceiveError>
         )));
     }
     let mut wants = Vec::with_capacity(offer.entries.len());
+    // Entries of one directory arrive together: create each parent once per offer.
+    let mut last_parent: Option<String> = None;
     for e in offer.entries {
-        wants.push(handle_entry(sh, e)?);
+        wants.push(handle_entry(sh, e, &mut last_parent)?);
     }
     Ok(pb::Want {
         offer_id: offer.offer_id,
@@ -492,7 +514,11 @@ fn skip() -> pb::EntryWant {
     }
 }
 
-fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError> {
+fn handle_entry(
+    sh: &Shared,
+    e: pb::Entry,
+    last_parent: &mut Option<String>,
+) -> Result<pb::EntryWant, ReceiveError> {
     let path = PeerPath::parse(&e.path)?;
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
@@ -504,27 +530,22 @@ fn handle_entry(sh: &Shared, e: pb::Entry) -> Result<pb::EntryWant, ReceiveError
             if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
-            // Unique per entry: streams publish symlinks concurrently.
-            let tmp = format!(
-                "{}-{}-link.tmp",
-                sh.session_tag,
-                sh.next_id.fetch_add(1, Ordering::Relaxed)
-            );
-            sh.dest
-                .symlink(&path, &e.target, mtime_of(&e), sh.staging.dir(), &tmp)?;
+            sh.dest.symlink(&path, &e.target, mtime_of(&e))?;
             Ok(skip())
         }
         pb::EntryKind::Hardlink => {
             let target = PeerPath::parse(&e.target)?;
-            let tmp = format!(
-                "{}-{}-hlink.tmp",
-                sh.session_tag,
-                sh.next_id.fetch_add(1, Ordering::Relaxed)
-            );
-            sh.dest.hardlink(&path, &target, sh.staging.dir(), &tmp)?;
+            sh.dest.hardlink(&path, &target)?;
             Ok(skip())
         }
-        pb::EntryKind::File => offer_file(sh, path, &e),
+        pb::EntryKind::File => {
+            let parent = path.split_parent().0;
+            if parent != last_parent.as_deref() {
+                sh.dest.ensure_parent(&path)?;
+                *last_parent = parent.map(str::to_owned);
+            }
+            offer_file(sh, path, &e)
+        }
         pb::EntryKind::Unspecified => Err(proto(format!("entry {path} has no kind"))),
     }
 }
@@ -545,9 +566,7 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             return Err(proto("too many files in flight"));
         }
     }
-    let parent = sh.dest.parent_of(&path)?;
-    let (_, leaf) = path.split_parent();
-    let existing = sh.dest.existing(&parent, leaf)?;
+    let existing = sh.dest.existing(&path)?;
     if let Existing::File { size, mtime } = existing
         && size == e.size
     {
@@ -559,7 +578,8 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
         if same {
             if mtime != meta.mtime {
                 let f = sh.dest.open_file(path.as_str())?;
-                let _ = set_meta(&f, meta.mode, meta.mtime);
+                let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+                sh.dest.apply_meta(&f, path.as_str(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
             return Ok(skip());
@@ -585,9 +605,18 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             bitmap[i / 8] |= 1 << (i % 8);
         }
     }
+    let data = resumed
+        .staging
+        .data
+        .try_clone()
+        .map_err(|source| ReceiveError::Write {
+            path: path.to_string(),
+            source,
+        })?;
     let lf = Arc::new(LargeFile {
         meta,
         nblocks,
+        data,
         state: Mutex::new(LargeState {
             staging: resumed.staging,
             need: resumed.need,
@@ -686,33 +715,21 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
 }
 
 fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
-    use std::io::Write;
-    let tmp = format!(
-        "{}-{}.tmp",
-        sh.session_tag,
-        sh.next_id.fetch_add(1, Ordering::Relaxed)
-    );
-    let werr = |source| ReceiveError::Write {
-        path: meta.path.to_string(),
-        source,
-    };
-    let mut f = sh.staging.create_temp(&tmp)?;
-    let r = (|| -> Result<(), ReceiveError> {
-        f.write_all(content).map_err(werr)?;
-        set_meta(&f, meta.mode, meta.mtime).map_err(|e| werr(e.into()))?;
-        if sh.sync {
-            f.sync_all().map_err(werr)?;
-        }
-        let parent = sh.dest.parent_of(&meta.path)?;
-        let (_, leaf) = meta.path.split_parent();
-        sh.dest
-            .publish(sh.staging.dir(), &tmp, &parent, leaf, meta.path.as_str())?;
-        Ok(())
-    })();
-    if r.is_err() {
-        sh.staging.remove(&tmp);
-    }
-    r?;
+    let staged = sh.dest.stage(&meta.path)?;
+    staged
+        .write_at(0, content)
+        .map_err(|e| ReceiveError::Write {
+            path: meta.path.to_string(),
+            source: e.into(),
+        })?;
+    let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+    // Dropping an uncommitted StagedFile removes its temporary file.
+    staged
+        .commit(&m, sh.sync)
+        .map_err(|source| ReceiveError::Commit {
+            path: meta.path.to_string(),
+            source,
+        })?;
     sh.progress.add(&sh.progress.files_done, 1);
     sh.progress.add(&sh.progress.bytes_done, meta.size);
     Ok(())
@@ -762,15 +779,22 @@ fn handle_block(
         }
     }
     let BlockSource::Wire { codec, data } = source;
-    let mut buf = Vec::with_capacity(expected as usize);
-    compress::decode(codec, data, expected as usize, sh.caps, &mut buf).map_err(|source| {
-        ReceiveError::Codec {
-            path: path.clone(),
-            index: h.index,
-            source,
-        }
-    })?;
-    let hash = blake3::hash(&buf);
+    let mut decoded = Vec::new();
+    // Raw blocks are hashed and written straight from the frame: no copy.
+    let buf: &[u8] = if codec == crate::wire::codec::RAW && data.len() as u64 == expected {
+        data
+    } else {
+        decoded.reserve_exact(expected as usize);
+        compress::decode(codec, data, expected as usize, sh.caps, &mut decoded).map_err(
+            |source| ReceiveError::Codec {
+                path: path.clone(),
+                index: h.index,
+                source,
+            },
+        )?;
+        &decoded
+    };
+    let hash = blake3::hash(buf);
     if hash.as_bytes().as_slice() != h.hash.as_slice() {
         return Err(ReceiveError::HashMismatch {
             path,
@@ -779,7 +803,7 @@ fn handle_block(
     }
     if let Some(d) = &sh.dedup
         && codec != compress::CODEC_ZERO
-        && let Err(e) = d.insert_received(&BlockHash::from(hash), &buf)
+        && let Err(e) = d.insert_received(&BlockHash::from(hash), buf)
     {
         // The store is a cache: failing to add to it never fails the transfer.
         tracing::warn!(error = %e, "could not add a received block to the block store");
@@ -789,12 +813,12 @@ fn handle_block(
         path: lf.meta.path.to_string(),
         source,
     };
+    // All-zero blocks stay holes in the pre-sized staging file.
+    if codec != compress::CODEC_ZERO {
+        lf.data.write_all_at(buf, off).map_err(werr)?;
+    }
     let finished = {
         let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
-        // All-zero blocks stay holes in the pre-sized staging file.
-        if codec != compress::CODEC_ZERO {
-            st.staging.data.write_all_at(&buf, off).map_err(werr)?;
-        }
         st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
         st.remaining -= 1;
         st.remaining == 0
@@ -844,7 +868,7 @@ fn handle_announce(
         }
     };
     let path = lf.meta.path.to_string();
-    let (announced, data) = {
+    let announced = {
         let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
@@ -877,18 +901,10 @@ fn handle_announce(
                 proof: Proof(proof),
             });
         }
-        let data = st
-            .staging
-            .data
-            .try_clone()
-            .map_err(|source| ReceiveError::Write {
-                path: path.clone(),
-                source,
-            })?;
-        (announced, data)
+        announced
     };
-    // Reads, verifies and writes without holding the file's state lock.
-    let needed = dedup.materialize_announced(key, &data, &announced)?;
+    // Reads, verifies and writes (through the file's second handle) without holding its lock.
+    let needed = dedup.materialize_announced(key, &lf.data, &announced)?;
     let mut bitmap = vec![0u8; n.div_ceil(8)];
     let mut taken = 0u64;
     let finished = {
@@ -930,23 +946,22 @@ fn handle_announce(
 
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {
     let st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
-    let werr = |source| ReceiveError::Write {
-        path: lf.meta.path.to_string(),
-        source,
-    };
-    set_meta(&st.staging.data, lf.meta.mode, lf.meta.mtime).map_err(|e| werr(e.into()))?;
+    let path = lf.meta.path.as_str();
+    let staged = format!("{}/{}", sh.staging.rel, st.staging.part_name);
+    let m = sh
+        .dest
+        .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
+    sh.dest.apply_meta(&st.staging.data, &staged, &m)?;
     if sh.sync {
-        st.staging.data.sync_all().map_err(werr)?;
+        st.staging
+            .data
+            .sync_all()
+            .map_err(|source| ReceiveError::Write {
+                path: path.to_owned(),
+                source,
+            })?;
     }
-    let parent = sh.dest.parent_of(&lf.meta.path)?;
-    let (_, leaf) = lf.meta.path.split_parent();
-    sh.dest.publish(
-        sh.staging.dir(),
-        &st.staging.part_name,
-        &parent,
-        leaf,
-        lf.meta.path.as_str(),
-    )?;
+    sh.dest.publish_from_staging(&staged, &lf.meta.path)?;
     sh.staging.finish_large(&st.staging);
     Ok(())
 }
@@ -978,7 +993,7 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
     }
     let mtime = mtime_of(&dir);
     match rel {
-        Some(p) => sh.dest.set_dir_meta(&p, dir.mode, mtime)?,
+        Some(p) => sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?,
         None => {
             if let Ok(mut m) = sh.root_meta.lock() {
                 *m = Some((dir.mode, mtime));

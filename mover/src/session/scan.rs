@@ -15,7 +15,7 @@ use super::relpath::STAGING_DIR;
 use crate::progress::Progress;
 
 /// Entries per Offer and whole-file bytes per group (keeps one group's batches small).
-const GROUP_ENTRIES: usize = 256;
+const GROUP_ENTRIES: usize = 1024;
 const GROUP_SMALL_BYTES: u64 = 4 * 1024 * 1024;
 /// Hard links remembered for the final phase; beyond this, extra links travel as copies.
 const MAX_HARDLINKS: usize = 1_000_000;

@@ -25,7 +25,7 @@ use crate::progress::{Phase, Progress};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
 
 /// Offers in flight per stream before the sender waits for Wants.
-const OFFER_WINDOW: usize = 4;
+const OFFER_WINDOW: usize = 8;
 /// Keepalive after this much silence on a stream, well below any sane idle timeout.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// Bytes of small-file content per Batch frame.

@@ -9,7 +9,6 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -17,6 +16,7 @@ use rustix::io::Errno;
 
 use super::dest::{DestError, DestRoot};
 use super::relpath::{PeerPath, STAGING_DIR};
+use crate::tree::DirFd;
 use crate::wire::BLOCK_SIZE;
 
 const MAGIC: &[u8; 8] = b"FERRYMF1";
@@ -45,8 +45,9 @@ fn serr<'a>(what: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) ->
 
 /// The staging directory of one transfer.
 pub struct Staging {
-    dir: OwnedFd,
-    rel: String,
+    dir: DirFd,
+    /// `.ferry-staging/<transfer-id>`, relative to the root.
+    pub rel: String,
 }
 
 /// A large file being assembled: its staging data file and manifest.
@@ -79,22 +80,6 @@ impl Staging {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
         let dir = dest.create_dirs(&rel)?;
         Ok(Self { dir, rel })
-    }
-
-    pub fn dir(&self) -> &OwnedFd {
-        &self.dir
-    }
-
-    /// Creates (truncating) a temp file for a whole small file.
-    pub fn create_temp(&self, name: &str) -> Result<File, StagingError> {
-        let fd = rustix::fs::openat(
-            &self.dir,
-            name,
-            OFlags::CREATE | OFlags::TRUNC | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| serr("create temp file", name)(e.into()))?;
-        Ok(File::from(fd))
     }
 
     pub fn remove(&self, name: &str) {
@@ -206,7 +191,7 @@ impl Staging {
         Some((data, m))
     }
 
-    /// Finishes a large file: metadata on the data file, rename into place, drop the manifest.
+    /// Drops the manifest of a large file that was renamed into place.
     pub fn finish_large(&self, st: &LargeStaging) {
         self.remove(&st.manifest_name);
     }

@@ -1,1 +1,28 @@
-//! Source scanning, destination confinement and metadata (issue 2).
+//! Source scanning, destination confinement and metadata: the tree layer shared by the local copy
+//! engine and the network receiver.
+//!
+//! - [`RelPath`]: a validated relative path (from a user or a peer);
+//! - [`Meta`]: what is preserved about an entry;
+//! - [`Scanner`]: streaming walk of a source tree;
+//! - [`DestRoot`]: every destination operation, confined beneath one directory handle;
+//! - [`StagedFile`]: a file written under a temporary name and renamed into place on commit;
+//! - [`data`]: the data-copy fast paths (reflink, holes, copy_file_range, read/write).
+
+pub mod confine;
+pub mod data;
+pub mod dest;
+pub mod meta;
+pub mod policy;
+pub mod relpath;
+pub mod scan;
+
+pub use confine::Resolve;
+pub use data::{CopyCaps, Method};
+pub use dest::{
+    CommitError, DestError, DestOptions, DestRoot, DirFd, FileOpen, StagedFile, TEMP_PREFIX,
+    is_temp_name,
+};
+pub use meta::{Kind, Meta};
+pub use policy::{MetaError, MetaPolicy};
+pub use relpath::{PathError, RelPath};
+pub use scan::{Entry, ScanError, ScanEvent, Scanner};

@@ -1,0 +1,231 @@
+//! Copying one file or symlink (run by worker threads, and by the scan thread when they are busy).
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rustix::fs::{Mode, OFlags, openat, readlinkat};
+use rustix::io::Errno;
+
+use crate::tree::data::BUFFER_SIZE;
+use crate::tree::dest::{hard_link_at, lookup_at, symlink_at};
+use crate::tree::{Entry, Kind, Meta, StagedFile};
+
+use super::Shared;
+use super::checksum::same_contents;
+use super::dirs::{DirState, EntryError};
+use super::xattr::copy_user_xattrs;
+
+/// One file or symlink to copy, with the directory state it belongs to.
+pub(crate) struct Job {
+    pub entry: Entry,
+    pub dir: Arc<DirState>,
+}
+
+/// Several jobs handed over at once, to keep channel traffic small next to the per-file work.
+#[derive(Default)]
+pub(crate) struct Batch {
+    jobs: Vec<Job>,
+    bytes: u64,
+}
+
+impl Batch {
+    pub fn push(&mut self, job: Job, bytes: u64) {
+        self.jobs.push(job);
+        self.bytes += bytes;
+    }
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Per-thread state: a reusable buffer and whether O_NOATIME is allowed.
+pub(crate) struct Worker<'a> {
+    shared: &'a Shared,
+    buf: Vec<u8>,
+    noatime: bool,
+}
+
+/// Outcome of one entry.
+enum Done {
+    Copied(u64),
+    Unchanged,
+}
+
+impl<'a> Worker<'a> {
+    pub fn new(shared: &'a Shared) -> Worker<'a> {
+        Worker {
+            shared,
+            buf: Vec::new(),
+            noatime: true,
+        }
+    }
+
+    pub fn run(&mut self, batch: Batch) {
+        for job in batch.jobs {
+            self.one(&job);
+            job.dir.release(self.shared);
+        }
+    }
+
+    fn one(&mut self, job: &Job) {
+        let Some(dst) = job.dir.dst.clone() else {
+            return;
+        };
+        let result = match job.entry.meta.kind {
+            Kind::Symlink => self.symlink(job, dst.as_fd()),
+            _ => self.file(job, dst.as_fd()),
+        };
+        let progress = &self.shared.progress;
+        match result {
+            Ok(Done::Copied(bytes)) if job.entry.meta.kind == Kind::File => {
+                progress.add_done(1, bytes)
+            }
+            Ok(Done::Copied(_)) => {
+                self.shared.stats.symlinks.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Done::Unchanged) => progress.add_skipped(1),
+            Err(e) => self.shared.fail(&e),
+        }
+    }
+
+    fn buffer(&mut self) -> &mut [u8] {
+        if self.buf.is_empty() {
+            self.buf = vec![0; BUFFER_SIZE];
+        }
+        &mut self.buf
+    }
+
+    fn open_source(&mut self, dir: BorrowedFd<'_>, name: &[u8]) -> Result<OwnedFd, Errno> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if self.noatime {
+            // O_NOATIME saves an inode update per read, but only the owner (or root) may ask.
+            match openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+                Err(Errno::PERM) => self.noatime = false,
+                other => return other,
+            }
+        }
+        openat(dir, name, flags, Mode::empty())
+    }
+
+    fn file(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, EntryError> {
+        let shared = self.shared;
+        let entry = &job.entry;
+        let meta = &entry.meta;
+        let name = entry.rel.file_name();
+        let path = entry.rel.to_string();
+        if !job.dir.fresh {
+            let existing = lookup_at(dst, name)
+                .map_err(|e| EntryError::new("look up destination", &path, e))?;
+            if let Some(old) = existing.filter(|m| m.kind == Kind::File && m.size == meta.size) {
+                let unchanged = if shared.opts.checksum {
+                    let buf = self.buffer();
+                    same_contents(entry.parent.as_fd(), dst, name, buf)
+                        .map_err(|e| EntryError::new("checksum", &path, e))?
+                } else {
+                    old.same_size_and_mtime(meta)
+                };
+                if unchanged {
+                    self.refresh_meta(dst, name, &old, meta)
+                        .map_err(|e| EntryError::new("update metadata of", &path, e))?;
+                    return Ok(Done::Unchanged);
+                }
+            }
+        }
+        let src = self
+            .open_source(entry.parent.as_fd(), name)
+            .map_err(|e| EntryError::new("open source file", &path, e))?;
+        let dir = job
+            .dir
+            .dst
+            .as_ref()
+            .ok_or_else(|| EntryError::new("copy", &path, "no destination directory"))?;
+        let staged = StagedFile::create_in(dir, name, meta.mode & 0o777, *shared.dest.policy())
+            .map_err(|e| EntryError::new("create temporary file for", &path, e))?;
+        let caps = &shared.caps;
+        let (bytes, _method) = staged
+            .copy_from(src.as_fd(), meta, self.buffer(), caps)
+            .map_err(|e| EntryError::new("copy data of", &path, e))?;
+        if shared.opts.xattrs {
+            copy_user_xattrs(src.as_fd(), staged.fd())
+                .map_err(|e| EntryError::new("copy extended attributes of", &path, e))?;
+        }
+        staged
+            .commit(meta, shared.opts.sync)
+            .map_err(|e| EntryError::new("commit", &path, e))?;
+        Ok(Done::Copied(bytes))
+    }
+
+    /// An unchanged file whose mode, owner or times differ gets them updated in place.
+    fn refresh_meta(
+        &self,
+        dst: BorrowedFd<'_>,
+        name: &[u8],
+        old: &Meta,
+        meta: &Meta,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let policy = self.shared.dest.policy();
+        let owner_differs = policy.preserve_owner && (old.uid != meta.uid || old.gid != meta.gid);
+        if old.mode == policy.wanted_mode(meta) && old.same_size_and_mtime(meta) && !owner_differs {
+            return Ok(());
+        }
+        // O_NONBLOCK: never hang on something swapped in meanwhile; O_NOFOLLOW: never a link.
+        let fd = openat(
+            dst,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        policy.apply_fd(fd.as_fd(), meta, None)?;
+        Ok(())
+    }
+
+    fn symlink(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, EntryError> {
+        let entry = &job.entry;
+        let path = entry.rel.to_string();
+        let name = entry.rel.file_name();
+        let target = entry.link_target.as_deref().unwrap_or_default();
+        if !job.dir.fresh
+            && let Ok(Some(old)) = lookup_at(dst, name)
+            && old.kind == Kind::Symlink
+            && old.same_size_and_mtime(&entry.meta)
+            && readlinkat(dst, name, Vec::new()).is_ok_and(|t| t.as_bytes() == target)
+        {
+            return Ok(Done::Unchanged);
+        }
+        symlink_at(dst, name, target, &entry.meta, self.shared.dest.policy())
+            .map_err(|e| EntryError::new("create symlink", &path, e))?;
+        Ok(Done::Copied(0))
+    }
+
+    /// Makes `entry` a hard link to the first path of its inode (called after all files exist).
+    pub fn hard_link(&mut self, entry: &Entry, dir: &Arc<DirState>) {
+        let shared = self.shared;
+        let result = (|| {
+            let first = entry.hardlink_of.as_ref().ok_or("not a hard link")?;
+            let dst = dir.dst.as_ref().ok_or("no destination directory")?;
+            let (first_dir, first_name) = shared.dest.open_parent(first)?;
+            let linked = hard_link_at(
+                first_dir.as_fd(),
+                first_name,
+                dst.as_fd(),
+                entry.rel.file_name(),
+            )?;
+            Ok::<bool, Box<dyn std::error::Error + Send + Sync>>(linked)
+        })();
+        match result {
+            Ok(true) => {
+                shared.stats.hardlinks.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => shared.progress.add_skipped(1),
+            Err(e) => shared.fail(&EntryError::new("hard-link", &entry.rel.to_string(), e)),
+        }
+        dir.release(shared);
+    }
+}

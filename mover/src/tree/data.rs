@@ -1,0 +1,275 @@
+//! Moving file contents from one descriptor to another, fastest way first.
+//!
+//! Order per file: reflink (`FICLONE`, whole file shared, XFS/btrfs) → for files with holes, only
+//! the data ranges (`SEEK_DATA`/`SEEK_HOLE`) so holes stay holes → `copy_file_range` (in-kernel,
+//! no user copy) → `read`/`write` through a caller-owned buffer. Small files take the one-read
+//! one-write path directly: a buffer round trip is cheaper than the in-kernel copy set-up for a
+//! few KiB. What the kernel refused once (reflink, copy_file_range) is remembered in [`CopyCaps`]
+//! so a run does not pay a failing syscall per file.
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{
+    FallocateFlags, SeekFrom, copy_file_range, fallocate, ftruncate, ioctl_ficlone, seek,
+};
+use rustix::io::{Errno, pread, pwrite, read, write};
+
+use super::meta::Meta;
+
+/// Files at most this large are copied with one read and one write.
+pub const SMALL_FILE_MAX: u64 = 128 * 1024;
+/// Size of the per-worker buffer for the read/write paths.
+pub const BUFFER_SIZE: usize = 1024 * 1024;
+/// Below this size a reflink attempt is not worth its syscall.
+const REFLINK_MIN: u64 = 64 * 1024;
+/// Largest single copy_file_range request.
+const CFR_CHUNK: usize = 1 << 30;
+
+/// What the kernel has refused during this run, shared by all workers.
+#[derive(Debug, Default)]
+pub struct CopyCaps {
+    no_reflink: AtomicBool,
+    no_copy_file_range: AtomicBool,
+}
+
+impl CopyCaps {
+    pub fn new() -> CopyCaps {
+        CopyCaps::default()
+    }
+    /// Skips reflink attempts altogether (for example when the caller knows the filesystems differ).
+    pub fn disable_reflink(&self) {
+        self.no_reflink.store(true, Ordering::Relaxed);
+    }
+    /// Forces the read/write path (tests use it to cover the fallback).
+    pub fn disable_copy_file_range(&self) {
+        self.no_copy_file_range.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How a file's data was moved (for statistics and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Empty,
+    Small,
+    Reflink,
+    Sparse,
+    CopyFileRange,
+    ReadWrite,
+}
+
+/// Copies the whole of `src` (described by `meta`, read from offset 0) to the empty `dst`
+/// (written from offset 0). Returns the bytes of data moved and how. `buf` must be non-empty.
+pub fn copy_contents(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    meta: &Meta,
+    buf: &mut [u8],
+    caps: &CopyCaps,
+) -> Result<(u64, Method), Errno> {
+    if meta.size == 0 {
+        return Ok((0, Method::Empty));
+    }
+    if meta.size <= SMALL_FILE_MAX && (meta.size as usize) <= buf.len() && !meta.looks_sparse() {
+        return copy_small(src, dst, meta.size as usize, buf).map(|n| (n, Method::Small));
+    }
+    if meta.size >= REFLINK_MIN && !caps.no_reflink.load(Ordering::Relaxed) {
+        match ioctl_ficlone(dst, src) {
+            Ok(()) => return Ok((meta.size, Method::Reflink)),
+            Err(
+                Errno::OPNOTSUPP
+                | Errno::XDEV
+                | Errno::INVAL
+                | Errno::NOTTY
+                | Errno::PERM
+                | Errno::BADF,
+            ) => {
+                caps.no_reflink.store(true, Ordering::Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if meta.looks_sparse() {
+        return copy_sparse(src, dst, meta.size, buf, caps).map(|n| (n, Method::Sparse));
+    }
+    if !caps.no_copy_file_range.load(Ordering::Relaxed) {
+        match copy_range(src, dst, caps) {
+            Ok(Some(n)) => return Ok((n, Method::CopyFileRange)),
+            Ok(None) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    copy_read_write(src, dst, buf).map(|n| (n, Method::ReadWrite))
+}
+
+fn retry<T>(mut f: impl FnMut() -> Result<T, Errno>) -> Result<T, Errno> {
+    loop {
+        match f() {
+            Err(Errno::INTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+fn write_all(dst: BorrowedFd<'_>, mut data: &[u8]) -> Result<(), Errno> {
+    while !data.is_empty() {
+        let n = retry(|| write(dst, data))?;
+        if n == 0 {
+            return Err(Errno::IO);
+        }
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+/// Writes all of `data` at `offset` (positional; the file offset is untouched).
+pub fn write_all_at(dst: BorrowedFd<'_>, mut data: &[u8], mut offset: u64) -> Result<(), Errno> {
+    while !data.is_empty() {
+        let n = retry(|| pwrite(dst, data, offset))?;
+        if n == 0 {
+            return Err(Errno::IO);
+        }
+        data = &data[n..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// One read of the whole (known, small) size, one write. Copies what the file holds at most up to
+/// the size seen when it was listed; a file that shrank is copied as it now is.
+fn copy_small(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: usize,
+    buf: &mut [u8],
+) -> Result<u64, Errno> {
+    let mut have = 0;
+    while have < size {
+        let n = retry(|| read(src, &mut buf[have..size]))?;
+        if n == 0 {
+            break;
+        }
+        have += n;
+    }
+    write_all(dst, &buf[..have])?;
+    Ok(have as u64)
+}
+
+/// `Ok(None)` when copy_file_range is refused before any byte moved: the caller falls back.
+fn copy_range(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    caps: &CopyCaps,
+) -> Result<Option<u64>, Errno> {
+    let mut total = 0u64;
+    loop {
+        match retry(|| copy_file_range(src, None, dst, None, CFR_CHUNK)) {
+            Ok(0) => return Ok(Some(total)),
+            Ok(n) => total += n as u64,
+            Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::BADF)
+                if total == 0 =>
+            {
+                caps.no_copy_file_range.store(true, Ordering::Relaxed);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn copy_read_write(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, buf: &mut [u8]) -> Result<u64, Errno> {
+    let mut total = 0u64;
+    loop {
+        let n = retry(|| read(src, &mut *buf))?;
+        if n == 0 {
+            return Ok(total);
+        }
+        write_all(dst, &buf[..n])?;
+        total += n as u64;
+    }
+}
+
+/// Copies only the data ranges; the holes between them are left unwritten, then the length is
+/// set so a trailing hole is kept too.
+fn copy_sparse(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    size: u64,
+    buf: &mut [u8],
+    caps: &CopyCaps,
+) -> Result<u64, Errno> {
+    let mut pos = 0u64;
+    let mut total = 0u64;
+    while pos < size {
+        let start = match seek(src, SeekFrom::Data(pos)) {
+            Ok(s) => s,
+            Err(Errno::NXIO) => break, // only a hole remains
+            Err(e) => return Err(e),
+        };
+        let end = seek(src, SeekFrom::Hole(start))?.min(size);
+        if end <= start {
+            break;
+        }
+        total += copy_extent(src, dst, start, end - start, buf, caps)?;
+        pos = end;
+    }
+    retry(|| ftruncate(dst, size))?;
+    Ok(total)
+}
+
+fn copy_extent(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    start: u64,
+    len: u64,
+    buf: &mut [u8],
+    caps: &CopyCaps,
+) -> Result<u64, Errno> {
+    let (mut off_in, mut off_out) = (start, start);
+    let end = start + len;
+    if !caps.no_copy_file_range.load(Ordering::Relaxed) {
+        while off_in < end {
+            let want = usize::try_from(end - off_in)
+                .unwrap_or(CFR_CHUNK)
+                .min(CFR_CHUNK);
+            match retry(|| copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), want)) {
+                Ok(0) => return Ok(off_in - start), // file shrank under us
+                Ok(_) => {}
+                Err(Errno::XDEV | Errno::INVAL | Errno::OPNOTSUPP | Errno::NOSYS | Errno::BADF)
+                    if off_in == start =>
+                {
+                    caps.no_copy_file_range.store(true, Ordering::Relaxed);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if off_in >= end {
+            return Ok(len);
+        }
+    }
+    while off_in < end {
+        let want = usize::try_from(end - off_in)
+            .unwrap_or(buf.len())
+            .min(buf.len());
+        let n = retry(|| pread(src, &mut buf[..want], off_in))?;
+        if n == 0 {
+            break;
+        }
+        write_all_at(dst, &buf[..n], off_in)?;
+        off_in += n as u64;
+    }
+    Ok(off_in - start)
+}
+
+/// Deallocates `[offset, offset+len)` in `dst` without changing its size (a hole reads as zeros).
+pub fn punch_hole(dst: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errno> {
+    retry(|| {
+        fallocate(
+            dst,
+            FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            offset,
+            len,
+        )
+    })
+}

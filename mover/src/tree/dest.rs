@@ -1,0 +1,825 @@
+//! The destination tree: every write, mkdir, rename, chmod and remove happens beneath one root
+//! directory handle, and no symlink inside the tree is ever followed.
+//!
+//! Operations take either a [`RelPath`] (resolved with [`open_dir_beneath`]) or, on the hot path of
+//! the copy engine, an already-confined directory handle plus one entry name (`*_at` functions).
+//! A handle is confined if it was opened from a confined handle with `O_NOFOLLOW | O_DIRECTORY`;
+//! the last component is always acted on with a non-following `*at` call.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{
+    AtFlags, Dir, FileType, Mode, OFlags, linkat, mkdirat, openat, renameat, statat, symlinkat,
+    unlinkat,
+};
+use rustix::io::Errno;
+
+use super::confine::{DIR_FLAGS, Resolve, open_dir_beneath};
+use super::data::{self, CopyCaps, Method};
+use super::meta::Meta;
+use super::policy::{MetaError, MetaPolicy};
+use super::relpath::{PathError, RelPath, display_opt};
+
+/// A shared directory handle; workers hold one per directory they write into.
+pub type DirFd = Arc<OwnedFd>;
+
+/// Every temporary name ferry creates starts with this; a later run removes leftovers.
+pub const TEMP_PREFIX: &[u8] = b".ferry-tmp.";
+
+/// True for names ferry uses for files still being written.
+pub fn is_temp_name(name: &[u8]) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+/// A failed destination operation, naming the operation and the path (relative to the root).
+#[derive(Debug, thiserror::Error)]
+pub enum DestError {
+    #[error("failed to {op} {path}")]
+    Io {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to apply metadata to {path}")]
+    Meta {
+        path: String,
+        #[source]
+        source: MetaError,
+    },
+    #[error("invalid destination path")]
+    Path(#[from] PathError),
+}
+
+impl DestError {
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl ToString,
+        e: impl Into<std::io::Error>,
+    ) -> DestError {
+        DestError::Io {
+            op,
+            path: path.to_string(),
+            source: e.into(),
+        }
+    }
+    /// The OS error behind this failure, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            DestError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Destination policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DestOptions {
+    /// Apply setuid/setgid/sticky bits from the source (local copies of one's own tree). Keep off
+    /// for anything a network peer describes.
+    pub allow_special_bits: bool,
+    /// Directory resolution strategy (tests force the fallback walk).
+    pub resolve: Resolve,
+}
+
+/// The destination root: a directory handle plus the metadata policy.
+#[derive(Debug, Clone)]
+pub struct DestRoot {
+    root: DirFd,
+    path: PathBuf,
+    policy: MetaPolicy,
+    resolve: Resolve,
+}
+
+/// How [`DestRoot::open_file`] treats an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOpen {
+    /// Create; fail if something exists (`O_EXCL`).
+    CreateNew { perm: u32 },
+    /// Open for writing, creating it if missing (resuming a staging file).
+    OpenOrCreate { perm: u32 },
+    /// Open an existing file for reading and writing.
+    Existing,
+}
+
+impl DestRoot {
+    /// Opens (creating it and its parents if missing) the destination directory. The path given
+    /// by the user is trusted as-is; everything beneath it is confined.
+    pub fn open(path: &Path) -> Result<DestRoot, DestError> {
+        DestRoot::open_with(path, DestOptions::default())
+    }
+
+    pub fn open_with(path: &Path, opts: DestOptions) -> Result<DestRoot, DestError> {
+        let shown = path.display().to_string();
+        std::fs::create_dir_all(path)
+            .map_err(|e| DestError::io("create destination directory", &shown, e))?;
+        let fd = openat(
+            rustix::fs::CWD,
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| DestError::io("open destination directory", &shown, e))?;
+        Ok(DestRoot {
+            root: Arc::new(fd),
+            path: path.to_path_buf(),
+            policy: MetaPolicy::current(opts.allow_special_bits),
+            resolve: opts.resolve,
+        })
+    }
+
+    /// The root directory handle.
+    pub fn root(&self) -> &DirFd {
+        &self.root
+    }
+    /// The path the root was opened from (for messages only; never used to reach files).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn policy(&self) -> &MetaPolicy {
+        &self.policy
+    }
+
+    /// Opens the directory `rel` (`None` = the root) without following symlinks.
+    pub fn open_dir(&self, rel: Option<&RelPath>) -> Result<DirFd, DestError> {
+        match rel {
+            None => Ok(self.root.clone()),
+            Some(rel) => open_dir_beneath(self.root.as_fd(), rel, self.resolve)
+                .map(Arc::new)
+                .map_err(|e| DestError::io("open directory", rel, e)),
+        }
+    }
+
+    /// The confined handle of `rel`'s parent directory and `rel`'s last component.
+    pub fn open_parent<'r>(&self, rel: &'r RelPath) -> Result<(DirFd, &'r [u8]), DestError> {
+        let dir = self.open_dir(rel.parent().as_ref())?;
+        Ok((dir, rel.file_name()))
+    }
+
+    /// Creates `rel` and any missing parents (each with `perm | 0o700` so children can be
+    /// written; set the final mode with [`DestRoot::set_dir_meta`]). A non-directory in the way
+    /// (a file or a symlink) is replaced. Returns the directory's handle.
+    pub fn create_dir_all(&self, rel: &RelPath, perm: u32) -> Result<DirFd, DestError> {
+        let mut current = self.root.clone();
+        for name in rel.components() {
+            let (fd, _) = ensure_dir_at(current.as_fd(), name, perm)
+                .map_err(|e| DestError::io("create directory", rel, e))?;
+            current = Arc::new(fd);
+        }
+        Ok(current)
+    }
+
+    /// Starts writing the file `rel` under a temporary name in its directory.
+    pub fn stage_file(&self, rel: &RelPath, perm: u32) -> Result<StagedFile, DestError> {
+        let (dir, name) = self.open_parent(rel)?;
+        StagedFile::create_in(&dir, name, perm, self.policy)
+            .map_err(|e| DestError::io("create a temporary file for", rel, e))
+    }
+
+    /// Creates or replaces the symlink `rel` with `target` (stored verbatim, never followed).
+    pub fn symlink(&self, rel: &RelPath, target: &[u8], meta: &Meta) -> Result<(), DestError> {
+        let (dir, name) = self.open_parent(rel)?;
+        symlink_at(dir.as_fd(), name, target, meta, &self.policy).map_err(|e| e.at(rel))
+    }
+
+    /// Makes `new` a hard link to the existing file `existing`, replacing what `new` held.
+    pub fn hard_link(&self, existing: &RelPath, new: &RelPath) -> Result<(), DestError> {
+        let (old_dir, old_name) = self.open_parent(existing)?;
+        let (new_dir, new_name) = self.open_parent(new)?;
+        hard_link_at(old_dir.as_fd(), old_name, new_dir.as_fd(), new_name)
+            .map(|_| ())
+            .map_err(|e| DestError::io("hard-link", new, e))
+    }
+
+    /// Removes `rel`, whatever it is (a directory with everything in it).
+    pub fn remove(&self, rel: &RelPath) -> Result<(), DestError> {
+        let (dir, name) = self.open_parent(rel)?;
+        remove_at(dir.as_fd(), name).map_err(|e| DestError::io("remove", rel, e))
+    }
+
+    /// `lstat` of `rel`; `None` if it does not exist.
+    pub fn lookup(&self, rel: &RelPath) -> Result<Option<Meta>, DestError> {
+        let (dir, name) = match self.open_parent(rel) {
+            Ok(v) => v,
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        lookup_at(dir.as_fd(), name).map_err(|e| DestError::io("look up", rel, e))
+    }
+
+    /// Applies mode, owner and times to the directory `rel` (`None` = the root). Call it after the
+    /// directory's children are written, or their creation moves its mtime again.
+    pub fn set_dir_meta(&self, rel: Option<&RelPath>, meta: &Meta) -> Result<(), DestError> {
+        let dir = self.open_dir(rel)?;
+        self.policy
+            .apply_fd(dir.as_fd(), meta, None)
+            .map_err(|source| DestError::Meta {
+                path: display_opt(rel),
+                source,
+            })
+    }
+
+    /// Opens a file at a caller-chosen confined path (for example a resumable staging file under
+    /// `.ferry-staging/`); publish it with [`DestRoot::apply_meta`] + [`DestRoot::rename`].
+    pub fn open_file(&self, rel: &RelPath, how: FileOpen) -> Result<std::fs::File, DestError> {
+        let (dir, name) = self.open_parent(rel)?;
+        let base = OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let (flags, perm) = match how {
+            FileOpen::CreateNew { perm } => {
+                (base | OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL, perm)
+            }
+            FileOpen::OpenOrCreate { perm } => (base | OFlags::RDWR | OFlags::CREATE, perm),
+            FileOpen::Existing => (base | OFlags::RDWR, 0),
+        };
+        let fd = openat(dir.as_fd(), name, flags, Mode::from_raw_mode(perm & 0o777))
+            .map_err(|e| DestError::io("open file", rel, e))?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Applies `meta` to an open file (mode per policy, owner when root, times).
+    pub fn apply_meta(
+        &self,
+        fd: BorrowedFd<'_>,
+        rel: &RelPath,
+        meta: &Meta,
+    ) -> Result<(), DestError> {
+        self.policy
+            .apply_fd(fd, meta, None)
+            .map_err(|source| DestError::Meta {
+                path: rel.to_string(),
+                source,
+            })
+    }
+
+    /// Renames `from` to `to` (both beneath the root), replacing `to` unless it is a non-empty
+    /// directory of which the caller must first dispose.
+    pub fn rename(&self, from: &RelPath, to: &RelPath) -> Result<(), DestError> {
+        let (from_dir, from_name) = self.open_parent(from)?;
+        let (to_dir, to_name) = self.open_parent(to)?;
+        renameat(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name)
+            .map_err(|e| DestError::io("rename", from, e))
+    }
+
+    /// Removes leftover temporary files (`.ferry-tmp.*`) directly inside `dir`; returns how many.
+    pub fn clean_temps_in(dir: BorrowedFd<'_>) -> Result<u64, Errno> {
+        let mut removed = 0;
+        for entry in list_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if is_temp_name(name) && unlinkat(dir, name, AtFlags::empty()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Lists a directory through a fresh handle (the caller's handle keeps its own file position).
+pub fn list_dir(dir: BorrowedFd<'_>) -> Result<Dir, Errno> {
+    Dir::read_from(dir)
+}
+
+/// `lstat` of `name` in `dir`; `None` when it does not exist.
+pub fn lookup_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<Meta>, Errno> {
+    match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(Meta::from_stat(&st))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes sure `name` in `parent` is a directory (creating it with `perm | 0o700`, or replacing a
+/// non-directory there) and opens it without following a symlink. Returns the handle and whether
+/// the directory was created now (so it is known to be empty).
+pub fn ensure_dir_at(
+    parent: BorrowedFd<'_>,
+    name: &[u8],
+    perm: u32,
+) -> Result<(OwnedFd, bool), Errno> {
+    let mode = Mode::from_raw_mode((perm & 0o777) | 0o700);
+    let created = match mkdirat(parent, name, mode) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
+        Err(e) => return Err(e),
+    };
+    match openat(parent, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => Ok((fd, created)),
+        // Something that is not a directory (a file, or a symlink we refuse to follow) is in the
+        // way: the source says a directory belongs here, so replace it.
+        Err(Errno::NOTDIR | Errno::LOOP) if !created => {
+            unlinkat(parent, name, AtFlags::empty())?;
+            mkdirat(parent, name, mode)?;
+            Ok((openat(parent, name, DIR_FLAGS, Mode::empty())?, true))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes `name` in `dir`: a file or link with unlink, a directory with everything beneath it.
+/// Never follows a symlink (a link to a directory is removed as a link).
+pub fn remove_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
+    match unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(Errno::ISDIR | Errno::PERM) => {
+            let sub = match openat(dir, name, DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            remove_contents(sub.as_fd())?;
+            match unlinkat(dir, name, AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn remove_contents(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+    for entry in list_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        if entry.file_type() == FileType::Directory {
+            remove_at(dir, name)?;
+        } else {
+            match unlinkat(dir, name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(Errno::ISDIR) => remove_at(dir, name)?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh temporary name: prefix, pid, per-process sequence number.
+fn temp_name() -> CString {
+    let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+    let name = format!(".ferry-tmp.{:x}.{seq:x}", std::process::id());
+    // The format has no NUL byte; fall back to a constant that cannot fail either.
+    CString::new(name).unwrap_or_else(|_| c".ferry-tmp.x".to_owned())
+}
+
+/// Creates a new temp file in `dir`, retrying if a stale file from an earlier process took the name.
+fn create_temp(dir: BorrowedFd<'_>, perm: u32, flags: OFlags) -> Result<(CString, OwnedFd), Errno> {
+    loop {
+        let name = temp_name();
+        match openat(
+            dir,
+            name.as_c_str(),
+            flags | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+            Mode::from_raw_mode(perm & 0o777),
+        ) {
+            Ok(fd) => return Ok((name, fd)),
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Renames `from` over `to` in `dir`; if `to` is a directory (the source has a file there now),
+/// removes that directory first.
+fn rename_replacing(dir: BorrowedFd<'_>, from: &std::ffi::CStr, to: &[u8]) -> Result<(), Errno> {
+    match renameat(dir, from, dir, to) {
+        Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
+            remove_at(dir, to)?;
+            renameat(dir, from, dir, to)
+        }
+        other => other,
+    }
+}
+
+/// Failure of a symlink operation before the path is known to the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("failed to {0}")]
+    Io(&'static str, #[source] std::io::Error),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+impl LinkError {
+    fn at(self, rel: &RelPath) -> DestError {
+        match self {
+            LinkError::Io(op, source) => DestError::Io {
+                op,
+                path: rel.to_string(),
+                source,
+            },
+            LinkError::Meta(source) => DestError::Meta {
+                path: rel.to_string(),
+                source,
+            },
+        }
+    }
+}
+
+/// Creates the symlink `name` → `target` in `dir` atomically (temp name, then rename over
+/// whatever was there). The target is stored verbatim and never followed.
+pub fn symlink_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    target: &[u8],
+    meta: &Meta,
+    policy: &MetaPolicy,
+) -> Result<(), LinkError> {
+    let temp = loop {
+        let temp = temp_name();
+        match symlinkat(target, dir, temp.as_c_str()) {
+            Ok(()) => break temp,
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(LinkError::Io("create symlink", e.into())),
+        }
+    };
+    let finish = policy
+        .apply_link(dir, temp.as_bytes(), meta)
+        .map_err(LinkError::Meta)
+        .and_then(|()| {
+            rename_replacing(dir, &temp, name)
+                .map_err(|e| LinkError::Io("rename symlink into place", e.into()))
+        });
+    if finish.is_err() {
+        let _ = unlinkat(dir, temp.as_c_str(), AtFlags::empty());
+    }
+    finish
+}
+
+/// Makes `new_name` in `new_dir` a hard link to `old_name` in `old_dir` (atomically replacing
+/// `new_name`). Returns false, doing nothing, if both already name the same inode.
+pub fn hard_link_at(
+    old_dir: BorrowedFd<'_>,
+    old_name: &[u8],
+    new_dir: BorrowedFd<'_>,
+    new_name: &[u8],
+) -> Result<bool, Errno> {
+    if let (Some(a), Some(b)) = (lookup_at(old_dir, old_name)?, lookup_at(new_dir, new_name)?)
+        && a.dev == b.dev
+        && a.ino == b.ino
+    {
+        return Ok(false);
+    }
+    loop {
+        let temp = temp_name();
+        // linkat without AT_SYMLINK_FOLLOW links a symlink itself, never its target.
+        match linkat(
+            old_dir,
+            old_name,
+            new_dir,
+            temp.as_c_str(),
+            AtFlags::empty(),
+        ) {
+            Ok(()) => {
+                let r = rename_replacing(new_dir, &temp, new_name);
+                if r.is_err() {
+                    let _ = unlinkat(new_dir, temp.as_c_str(), AtFlags::empty());
+                }
+                return r.map(|()| true);
+            }
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A file being written under a temporary name (`.ferry-tmp.*`) in its destination directory.
+///
+/// Nothing appears at the final name until [`StagedFile::commit`] renames it there, so the final
+/// path never holds a torn file, even after `kill -9`. Dropping it uncommitted removes the temp
+/// file; a crash leaves it for the next run's clean-up ([`DestRoot::clean_temps_in`]).
+#[derive(Debug)]
+pub struct StagedFile {
+    dir: DirFd,
+    temp: CString,
+    name: Box<[u8]>,
+    file: OwnedFd,
+    perm: u32,
+    policy: MetaPolicy,
+    committed: bool,
+}
+
+impl StagedFile {
+    /// Creates the temp file for final entry `name` in the confined directory `dir`, with
+    /// permission bits `perm` (under the umask) for now.
+    pub fn create_in(
+        dir: &DirFd,
+        name: &[u8],
+        perm: u32,
+        policy: MetaPolicy,
+    ) -> Result<StagedFile, Errno> {
+        let (temp, file) = create_temp(dir.as_fd(), perm, OFlags::WRONLY)?;
+        Ok(StagedFile {
+            dir: dir.clone(),
+            temp,
+            name: name.into(),
+            file,
+            perm,
+            policy,
+            committed: false,
+        })
+    }
+
+    /// The open temp file (write-only).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+    /// The temporary name inside the destination directory.
+    pub fn temp_name(&self) -> &[u8] {
+        self.temp.as_bytes()
+    }
+
+    /// Writes all of `data` at `offset`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        data::write_all_at(self.file.as_fd(), data, offset)
+    }
+
+    /// Copies the whole of `src` (described by `meta`) into this empty file by the fastest path
+    /// available (reflink, holes kept, copy_file_range, read/write through `buf`).
+    pub fn copy_from(
+        &self,
+        src: BorrowedFd<'_>,
+        meta: &Meta,
+        buf: &mut [u8],
+        caps: &CopyCaps,
+    ) -> Result<(u64, Method), Errno> {
+        data::copy_contents(src, self.file.as_fd(), meta, buf, caps)
+    }
+
+    /// Sets the length (extending with a hole, or truncating).
+    pub fn set_len(&self, len: u64) -> Result<(), Errno> {
+        rustix::fs::ftruncate(&self.file, len)
+    }
+
+    /// Turns `[offset, offset+len)` into a hole (for all-zero blocks written by a receiver).
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        data::punch_hole(self.file.as_fd(), offset, len)
+    }
+
+    /// Applies `meta` (mode per policy, owner when root, times), optionally fsyncs, renames into
+    /// place (replacing a file, link or directory there) and, with `sync`, fsyncs the directory.
+    pub fn commit(mut self, meta: &Meta, sync: bool) -> Result<(), CommitError> {
+        self.policy
+            .apply_fd(self.file.as_fd(), meta, Some(self.perm))?;
+        if sync {
+            rustix::fs::fsync(&self.file).map_err(|e| CommitError::Io("fsync", e.into()))?;
+        }
+        rename_replacing(self.dir.as_fd(), &self.temp, &self.name)
+            .map_err(|e| CommitError::Io("rename into place", e.into()))?;
+        self.committed = true;
+        if sync {
+            rustix::fs::fsync(&*self.dir)
+                .map_err(|e| CommitError::Io("fsync the directory of", e.into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StagedFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = unlinkat(self.dir.as_fd(), self.temp.as_c_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// Failure of [`StagedFile::commit`]; the temp file is removed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("failed to {0}")]
+    Io(&'static str, #[source] std::io::Error),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    use super::*;
+    use crate::tree::meta::Kind;
+
+    fn rel(s: &str) -> RelPath {
+        RelPath::parse(s.as_bytes()).expect("valid")
+    }
+
+    fn file_meta(mode: u32, size: u64) -> Meta {
+        Meta::new(Kind::File, mode, size, 1_600_000_000, 123_456_789)
+    }
+
+    /// Lists everything under `dir` (to prove nothing appeared outside the destination).
+    fn snapshot(dir: &Path) -> Vec<(String, u32, i64)> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir") {
+                let e = e.expect("entry");
+                let md = std::fs::symlink_metadata(e.path()).expect("lstat");
+                out.push((e.path().display().to_string(), md.mode(), md.mtime()));
+                if md.is_dir() {
+                    stack.push(e.path());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A symlink planted in the destination pointing outside must not let any write, mkdir,
+    /// rename, chmod or remove reach the outside directory.
+    #[test]
+    fn hostile_symlink_in_destination_cannot_be_escaped() {
+        for resolve in [Resolve::Auto, Resolve::Walk] {
+            let dst = tempfile::tempdir().expect("tempdir");
+            let outside = tempfile::tempdir().expect("tempdir");
+            std::fs::write(outside.path().join("victim"), b"keep").expect("write");
+            std::fs::create_dir(outside.path().join("sub")).expect("mkdir");
+            std::os::unix::fs::symlink(outside.path(), dst.path().join("evil")).expect("plant");
+            let before = snapshot(outside.path());
+            let root = DestRoot::open_with(
+                dst.path(),
+                DestOptions {
+                    resolve,
+                    ..Default::default()
+                },
+            )
+            .expect("open root");
+            let meta = file_meta(0o777, 1);
+
+            assert!(
+                root.stage_file(&rel("evil/new"), 0o644).is_err(),
+                "write through link"
+            );
+            assert!(
+                root.stage_file(&rel("evil/sub/new"), 0o644).is_err(),
+                "deep write"
+            );
+            assert!(
+                root.open_file(&rel("evil/victim"), FileOpen::Existing)
+                    .is_err(),
+                "open victim"
+            );
+            assert!(
+                root.set_dir_meta(Some(&rel("evil/sub")), &meta).is_err(),
+                "chmod through link"
+            );
+            assert!(
+                root.remove(&rel("evil/victim")).is_err(),
+                "remove through link"
+            );
+            assert!(root.remove(&rel("evil/sub")).is_err(), "rmdir through link");
+            assert!(
+                root.symlink(&rel("evil/l"), b"x", &meta).is_err(),
+                "symlink through link"
+            );
+            assert!(
+                root.rename(&rel("evil/victim"), &rel("stolen")).is_err(),
+                "rename out"
+            );
+            assert!(
+                root.hard_link(&rel("evil/victim"), &rel("stolen")).is_err(),
+                "link out"
+            );
+            assert_eq!(
+                root.lookup(&rel("evil/victim")).ok().flatten(),
+                None,
+                "lookup through link"
+            );
+            // Ops on the link itself act on the link, not on what it points to.
+            let created = root
+                .create_dir_all(&rel("evil/deeper"), 0o755)
+                .expect("mkdir replaces link");
+            drop(created);
+            assert!(
+                std::fs::symlink_metadata(dst.path().join("evil"))
+                    .expect("lstat")
+                    .is_dir()
+            );
+            assert_eq!(
+                snapshot(outside.path()),
+                before,
+                "{resolve:?}: outside changed"
+            );
+            assert_eq!(
+                std::fs::read(outside.path().join("victim")).expect("read"),
+                b"keep"
+            );
+        }
+    }
+
+    #[test]
+    fn removing_a_link_to_a_directory_removes_only_the_link() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("victim"), b"keep").expect("write");
+        std::os::unix::fs::symlink(outside.path(), dst.path().join("evil")).expect("plant");
+        let root = DestRoot::open(dst.path()).expect("open");
+        root.remove(&rel("evil")).expect("remove link");
+        assert!(!dst.path().join("evil").exists());
+        assert!(outside.path().join("victim").exists());
+    }
+
+    #[test]
+    fn staged_file_is_invisible_until_commit_and_removed_on_drop() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let root = DestRoot::open(dst.path()).expect("open");
+        std::fs::write(dst.path().join("f"), b"old contents").expect("write");
+        let staged = root.stage_file(&rel("f"), 0o600).expect("stage");
+        staged.write_at(0, b"new").expect("write");
+        let temp = String::from_utf8(staged.temp_name().to_vec()).expect("utf8");
+        assert!(temp.starts_with(".ferry-tmp."));
+        assert_eq!(
+            std::fs::read(dst.path().join("f")).expect("read"),
+            b"old contents"
+        );
+        assert!(dst.path().join(&temp).exists());
+        drop(staged);
+        assert!(!dst.path().join(&temp).exists(), "temp removed on drop");
+        assert_eq!(
+            std::fs::read(dst.path().join("f")).expect("read"),
+            b"old contents"
+        );
+
+        let staged = root.stage_file(&rel("f"), 0o600).expect("stage");
+        staged.write_at(0, b"new").expect("write");
+        staged.commit(&file_meta(0o640, 3), false).expect("commit");
+        assert_eq!(std::fs::read(dst.path().join("f")).expect("read"), b"new");
+        let md = std::fs::metadata(dst.path().join("f")).expect("stat");
+        assert_eq!(md.permissions().mode() & 0o7777, 0o640);
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1_600_000_000, 123_456_789));
+        let leftovers: Vec<_> = std::fs::read_dir(dst.path())
+            .expect("read_dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| is_temp_name(e.file_name().as_encoded_bytes()))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+
+    #[test]
+    fn special_bits_only_with_permission() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let strict = DestRoot::open(dst.path()).expect("open");
+        let s = strict.stage_file(&rel("a"), 0o755).expect("stage");
+        s.commit(&file_meta(0o4755, 0), false).expect("commit");
+        let mode = std::fs::metadata(dst.path().join("a"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o755, "setuid from a peer must be dropped");
+        let lax = DestRoot::open_with(
+            dst.path(),
+            DestOptions {
+                allow_special_bits: true,
+                ..Default::default()
+            },
+        )
+        .expect("open");
+        let s = lax.stage_file(&rel("b"), 0o755).expect("stage");
+        s.commit(&file_meta(0o4755, 0), false).expect("commit");
+        let mode = std::fs::metadata(dst.path().join("b"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o4755);
+    }
+
+    #[test]
+    fn symlink_hard_link_lookup_and_temp_cleanup() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let root = DestRoot::open(dst.path()).expect("open");
+        root.create_dir_all(&rel("d/e"), 0o755).expect("mkdir");
+        let meta = Meta::new(Kind::Symlink, 0o777, 0, 1_500_000_000, 7);
+        root.symlink(&rel("d/l"), b"../../../etc/passwd", &meta)
+            .expect("symlink");
+        assert_eq!(
+            std::fs::read_link(dst.path().join("d/l"))
+                .expect("readlink")
+                .as_os_str()
+                .as_encoded_bytes(),
+            b"../../../etc/passwd"
+        );
+        let got = root.lookup(&rel("d/l")).expect("lookup").expect("exists");
+        assert_eq!(
+            (got.kind, got.mtime_sec, got.mtime_nsec),
+            (Kind::Symlink, 1_500_000_000, 7)
+        );
+        std::fs::write(dst.path().join("d/f"), b"data").expect("write");
+        root.hard_link(&rel("d/f"), &rel("d/e/g")).expect("link");
+        let a = std::fs::metadata(dst.path().join("d/f")).expect("stat");
+        let b = std::fs::metadata(dst.path().join("d/e/g")).expect("stat");
+        assert_eq!(a.ino(), b.ino());
+        std::fs::write(dst.path().join("d/.ferry-tmp.dead.1"), b"partial").expect("write");
+        let d = root.open_dir(Some(&rel("d"))).expect("open dir");
+        assert_eq!(DestRoot::clean_temps_in(d.as_fd()).expect("clean"), 1);
+        assert!(!dst.path().join("d/.ferry-tmp.dead.1").exists());
+        assert!(root.lookup(&rel("d/missing/x")).expect("lookup").is_none());
+    }
+}
