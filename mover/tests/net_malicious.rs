@@ -87,6 +87,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         transfer_id: "evil".into(),
         timeouts: fast_timeouts(),
         sync: false,
+        cas: None,
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -514,6 +515,7 @@ where
             idle: std::time::Duration::from_secs(1),
         },
         sync: false,
+        cas: None,
     };
     let started = std::time::Instant::now();
     let recv = tokio::spawn(async move {

@@ -1,1 +1,38 @@
 //! Per-node content-addressed block store (issue 5).
+//!
+//! Blocks of up to [`BLOCK_SIZE`] bytes, named by their BLAKE3 hash, in a directory shared by every
+//! receiver on the node (see `docs/cas.md` for the layout, the crash-safety argument, the LRU and
+//! lease rules, proof of possession and the protocol flow).
+//!
+//! - [`store`]: open, insert with crash-safe publication, lookup, verified reads, materialising;
+//! - [`lease`]: pins of active transfers that gc must not evict;
+//! - [`gc`]: LRU eviction down to the cap, cleanup of dead writers' temps and dead leases;
+//! - [`verify`]: statistics and a full scrub for operators;
+//! - [`pop`]: proof of possession (pure functions);
+//! - [`dedup`]: the per-transfer sender and receiver helpers the network protocol calls;
+//! - [`lru`]: the eviction policy, pure.
+
+pub mod dedup;
+mod error;
+pub mod gc;
+mod hash;
+mod layout;
+pub mod lease;
+mod lock;
+pub mod lru;
+pub mod pop;
+mod scan;
+pub mod store;
+mod usage;
+pub mod verify;
+
+pub use error::{CasError, Result};
+pub use gc::GcReport;
+pub use hash::{BlockHash, ParseHashError};
+pub use lease::Lease;
+pub use store::{BlockRef, CasOptions, CasStore, InsertOutcome, Materialized};
+pub use verify::{StoreStats, VerifyReport};
+
+/// The largest block the store holds, and the block size of the network protocol: files with at
+/// least one full block of this size take part in dedup.
+pub const BLOCK_SIZE: usize = 4 << 20;

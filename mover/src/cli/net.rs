@@ -105,6 +105,13 @@ pub struct ReceiveArgs {
     /// Exit after one session.
     #[arg(long)]
     pub once: bool,
+    /// The node's block store: blocks it holds are taken from it instead of the wire (after the
+    /// sender proves possession), verified blocks from the wire are added to it.
+    #[arg(long)]
+    pub cas: Option<PathBuf>,
+    /// Cap of the block store in bytes (recorded in the store; least recently used blocks go).
+    #[arg(long, requires = "cas")]
+    pub cas_cap: Option<u64>,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -134,8 +141,16 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
         eprintln!(
             "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
-             {} resumed bytes, {} streams",
-            s.files, s.bytes, s.seconds, s.wire_bytes, s.skipped, s.resumed_bytes, s.streams
+             {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store",
+            s.files,
+            s.bytes,
+            s.seconds,
+            s.wire_bytes,
+            s.skipped,
+            s.resumed_bytes,
+            s.streams,
+            s.dedup_blocks,
+            s.dedup_bytes
         );
     }
     out.flush()?;
@@ -240,11 +255,25 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         Role::Receiver,
     )?;
     let server = Arc::new(net::server_config(&files, &[Role::Sender])?);
+    let cas = match &args.cas {
+        Some(dir) => Some(Arc::new(
+            crate::cas::CasStore::open_with(
+                dir,
+                crate::cas::CasOptions {
+                    cap_bytes: args.cas_cap,
+                    fsync: args.tls.sync,
+                },
+            )
+            .with_context(|| format!("failed to open block store {}", dir.display()))?,
+        )),
+        None => None,
+    };
     let cfg = ReceiverConfig {
         root: args.root.clone(),
         transfer_id: args.tls.transfer.clone(),
         timeouts: args.tls.timeouts(),
         sync: args.tls.sync,
+        cas,
     };
     let progress = Arc::new(Progress::new(&args.tls.transfer, "receiver"));
     let rt = runtime()?;

@@ -4,6 +4,7 @@ use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::framed::{FrameReader, FrameWriter, FramedError};
+use crate::cas::pop::{self, Nonce};
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, caps};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +31,13 @@ pub enum HandshakeError {
     SessionId(usize),
 }
 
-/// Sender side: write Hello, read Welcome; returns the negotiated capabilities.
+/// Sender side: write Hello, read Welcome; returns the negotiated capabilities and, with dedup,
+/// the receiver's proof-of-possession nonce for this stream.
 pub async fn send_hello<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,
     hello: pb::Hello,
-) -> Result<u64, HandshakeError>
+) -> Result<(u64, Option<Nonce>), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -51,7 +53,15 @@ where
                     ours: PROTOCOL_VERSION,
                 });
             }
-            Ok(w.capabilities & hello.capabilities)
+            let negotiated = w.capabilities & hello.capabilities;
+            if negotiated & caps::DEDUP == 0 {
+                return Ok((negotiated, None));
+            }
+            // Dedup without a well-formed nonce is not offered: fall back to sending everything.
+            match <[u8; 32]>::try_from(w.dedup_nonce.as_slice()) {
+                Ok(n) => Ok((negotiated, Some(Nonce(n)))),
+                Err(_) => Ok((negotiated & !caps::DEDUP, None)),
+            }
         }
         Message::Error(e) => Err(HandshakeError::Refused(e.message)),
         other => Err(HandshakeError::Unexpected {
@@ -62,13 +72,16 @@ where
     }
 }
 
-/// Receiver side: read and validate Hello, answer Welcome with the capability intersection.
+/// Receiver side: read and validate Hello, answer Welcome with the intersection of the peer's
+/// capabilities and `supported`. With dedup negotiated, a fresh proof-of-possession nonce for
+/// this stream goes into the Welcome and is returned.
 pub async fn accept_hello<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,
     transfer_id: &str,
     max_streams: u32,
-) -> Result<(pb::Hello, u64), HandshakeError>
+    supported: u64,
+) -> Result<(pb::Hello, u64, Option<Nonce>), HandshakeError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -125,7 +138,8 @@ where
         let _ = writer.flush().await;
         return Err(refuse(e));
     }
-    let negotiated = hello.capabilities & caps::SUPPORTED;
+    let negotiated = hello.capabilities & supported;
+    let nonce = (negotiated & caps::DEDUP != 0).then(pop::challenge);
     writer
         .send(&Message::Welcome(pb::Welcome {
             version: PROTOCOL_VERSION,
@@ -133,8 +147,9 @@ where
             session_id: hello.session_id.clone(),
             stream_index: hello.stream_index,
             block_size: BLOCK_SIZE as u32,
+            dedup_nonce: nonce.map(|n| n.0.to_vec()).unwrap_or_default(),
         }))
         .await?;
     writer.flush().await?;
-    Ok((hello, negotiated))
+    Ok((hello, negotiated, nonce))
 }

@@ -19,12 +19,17 @@ use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
 use super::staging::{LargeStaging, Staging, StagingError, block_count, block_len};
 use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, SMALL_FILE_MAX, Summary, Timeouts};
+use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
+use crate::cas::pop::{Nonce, PopKey, Proof};
+use crate::cas::{BlockHash, CasError, CasStore};
 use crate::progress::{Phase, Progress};
 use crate::tree::{CommitError, Kind};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once.
 const MAX_IN_FLIGHT: usize = 32 * 1024;
+/// Most blocks one BlockAnnounce may list (256 GiB of a file; the sender splits larger files).
+pub const MAX_ANNOUNCE_BLOCKS: usize = 65536;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiveError {
@@ -75,6 +80,8 @@ pub enum ReceiveError {
     Streams(String),
     #[error("a blocking filesystem task failed")]
     Join(#[from] tokio::task::JoinError),
+    #[error("block store")]
+    Cas(#[from] CasError),
 }
 
 fn proto(msg: impl Into<String>) -> ReceiveError {
@@ -89,6 +96,9 @@ pub struct ReceiverConfig {
     pub timeouts: Timeouts,
     /// fsync each file before its rename (durable commits).
     pub sync: bool,
+    /// The node's block store: with it the receiver offers dedup, materialises announced blocks
+    /// it holds (after proof of possession) and adds verified full blocks from the wire.
+    pub cas: Option<Arc<CasStore>>,
 }
 
 /// One stream past Hello/Welcome.
@@ -97,6 +107,8 @@ pub struct Accepted<S> {
     pub writer: FrameWriter<WriteHalf<S>>,
     pub hello: pb::Hello,
     pub caps: u64,
+    /// The proof-of-possession nonce sent in this stream's Welcome (dedup only).
+    pub dedup_nonce: Option<Nonce>,
 }
 
 /// Reads Hello on a fresh stream (under the handshake timeout) and answers Welcome.
@@ -112,8 +124,19 @@ where
     let (r, w) = tokio::io::split(stream);
     let mut reader = FrameReader::new(r, index_hint, cfg.timeouts.handshake, wire_bytes);
     let mut writer = FrameWriter::new(w, index_hint, cfg.timeouts.handshake, Default::default());
-    let fut = accept_hello(&mut reader, &mut writer, &cfg.transfer_id, MAX_STREAMS);
-    let (hello, caps) = match tokio::time::timeout(cfg.timeouts.handshake, fut).await {
+    let supported = if cfg.cas.is_some() {
+        caps::SUPPORTED | caps::DEDUP
+    } else {
+        caps::SUPPORTED
+    };
+    let fut = accept_hello(
+        &mut reader,
+        &mut writer,
+        &cfg.transfer_id,
+        MAX_STREAMS,
+        supported,
+    );
+    let (hello, caps, dedup_nonce) = match tokio::time::timeout(cfg.timeouts.handshake, fut).await {
         Ok(r) => r?,
         Err(_) => {
             return Err(FramedError::IdleTimeout {
@@ -131,11 +154,13 @@ where
         writer,
         hello,
         caps,
+        dedup_nonce,
     })
 }
 
-/// Where the bytes of a block come from. Today only the wire; the block store (issue 5) adds a
-/// variant that materialises a verified block from the node's CAS after proof of possession.
+/// Where the bytes of a block come from: the wire. Blocks from the node's block store arrive
+/// through BlockAnnounce instead (see `handle_announce`): they are verified, proven and written
+/// in batches per announce, not one frame at a time.
 pub enum BlockSource<'a> {
     Wire { codec: u32, data: &'a [u8] },
 }
@@ -177,6 +202,8 @@ struct Shared {
     table: Mutex<Table>,
     next_id: AtomicU64,
     progress: Arc<Progress>,
+    /// Block store side of dedup (with a store and the dedup capability).
+    dedup: Option<DedupReceiver>,
     /// Root directory metadata, applied after the staging directory is gone (its removal
     /// would otherwise bump the root's mtime).
     root_meta: Mutex<Option<(u32, (i64, u32))>>,
@@ -217,10 +244,12 @@ where
     }
     let root = cfg.root.clone();
     let tid = cfg.transfer_id.clone();
-    let (dest, staging) = tokio::task::spawn_blocking(move || {
+    let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
+    let (dest, staging, dedup) = tokio::task::spawn_blocking(move || {
         let dest = DestRoot::open(&root)?;
         let staging = Staging::open(&dest, &tid)?;
-        Ok::<_, ReceiveError>((dest, staging))
+        let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
+        Ok::<_, ReceiveError>((dest, staging, dedup))
     })
     .await??;
     let shared = Arc::new(Shared {
@@ -231,6 +260,7 @@ where
         table: Mutex::new(Table::default()),
         next_id: AtomicU64::new(1),
         progress: progress.clone(),
+        dedup,
         root_meta: Mutex::new(None),
     });
     progress.set_phase(Phase::Transferring);
@@ -255,6 +285,11 @@ where
             .await??;
             progress.set_phase(Phase::Succeeded);
             let p = progress.snapshot();
+            let d = shared
+                .dedup
+                .as_ref()
+                .map(|d| d.counters())
+                .unwrap_or_default();
             Ok(Summary {
                 files: p.files_done,
                 bytes: p.bytes_done,
@@ -263,8 +298,8 @@ where
                 streams: n,
                 skipped: p.skipped,
                 resumed_bytes: p.resumed_bytes,
-                dedup_blocks: 0,
-                dedup_bytes: 0,
+                dedup_blocks: d.dedup_blocks,
+                dedup_bytes: d.dedup_bytes,
             })
         }
         Err(e) => {
@@ -287,10 +322,12 @@ where
     let Accepted {
         mut reader,
         mut writer,
+        dedup_nonce,
         ..
     } = acc;
     let stream = reader.stream();
-    let r = stream_loop(&shared, &mut reader, &mut writer, &done, n).await;
+    let key = dedup_nonce.as_ref().map(PopKey::derive);
+    let r = stream_loop(&shared, &mut reader, &mut writer, &done, n, key).await;
     if let Err(e) = &r {
         // Tell the sender why, best effort; it may already be gone.
         let _ = writer
@@ -310,6 +347,7 @@ async fn stream_loop<R, W>(
     writer: &mut FrameWriter<W>,
     done: &tokio::sync::Semaphore,
     n: u32,
+    key: Option<PopKey>,
 ) -> Result<(), ReceiveError>
 where
     R: AsyncRead + Unpin,
@@ -350,6 +388,16 @@ where
                         // The worker failed; its error is reported below.
                         return Ok(());
                     }
+                }
+                Message::BlockAnnounce(a) => {
+                    let Some(key) = key.clone() else {
+                        return Err(proto("BlockAnnounce without the dedup capability"));
+                    };
+                    let sh = shared.clone();
+                    let need = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a))
+                        .await??;
+                    writer.send(&Message::NeedBlocks(need)).await?;
+                    writer.flush().await?;
                 }
                 Message::Keepalive => {}
                 Message::Done(_) => return Ok(()),
@@ -415,6 +463,11 @@ where
         }
     }
     let p = shared.progress.snapshot();
+    let d = shared
+        .dedup
+        .as_ref()
+        .map(|d| d.counters())
+        .unwrap_or_default();
     writer
         .send(&Message::Summary(pb::Summary {
             files: p.files_done,
@@ -422,6 +475,8 @@ where
             skipped: p.skipped,
             resumed_bytes: p.resumed_bytes,
             wire_bytes: p.wire_bytes,
+            dedup_blocks: d.dedup_blocks,
+            dedup_bytes: d.dedup_bytes,
         }))
         .await?;
     writer.flush().await?;
@@ -746,6 +801,13 @@ fn handle_block(
             index: h.index,
         });
     }
+    if let Some(d) = &sh.dedup
+        && codec != compress::CODEC_ZERO
+        && let Err(e) = d.insert_received(&BlockHash::from(hash), buf)
+    {
+        // The store is a cache: failing to add to it never fails the transfer.
+        tracing::warn!(error = %e, "could not add a received block to the block store");
+    }
     let off = h.index * BLOCK_SIZE as u64;
     let werr = |source| ReceiveError::Write {
         path: lf.meta.path.to_string(),
@@ -772,6 +834,114 @@ fn handle_block(
         sh.progress.add(&sh.progress.files_done, 1);
     }
     Ok(())
+}
+
+/// One BlockAnnounce: claim the announced blocks, take from the store every one it holds whose
+/// proof of possession matches, and answer which of them must still come over the wire.
+fn handle_announce(
+    sh: &Shared,
+    key: &PopKey,
+    a: pb::BlockAnnounce,
+) -> Result<pb::NeedBlocks, ReceiveError> {
+    let Some(dedup) = &sh.dedup else {
+        return Err(proto("BlockAnnounce without a block store"));
+    };
+    let n = a.indexes.len();
+    if a.hashes.len() != n || a.proofs.len() != n {
+        return Err(proto("BlockAnnounce lists differ in length"));
+    }
+    if n > MAX_ANNOUNCE_BLOCKS {
+        return Err(proto(format!(
+            "BlockAnnounce lists {n} blocks (max {MAX_ANNOUNCE_BLOCKS})"
+        )));
+    }
+    let lf = {
+        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        match t.files.get(&a.file_id) {
+            Some(InFlight::Large(l)) => l.clone(),
+            _ => {
+                return Err(proto(format!(
+                    "BlockAnnounce for unknown or small file id {}",
+                    a.file_id
+                )));
+            }
+        }
+    };
+    let path = lf.meta.path.to_string();
+    let announced = {
+        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        let mut announced = Vec::with_capacity(n);
+        for i in 0..n {
+            let index = a.indexes[i];
+            if index >= lf.nblocks || block_len(lf.meta.size, index) != BLOCK_SIZE as u64 {
+                return Err(proto(format!(
+                    "{path}: announced block {index} is not a full block of the file"
+                )));
+            }
+            let (Ok(hash), Ok(proof)) = (
+                <[u8; 32]>::try_from(a.hashes[i].as_slice()),
+                <[u8; 32]>::try_from(a.proofs[i].as_slice()),
+            ) else {
+                return Err(proto(format!(
+                    "{path}: announced block {index} has a malformed hash or proof"
+                )));
+            };
+            // Claim it, exactly as a Block frame would: no block is announced twice or sent too.
+            match st.need.get_mut(index as usize) {
+                Some(slot) if *slot => *slot = false,
+                _ => {
+                    return Err(proto(format!(
+                        "{path}: block {index} was announced but not requested, or twice"
+                    )));
+                }
+            }
+            announced.push(AnnouncedBlock {
+                index,
+                hash: BlockHash::from_bytes(hash),
+                proof: Proof(proof),
+            });
+        }
+        announced
+    };
+    // Reads, verifies and writes (through the file's second handle) without holding its lock.
+    let needed = dedup.materialize_announced(key, &lf.data, &announced)?;
+    let mut bitmap = vec![0u8; n.div_ceil(8)];
+    let mut taken = 0u64;
+    let finished = {
+        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
+            if *need {
+                if let Some(slot) = st.need.get_mut(b.index as usize) {
+                    *slot = true;
+                }
+                bitmap[i / 8] |= 1 << (i % 8);
+            } else {
+                st.staging
+                    .record(b.index, b.hash.as_bytes())
+                    .map_err(|source| ReceiveError::Write {
+                        path: path.clone(),
+                        source,
+                    })?;
+                st.remaining -= 1;
+                taken += BLOCK_SIZE as u64;
+            }
+        }
+        st.remaining == 0
+    };
+    sh.progress.add(&sh.progress.bytes_done, taken);
+    if finished {
+        {
+            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+            t.files.remove(&a.file_id);
+            t.paths.remove(lf.meta.path.as_str());
+        }
+        commit_large(sh, &lf)?;
+        sh.progress.add(&sh.progress.files_done, 1);
+    }
+    Ok(pb::NeedBlocks {
+        file_id: a.file_id,
+        need_blocks: bitmap,
+    })
 }
 
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {

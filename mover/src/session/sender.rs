@@ -1,6 +1,8 @@
 //! The sending end: walks the tree while streams carry data, pipelines Offers, reads Wants, and
 //! stripes the blocks of large files over all streams.
 
+use std::collections::VecDeque;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +20,7 @@ use super::limiter::Limiter;
 use super::scan::{self, ScanError, open_source};
 use super::staging::block_len;
 use super::{SMALL_FILE_MAX, Summary, Timeouts};
+use crate::cas::dedup::DedupSender;
 use crate::progress::{Phase, Progress};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
 
@@ -27,6 +30,9 @@ const OFFER_WINDOW: usize = 8;
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// Bytes of small-file content per Batch frame.
 const BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Blocks per BlockAnnounce (the receiver accepts up to 65 536). Small enough that the receiver
+/// materialises one chunk while the sender hashes the next.
+const ANNOUNCE_CHUNK: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -123,7 +129,8 @@ where
 {
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
-    let mut want_caps = caps::ZSTD | caps::LZ4 | caps::VERIFY;
+    // Dedup is always requested: a receiver offers it only when it has a block store.
+    let mut want_caps = caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -150,7 +157,7 @@ where
             block_size: BLOCK_SIZE as u32,
         };
         let fut = send_hello(&mut reader, &mut writer, hello);
-        let got = tokio::time::timeout(cfg.timeouts.handshake, fut)
+        let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
             .await
             .map_err(|_| FramedError::IdleTimeout {
                 stream: i as u32,
@@ -159,7 +166,9 @@ where
         negotiated &= got;
         reader.set_stream(i as u32, cfg.timeouts.idle);
         writer.set_stream(i as u32, cfg.timeouts.idle);
-        halves.push((reader, writer));
+        // Proofs on a stream are keyed by that stream's nonce.
+        let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
+        halves.push((reader, writer, dedup));
     }
     let started = Instant::now();
     progress.set_phase(Phase::Transferring);
@@ -181,8 +190,14 @@ where
     let scanner = tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p));
 
     let mut futs = Vec::new();
-    for (reader, writer) in halves {
-        futs.push(run_stream(ctx.clone(), reader, writer, block_tx.clone()));
+    for (reader, writer, dedup) in halves {
+        futs.push(run_stream(
+            ctx.clone(),
+            reader,
+            writer,
+            block_tx.clone(),
+            dedup,
+        ));
     }
     drop(block_tx);
     let mut ends = futures::future::try_join_all(futs).await?;
@@ -220,8 +235,8 @@ where
         streams: n,
         skipped: summary.skipped,
         resumed_bytes: summary.resumed_bytes,
-        dedup_blocks: 0,
-        dedup_bytes: 0,
+        dedup_blocks: summary.dedup_blocks,
+        dedup_bytes: summary.dedup_bytes,
     })
 }
 
@@ -290,6 +305,7 @@ async fn run_stream<S>(
     reader: Reader<S>,
     writer: Writer<S>,
     block_tx: mpsc::Sender<BlockJob>,
+    dedup: Option<Arc<DedupSender>>,
 ) -> Result<(Reader<S>, Writer<S>), SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -297,7 +313,14 @@ where
     let (out_tx, out_rx) = mpsc::channel::<Message>(1);
     let (pending_tx, pending_rx) = mpsc::channel(OFFER_WINDOW);
     let offers = offer_task(ctx.clone(), out_tx.clone(), pending_tx);
-    let answers = answer_task(ctx.clone(), reader, out_tx.clone(), pending_rx, block_tx);
+    let answers = answer_task(
+        ctx.clone(),
+        reader,
+        out_tx.clone(),
+        pending_rx,
+        block_tx,
+        dedup,
+    );
     let blocks = block_task(ctx.clone(), out_tx);
     let write = writer_task(ctx.clone(), writer, out_rx);
     let ((), reader, (), writer) = tokio::try_join!(offers, answers, blocks, write)?;
@@ -326,62 +349,283 @@ async fn offer_task(
     }
 }
 
+/// Blocks of one file announced in one BlockAnnounce, waiting for the receiver's NeedBlocks.
+struct Announced {
+    file_id: u64,
+    path: Arc<PathBuf>,
+    indexes: Vec<u64>,
+}
+
+/// Reads this stream's replies in order: a Want for each Offer, a NeedBlocks for each
+/// BlockAnnounce. Ends when every offer is answered and no announce is outstanding.
 async fn answer_task<S>(
     ctx: Arc<Ctx>,
     mut reader: Reader<S>,
     out: mpsc::Sender<Message>,
     mut pending: mpsc::Receiver<(u64, Vec<pb::Entry>)>,
     block_tx: mpsc::Sender<BlockJob>,
+    dedup: Option<Arc<DedupSender>>,
 ) -> Result<Reader<S>, SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    while let Some((offer_id, entries)) = pending.recv().await {
-        let want = read_want(&mut reader, offer_id).await?;
-        if want.entries.len() != entries.len() {
-            return Err(SendError::Peer(format!(
-                "answer to offer {offer_id} has {} entries, the offer had {}",
-                want.entries.len(),
-                entries.len()
-            )));
+    let stream = reader.stream();
+    let mut expected: VecDeque<(u64, Vec<pb::Entry>)> = VecDeque::new();
+    let mut announced: VecDeque<Announced> = VecDeque::new();
+    let mut offers_open = true;
+    loop {
+        if expected.is_empty() && announced.is_empty() {
+            match pending.recv().await {
+                Some(o) => expected.push_back(o),
+                None => break,
+            }
         }
-        let mut small = Vec::new();
-        for (e, w) in entries.into_iter().zip(want.entries) {
-            if w.skip || e.kind != pb::EntryKind::File as i32 {
-                continue;
-            }
-            if e.size <= SMALL_FILE_MAX {
-                small.push((w.file_id, e));
-                continue;
-            }
-            let path = Arc::new(ctx.root.join(&e.path));
-            let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
-            for index in 0..nblocks {
-                let needed = w.need_blocks.is_empty()
-                    || w.need_blocks
-                        .get((index / 8) as usize)
-                        .is_some_and(|b| b & (1 << (index % 8)) != 0);
-                if !needed {
-                    continue;
+        let mut msg = reader.expect().await?;
+        while let Message::Keepalive = msg {
+            msg = reader.expect().await?;
+        }
+        match msg {
+            Message::Want(want) => {
+                if expected.is_empty() && offers_open {
+                    // Offers are queued before they are written, so this one is there already.
+                    match pending.recv().await {
+                        Some(o) => expected.push_back(o),
+                        None => offers_open = false,
+                    }
                 }
-                let job = BlockJob {
-                    file_id: w.file_id,
-                    path: path.clone(),
-                    index,
-                    len: block_len(e.size, index),
+                let Some((offer_id, entries)) = expected.pop_front() else {
+                    return Err(SendError::Unexpected {
+                        stream,
+                        kind: FrameType::Want,
+                        expected: "NeedBlocks",
+                    });
                 };
-                block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                if want.offer_id != offer_id {
+                    return Err(SendError::WantMismatch {
+                        got: want.offer_id,
+                        expected: offer_id,
+                    });
+                }
+                handle_want(
+                    &ctx,
+                    &out,
+                    &block_tx,
+                    dedup.as_ref(),
+                    offer_id,
+                    entries,
+                    want,
+                    &mut announced,
+                )
+                .await?;
             }
-        }
-        if !small.is_empty() {
-            let c = ctx.clone();
-            let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
-            for b in batches {
-                out.send(b).await.map_err(|_| SendError::Channel)?;
+            Message::NeedBlocks(nb) => {
+                let Some(a) = announced.pop_front() else {
+                    return Err(SendError::Unexpected {
+                        stream,
+                        kind: FrameType::NeedBlocks,
+                        expected: "Want",
+                    });
+                };
+                if nb.file_id != a.file_id {
+                    return Err(SendError::Peer(format!(
+                        "NeedBlocks for file id {}, expected {}",
+                        nb.file_id, a.file_id
+                    )));
+                }
+                for (i, &index) in a.indexes.iter().enumerate() {
+                    let need = nb
+                        .need_blocks
+                        .get(i / 8)
+                        .is_some_and(|b| b & (1 << (i % 8)) != 0);
+                    if need {
+                        let job = BlockJob {
+                            file_id: a.file_id,
+                            path: a.path.clone(),
+                            index,
+                            len: BLOCK_SIZE as u64,
+                        };
+                        block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                    } else {
+                        // Taken from the receiver's block store.
+                        ctx.progress
+                            .add(&ctx.progress.bytes_done, BLOCK_SIZE as u64);
+                    }
+                }
+            }
+            Message::Error(e) => return Err(SendError::Peer(e.message)),
+            other => {
+                return Err(SendError::Unexpected {
+                    stream,
+                    kind: other.frame_type(),
+                    expected: "Want or NeedBlocks",
+                });
             }
         }
     }
     Ok(reader)
+}
+
+/// Acts on one Want: small files go out in batches; wanted blocks of large files are queued for
+/// the block tasks, except full blocks under dedup, which are announced first.
+#[allow(clippy::too_many_arguments)]
+async fn handle_want(
+    ctx: &Arc<Ctx>,
+    out: &mpsc::Sender<Message>,
+    block_tx: &mpsc::Sender<BlockJob>,
+    dedup: Option<&Arc<DedupSender>>,
+    offer_id: u64,
+    entries: Vec<pb::Entry>,
+    want: pb::Want,
+    announced: &mut VecDeque<Announced>,
+) -> Result<(), SendError> {
+    if want.entries.len() != entries.len() {
+        return Err(SendError::Peer(format!(
+            "answer to offer {offer_id} has {} entries, the offer had {}",
+            want.entries.len(),
+            entries.len()
+        )));
+    }
+    let mut small = Vec::new();
+    for (e, w) in entries.into_iter().zip(want.entries) {
+        if w.skip || e.kind != pb::EntryKind::File as i32 {
+            continue;
+        }
+        if e.size <= SMALL_FILE_MAX {
+            small.push((w.file_id, e));
+            continue;
+        }
+        let path = Arc::new(ctx.root.join(&e.path));
+        let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
+        let mut to_announce = Vec::new();
+        for index in 0..nblocks {
+            let needed = w.need_blocks.is_empty()
+                || w.need_blocks
+                    .get((index / 8) as usize)
+                    .is_some_and(|b| b & (1 << (index % 8)) != 0);
+            if !needed {
+                continue;
+            }
+            let len = block_len(e.size, index);
+            if dedup.is_some() && len == BLOCK_SIZE as u64 {
+                to_announce.push(index);
+                continue;
+            }
+            let job = BlockJob {
+                file_id: w.file_id,
+                path: path.clone(),
+                index,
+                len,
+            };
+            block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+        }
+        if let Some(dedup) = dedup {
+            for chunk in to_announce.chunks(ANNOUNCE_CHUNK) {
+                let (p, d, c) = (path.clone(), dedup.clone(), chunk.to_vec());
+                let AnnounceChunk {
+                    msg,
+                    indexes,
+                    zeros,
+                } = tokio::task::spawn_blocking(move || build_announce(&p, &d, w.file_id, c))
+                    .await??;
+                // All-zero blocks cost nothing on the wire: send them, do not announce them.
+                for index in zeros {
+                    let job = BlockJob {
+                        file_id: w.file_id,
+                        path: path.clone(),
+                        index,
+                        len: BLOCK_SIZE as u64,
+                    };
+                    block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                }
+                if let Some(msg) = msg {
+                    announced.push_back(Announced {
+                        file_id: w.file_id,
+                        path: path.clone(),
+                        indexes,
+                    });
+                    out.send(msg).await.map_err(|_| SendError::Channel)?;
+                }
+            }
+        }
+    }
+    if !small.is_empty() {
+        let c = ctx.clone();
+        let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
+        for b in batches {
+            out.send(b).await.map_err(|_| SendError::Channel)?;
+        }
+    }
+    Ok(())
+}
+
+/// One chunk of a file's full blocks, read and hashed for announcing.
+struct AnnounceChunk {
+    /// None if every block was all zeros.
+    msg: Option<Message>,
+    indexes: Vec<u64>,
+    /// All-zero blocks: sent as (free) Block frames instead of announced.
+    zeros: Vec<u64>,
+}
+
+/// Reads the given full blocks and builds their BlockAnnounce (hash and proof of possession
+/// each).
+fn build_announce(
+    path: &Path,
+    dedup: &DedupSender,
+    file_id: u64,
+    indexes: Vec<u64>,
+) -> Result<AnnounceChunk, SendError> {
+    let rerr = |source| SendError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let f = open_source(path).map_err(rerr)?;
+    // Read, hash and prove on every core: None marks an all-zero block.
+    let parts = crate::cas::dedup::par_chunks(&indexes, |part| {
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        let mut out = Vec::with_capacity(part.len());
+        for &index in part {
+            f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
+                .map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        SendError::Changed(path.to_owned())
+                    } else {
+                        rerr(e)
+                    }
+                })?;
+            out.push((index, (!is_zero(&buf)).then(|| dedup.announce(index, &buf))));
+        }
+        Ok::<_, SendError>(out)
+    });
+    let mut msg = pb::BlockAnnounce {
+        file_id,
+        ..Default::default()
+    };
+    let mut zeros = Vec::new();
+    for part in parts {
+        for (index, a) in part? {
+            match a {
+                None => zeros.push(index),
+                Some(a) => {
+                    msg.indexes.push(index);
+                    msg.hashes.push(a.hash.as_bytes().to_vec());
+                    msg.proofs.push(a.proof.0.to_vec());
+                }
+            }
+        }
+    }
+    if msg.indexes.is_empty() {
+        return Ok(AnnounceChunk {
+            msg: None,
+            indexes: Vec::new(),
+            zeros,
+        });
+    }
+    Ok(AnnounceChunk {
+        indexes: msg.indexes.clone(),
+        msg: Some(Message::BlockAnnounce(msg)),
+        zeros,
+    })
 }
 
 /// Reads wanted small files and packs them into Batch frames of about 4 MiB.

@@ -29,11 +29,15 @@ pub enum Message {
     Summary(pb::Summary),
     Error(pb::Error),
     Keepalive,
+    /// Block store dedup: the sender's hashes and proofs of possession for blocks of one file.
+    BlockAnnounce(pb::BlockAnnounce),
+    /// Block store dedup: which announced blocks the receiver still needs over the wire.
+    NeedBlocks(pb::NeedBlocks),
 }
 
 impl Message {
-    /// Decodes the body of a frame. Reserved block-store frames are refused here: this version
-    /// does not negotiate the dedup capability, so a peer sending them is out of protocol.
+    /// Decodes the body of a frame. The reserved possession challenge/proof frames are refused
+    /// here: proofs travel inside BlockAnnounce, so a peer sending them is out of protocol.
     pub fn decode(frame: RawFrame) -> Result<Self, WireError> {
         let kind = frame.kind;
         let p = frame.payload;
@@ -79,10 +83,13 @@ impl Message {
             }
             FrameType::Summary => Self::Summary(pb::Summary::decode(p).map_err(pbe)?),
             FrameType::Error => Self::Error(pb::Error::decode(p).map_err(pbe)?),
-            FrameType::BlockAnnounce
-            | FrameType::NeedBlocks
-            | FrameType::PossessionChallenge
-            | FrameType::PossessionProof => return Err(WireError::Reserved { kind }),
+            FrameType::BlockAnnounce => {
+                Self::BlockAnnounce(pb::BlockAnnounce::decode(p).map_err(pbe)?)
+            }
+            FrameType::NeedBlocks => Self::NeedBlocks(pb::NeedBlocks::decode(p).map_err(pbe)?),
+            FrameType::PossessionChallenge | FrameType::PossessionProof => {
+                return Err(WireError::Reserved { kind });
+            }
         })
     }
 
@@ -100,6 +107,8 @@ impl Message {
             Self::Summary(_) => FrameType::Summary,
             Self::Error(_) => FrameType::Error,
             Self::Keepalive => FrameType::Keepalive,
+            Self::BlockAnnounce(_) => FrameType::BlockAnnounce,
+            Self::NeedBlocks(_) => FrameType::NeedBlocks,
         }
     }
 
@@ -133,6 +142,8 @@ impl Message {
             }
             Self::Summary(m) => encode_message(FrameType::Summary, m, out),
             Self::Error(m) => encode_message(FrameType::Error, m, out),
+            Self::BlockAnnounce(m) => encode_message(FrameType::BlockAnnounce, m, out),
+            Self::NeedBlocks(m) => encode_message(FrameType::NeedBlocks, m, out),
         }
     }
 }
@@ -324,7 +335,7 @@ mod tests {
             decode_frame(&mut buf),
             Err(WireError::UnknownType(0x7f))
         ));
-        let mut buf = BytesMut::from(&[0, 0, 0, 0, 0x20][..]);
+        let mut buf = BytesMut::from(&[0, 0, 0, 0, 0x22][..]);
         let f = decode_frame(&mut buf).unwrap().unwrap();
         assert!(matches!(
             Message::decode(f),

@@ -27,13 +27,14 @@ pub const BLOCK_SIZE: usize = 4 * 1024 * 1024;
 pub mod caps {
     pub const ZSTD: u64 = 1 << 0;
     pub const LZ4: u64 = 1 << 1;
-    /// Reserved for the block store (issue 5).
+    /// Block store dedup (issue 5): a receiver offers it only when it has a store.
     pub const DEDUP: u64 = 1 << 2;
     pub const VERIFY: u64 = 1 << 3;
     pub const SYNC: u64 = 1 << 4;
     pub const DELETE: u64 = 1 << 5;
     pub const CHECKSUM: u64 = 1 << 6;
-    /// Everything this implementation understands.
+    /// Everything this implementation understands. DEDUP is added per receiver (only with a
+    /// block store) and always requested by senders.
     pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM;
 }
 

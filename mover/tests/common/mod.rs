@@ -213,6 +213,7 @@ pub async fn start_receiver(
         transfer_id: pki.transfer.clone(),
         timeouts: fast_timeouts(),
         sync: false,
+        cas: None,
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));

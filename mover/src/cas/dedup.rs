@@ -1,0 +1,206 @@
+//! The two ends of block dedup for one transfer, as the network session calls them. Frame
+//! encoding belongs to `wire`/`session`; this module only decides and does the store work.
+//!
+//! Flow (see `docs/cas.md`): the receiver picks a random nonce per stream and sends it in its
+//! Welcome; after a Want that asks for blocks of a file with at least one full block the sender
+//! announces `(index, hash, proof)` for those full blocks; the receiver pins them, materialises
+//! those it holds *and* whose proof matches its stored bytes, and answers which it still needs. Missing, corrupt and wrongly proven
+//! blocks all look the same to the sender, so the answer reveals nothing to a sender that only
+//! knows hashes.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use super::BLOCK_SIZE;
+use super::error::Result;
+use super::hash::BlockHash;
+use super::lease::Lease;
+use super::pop::{Nonce, PopKey, Proof};
+use super::store::{CasStore, Materialized};
+
+/// One full block of a file, as the sender announces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnnouncedBlock {
+    /// Block index in the file; its offset is `index * BLOCK_SIZE`.
+    pub index: u64,
+    pub hash: BlockHash,
+    pub proof: Proof,
+}
+
+/// Sender side: derives the proof key once per transfer from the receiver's nonce.
+pub struct DedupSender {
+    key: PopKey,
+}
+
+impl DedupSender {
+    pub fn new(nonce: &Nonce) -> Self {
+        Self {
+            key: PopKey::derive(nonce),
+        }
+    }
+
+    /// Proof only (the caller already has the hash).
+    pub fn prove(&self, block: &[u8]) -> Proof {
+        self.key.prove(block)
+    }
+
+    /// Hash and proof for one full block the sender read from its source.
+    pub fn announce(&self, index: u64, block: &[u8]) -> AnnouncedBlock {
+        AnnouncedBlock {
+            index,
+            hash: BlockHash::of(block),
+            proof: self.key.prove(block),
+        }
+    }
+}
+
+/// Whether a file takes part in dedup: it has at least one full block.
+pub fn file_has_full_block(size: u64) -> bool {
+    size >= BLOCK_SIZE as u64
+}
+
+/// Counters for the summary (`dedup_blocks`, `dedup_bytes`) and for diagnosis.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DedupCounters {
+    pub dedup_blocks: u64,
+    pub dedup_bytes: u64,
+    pub proofs_rejected: u64,
+    pub blocks_inserted: u64,
+    pub corrupt_discarded: u64,
+}
+
+/// Receiver side for one transfer: a lease on the shared store and the transfer's counters. The
+/// proof keys are per stream (each stream's Welcome carries its own nonce) and passed in.
+pub struct DedupReceiver {
+    store: Arc<CasStore>,
+    lease: Lease,
+    dedup_blocks: AtomicU64,
+    dedup_bytes: AtomicU64,
+    proofs_rejected: AtomicU64,
+    blocks_inserted: AtomicU64,
+}
+
+impl DedupReceiver {
+    /// Takes a lease named after the transfer.
+    pub fn new(store: Arc<CasStore>, transfer_id: &str) -> Result<Self> {
+        let lease = store.lease(transfer_id)?;
+        Ok(Self {
+            store,
+            lease,
+            dedup_blocks: AtomicU64::new(0),
+            dedup_bytes: AtomicU64::new(0),
+            proofs_rejected: AtomicU64::new(0),
+            blocks_inserted: AtomicU64::new(0),
+        })
+    }
+
+    pub fn store(&self) -> &CasStore {
+        &self.store
+    }
+
+    /// Handles one announcement for the file open as `dst`, proofs checked under `key` (from the
+    /// nonce of the stream it arrived on): pins the blocks, writes every block the store holds and
+    /// the sender proved, and returns, parallel to `announced`, whether each must still come over
+    /// the wire.
+    pub fn materialize_announced(
+        &self,
+        key: &PopKey,
+        dst: &File,
+        announced: &[AnnouncedBlock],
+    ) -> Result<Vec<bool>> {
+        let hashes: Vec<BlockHash> = announced.iter().map(|a| a.hash).collect();
+        self.lease.pin(&hashes)?;
+        // Reading, two hashes per block and the write spread over the cores.
+        let parts = par_chunks(announced, |part| -> Result<Vec<bool>> {
+            part.iter()
+                .map(|a| self.materialize_one(key, dst, a))
+                .collect()
+        });
+        let mut need = Vec::with_capacity(announced.len());
+        for part in parts {
+            need.extend(part?);
+        }
+        Ok(need)
+    }
+
+    /// One block: `true` if it must still come over the wire.
+    fn materialize_one(&self, key: &PopKey, dst: &File, a: &AnnouncedBlock) -> Result<bool> {
+        let offset = a.index.saturating_mul(BLOCK_SIZE as u64);
+        Ok(
+            match self
+                .store
+                .materialize(&a.hash, key, &a.proof, dst, offset)?
+            {
+                Materialized::Written(len) => {
+                    self.dedup_blocks.fetch_add(1, Ordering::Relaxed);
+                    self.dedup_bytes.fetch_add(len, Ordering::Relaxed);
+                    false
+                }
+                Materialized::ProofRejected => {
+                    self.proofs_rejected.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        block = %a.hash,
+                        "sender's proof of possession does not match the stored block; \
+                         fetching it over the wire"
+                    );
+                    true
+                }
+                Materialized::Missing => true,
+            },
+        )
+    }
+
+    /// Adds a block that arrived over the wire and that the caller has verified against `hash`.
+    /// Only full blocks are stored: only they are ever announced.
+    pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != BLOCK_SIZE {
+            return Ok(());
+        }
+        if self.store.insert(hash, bytes)? == super::InsertOutcome::Inserted {
+            self.blocks_inserted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn counters(&self) -> DedupCounters {
+        DedupCounters {
+            dedup_blocks: self.dedup_blocks.load(Ordering::Relaxed),
+            dedup_bytes: self.dedup_bytes.load(Ordering::Relaxed),
+            proofs_rejected: self.proofs_rejected.load(Ordering::Relaxed),
+            blocks_inserted: self.blocks_inserted.load(Ordering::Relaxed),
+            corrupt_discarded: self.store.corrupt_discarded(),
+        }
+    }
+}
+
+/// Runs `f` over up to four contiguous parts of `items` on scoped threads (one part per core),
+/// returning the parts' results in order. Blocks are hashed twice per side; on two cores this
+/// halves the wall time of an announce.
+pub fn par_chunks<T: Sync, R: Send>(items: &[T], f: impl Fn(&[T]) -> R + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    if workers == 1 || items.len() < 2 {
+        return vec![f(items)];
+    }
+    let size = items.len().div_ceil(workers);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> = items
+            .chunks(size)
+            .map(|part| scope.spawn(move || f(part)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                // A panic in a worker is a bug; surface it where it happened.
+                Err(p) => std::panic::resume_unwind(p),
+            })
+            .collect()
+    })
+}
