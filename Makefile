@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: build release test lint fmt deps bench bench-local bench-net bench-build bench-selftest
+.PHONY: build release test lint fmt deps
 build:
 	$(CARGO) build --workspace
 
@@ -28,6 +28,7 @@ deps:
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench
 # WRITE_DOCS=1 (rewrite the tables in docs/benchmarks.md) FERRY_BIN=path FERRY_REV=source-label
 # FERRY_BUILD=0 (skip the release build; also skipped when FERRY_BIN is set).
+.PHONY: bench bench-local bench-net bench-build bench-selftest
 FERRY_BUILD ?= 1
 BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE,$(if $($(v)),$(v)=$($(v)))))
 export ROUNDS DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
