@@ -51,4 +51,3 @@ fmt:
 # Debian packages for tests and benchmarks (idempotent, cached by a stamp under ~/.cache/ferry).
 deps:
 	tests/scripts/deps.sh
-
