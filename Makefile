@@ -9,6 +9,17 @@ build:
 release:
 	$(CARGO) build --workspace --release
 
+# The README's test command: formatting, lints, then every test.
+test: lint
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
 # Benchmarks (tests/bench/bench.py; method and tables in docs/benchmarks.md). Knobs, as make variables
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench
 # WRITE_DOCS=1 (rewrite the tables in docs/benchmarks.md) FERRY_BIN=path FERRY_REV=source-label
@@ -36,17 +47,6 @@ bench: deps bench-build
 # The harness's own tests (dataset determinism, verifier, tables, docs rewrite); no root needed.
 bench-selftest:
 	python3 -m unittest discover -s tests/bench -p 'test_*.py'
-
-# The README's test command: formatting, lints, then every test.
-test: lint
-	$(CARGO) test --workspace
-
-lint:
-	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
-
-fmt:
-	$(CARGO) fmt --all
 
 # Debian packages for tests and benchmarks (idempotent, cached by a stamp under ~/.cache/ferry).
 deps:
