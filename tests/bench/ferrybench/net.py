@@ -105,6 +105,9 @@ class FerryNet:
             return RunResult(None, out)
         st, rt, seconds = out
         err = st.failure() or (rt.failure() and f"receiver {rt.failure()}")
+        if st.failure() and rt.stderr.strip():
+            # The cause of a sender's reset is usually on the receiving side: show both.
+            err = f"{err}; receiver: {rt.stderr.strip().splitlines()[-1][:200]}"
         summary = ferry.last_json(st.stdout) or {}
         if err is None and not summary:
             err = "sender printed no --json summary"
