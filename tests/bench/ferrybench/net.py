@@ -105,6 +105,9 @@ class FerryNet:
             return RunResult(None, out)
         st, rt, seconds = out
         err = st.failure() or (rt.failure() and f"receiver {rt.failure()}")
+        if st.failure() and rt.stderr.strip():
+            # The cause of a sender's reset is usually on the receiving side: show both.
+            err = f"{err}; receiver: {rt.stderr.strip().splitlines()[-1][:200]}"
         summary = ferry.last_json(st.stdout) or {}
         if err is None and not summary:
             err = "sender printed no --json summary"
@@ -124,6 +127,9 @@ class CommandPeer:
     argv_for: object       # callable (src, dst) -> argv
     scratch: proc.Scratch
     is_ferry: bool = False
+    # False skips the untimed warm-up round (scp: ~80 s per run on `small`, and the source cache and
+    # the sshd it uses are already warmed by the other contenders).
+    warmup: bool = True
 
     def unavailable(self, dataset: str) -> str | None:
         return None
@@ -197,7 +203,7 @@ def peer_contenders(ssh: peers.Ssh | None, tls: peers.RsyncTls | None, scratch: 
                                scratch))
         out.append(CommandPeer("scp -r", "scp",
                                lambda s, d: ["scp", "-F", str(ssh.config), "-r", "-q", str(s), f"{peers.SSH_HOST}:{d}"],
-                               scratch))
+                               scratch, warmup=False))
     else:
         out.append(Broken("rsync -a over ssh", "rsync-ssh", setup_errors.get("ssh", "sshd not started")))
         out.append(Broken("scp -r", "scp", setup_errors.get("ssh", "sshd not started")))

@@ -180,7 +180,7 @@ def run_group(group: Group, src: Path, index: verify.SourceIndex, rounds: int, s
         n = len(active)
         order = active[(rnd + 1) % n:] + active[:(rnd + 1) % n] if n else []
         for c in order:
-            if c.name in skipped:
+            if c.name in skipped or (rnd < 0 and not getattr(c, "warmup", True)):
                 continue
             if not space.has_room_for(payload * 2):
                 log(f"{group.label}: low on space ({space.room() // 2**20} MiB free): "
