@@ -8,6 +8,8 @@ packages=(
   rsync openssh-server openssh-client stunnel4 socat time
   # network namespaces and traffic shaping for network tests
   iproute2
+  # local Kubernetes cluster: certificates, health checks, port checks
+  openssl curl ca-certificates
 )
 
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"
