@@ -140,9 +140,9 @@ start kube-apiserver "$bin/kube-apiserver" \
   --api-audiences https://kubernetes.default.svc.cluster.local \
   --authorization-mode RBAC \
   --enable-admission-plugins NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,PersistentVolumeClaimResize,StorageObjectInUseProtection,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,PodSecurity,Priority \
-  --allow-privileged true \
+  --allow-privileged=true \
   --service-cluster-ip-range 10.96.0.0/16 \
-  --profiling false \
+  --profiling=false \
   --v 1
 wait_for "kube-apiserver /readyz" 60 kube-apiserver "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
 

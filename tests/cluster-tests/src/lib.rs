@@ -23,9 +23,12 @@ pub fn cluster_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("FERRY_CLUSTER_DIR") {
         return PathBuf::from(dir);
     }
-    let cache = std::env::var_os("FERRY_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache/ferry")
-    });
+    let cache = std::env::var_os("FERRY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/ferry")
+        });
     cache.join("cluster")
 }
 
@@ -84,9 +87,11 @@ impl TestNamespace {
             .with_context(|| format!("failed to create namespace {name}"))?;
         // The service account admission plugin refuses pods until the controller made "default".
         let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
-        wait_until(Duration::from_secs(30), "the default service account", || async {
-            Ok(sas.get_opt("default").await?.is_some())
-        })
+        wait_until(
+            Duration::from_secs(30),
+            "the default service account",
+            || async { Ok(sas.get_opt("default").await?.is_some()) },
+        )
         .await?;
         Ok(TestNamespace { client, name })
     }
@@ -145,15 +150,22 @@ pub async fn wait_for_pod(
             return Ok(p.clone());
         }
         if tokio::time::Instant::now() >= deadline {
-            let status = pod.and_then(|p| p.status).map(|s| serde_json::to_string_pretty(&s).unwrap_or_default());
-            bail!("timed out after {timeout:?} waiting for pod {name} to be {what}; last status: {status:?}");
+            let status = pod
+                .and_then(|p| p.status)
+                .map(|s| serde_json::to_string_pretty(&s).unwrap_or_default());
+            bail!(
+                "timed out after {timeout:?} waiting for pod {name} to be {what}; last status: {status:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
 pub fn phase(pod: &Pod) -> &str {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
 }
 
 pub fn is_ready(pod: &Pod) -> bool {
@@ -164,11 +176,19 @@ pub fn is_ready(pod: &Pod) -> bool {
 }
 
 pub fn pod_ip(pod: &Pod) -> String {
-    pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap_or_default()
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default()
 }
 
 /// Waits for a pod to finish and fails (with its log) unless it Succeeded.
-pub async fn wait_succeeded(pods: &Api<Pod>, ns: &str, name: &str, timeout: Duration) -> anyhow::Result<Pod> {
+pub async fn wait_succeeded(
+    pods: &Api<Pod>,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<Pod> {
     let pod = wait_for_pod(pods, name, timeout, "finished", |p| {
         matches!(phase(p), "Succeeded" | "Failed")
     })
@@ -193,11 +213,22 @@ fn first_container(pod: &Pod) -> String {
 
 /// A container's log as the node agent wrote it (empty when there is none yet).
 pub fn container_log(ns: &str, pod: &str, container: &str) -> String {
-    std::fs::read_to_string(cluster_dir().join("logs").join(format!("{ns}_{pod}_{container}.log"))).unwrap_or_default()
+    std::fs::read_to_string(
+        cluster_dir()
+            .join("logs")
+            .join(format!("{ns}_{pod}_{container}.log")),
+    )
+    .unwrap_or_default()
 }
 
 /// Waits until the container's log contains `needle`; returns the log.
-pub async fn wait_for_log(ns: &str, pod: &str, container: &str, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+pub async fn wait_for_log(
+    ns: &str,
+    pod: &str,
+    container: &str,
+    needle: &str,
+    timeout: Duration,
+) -> anyhow::Result<String> {
     let mut log = String::new();
     let what = format!("{needle:?} in the log of {ns}/{pod}/{container}");
     let res = wait_until(timeout, &what, || {

@@ -47,7 +47,11 @@ async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::R
         json!({"metadata": {"name": "creds"}, "stringData": {"token": "s3cr3t-token", "user": "ferry"}}),
     )
     .await?;
-    create(&ns.api::<ConfigMap>(), json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}})).await?;
+    create(
+        &ns.api::<ConfigMap>(),
+        json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}}),
+    )
+    .await?;
     let script = "cat /data/input.txt; cat /etc/ferry-test/creds/token; echo; \
                   echo \"env: $GREETING $USER_FROM_SECRET $MODE $MY_IP $MY_NODE $MY_NS $MY_NAME\"; \
                   echo written-by-pod > /data/output.txt; pwd";
@@ -94,11 +98,33 @@ async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::R
             ns.name
         )
     );
-    assert!(ip.starts_with("127.1."), "node-a pods get 127.1.x.y, got {ip}");
-    assert_eq!(std::fs::read_to_string(data_dir.join("output.txt"))?, "written-by-pod\n");
-    assert!(!node_root("node-b").join("data").join(&ns.name).join("output.txt").exists());
+    assert!(
+        ip.starts_with("127.1."),
+        "node-a pods get 127.1.x.y, got {ip}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data_dir.join("output.txt"))?,
+        "written-by-pod\n"
+    );
+    assert!(
+        !node_root("node-b")
+            .join("data")
+            .join(&ns.name)
+            .join("output.txt")
+            .exists()
+    );
     let status = &pod.status.unwrap().container_statuses.unwrap()[0];
-    assert_eq!(status.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code, 0);
+    assert_eq!(
+        status
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        0
+    );
     ns.delete().await
 }
 
@@ -111,7 +137,7 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
     // Exits 3 with a termination message when anything is off, so the failure shows in the status.
     let script = "echo \"ids: $(id -u) $(id -g) $(id -G)\"; \
                   echo scratch > /scratch/f && ls -ln /scratch/f; \
-                  if echo x > /rootonly/denied 2>/dev/null; then echo 'wrote root-owned dir' > /dev/termination-log; exit 3; fi; \
+                  if (echo x > /rootonly/denied) 2>/dev/null; then echo 'wrote root-owned dir' > /dev/termination-log; exit 3; fi; \
                   echo denied-as-expected";
     create(
         &pods,
@@ -139,9 +165,12 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
     wait_succeeded(&pods, &ns.name, "nonroot", POD_TIMEOUT).await?;
     let log = container_log(&ns.name, "nonroot", "main");
     let mut lines = log.lines();
-    assert_eq!(lines.next(), Some("ids: 1234 1235 4321"), "{log}");
+    assert_eq!(lines.next(), Some("ids: 1234 1235 1235 4321"), "{log}");
     let ls = lines.next().unwrap_or_default();
-    assert!(ls.contains(" 1234 ") && ls.contains(" 4321 "), "emptyDir file owned by uid 1234, group fsGroup: {ls}");
+    assert!(
+        ls.contains(" 1234 ") && ls.contains(" 4321 "),
+        "emptyDir file owned by uid 1234, group fsGroup: {ls}"
+    );
     assert_eq!(lines.next(), Some("denied-as-expected"), "{log}");
     assert!(!root_dir.join("denied").exists());
 
@@ -158,7 +187,10 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
         }),
     )
     .await?;
-    let pod = wait_for_pod(&pods, "fails", POD_TIMEOUT, "Failed", |p| phase(p) == "Failed").await?;
+    let pod = wait_for_pod(&pods, "fails", POD_TIMEOUT, "Failed", |p| {
+        phase(p) == "Failed"
+    })
+    .await?;
     let status = &pod.status.unwrap().container_statuses.unwrap()[0];
     let term = status.state.as_ref().unwrap().terminated.clone().unwrap();
     assert_eq!(term.exit_code, 7);
@@ -206,7 +238,10 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     .await?;
     let client = wait_succeeded(&pods, &ns.name, "client", POD_TIMEOUT).await?;
     let client_ip = pod_ip(&client);
-    assert!(client_ip.starts_with("127.2."), "node-b pods get 127.2.x.y, got {client_ip}");
+    assert!(
+        client_ip.starts_with("127.2."),
+        "node-b pods get 127.2.x.y, got {client_ip}"
+    );
     assert_eq!(client.spec.unwrap().node_name.as_deref(), Some("node-b"));
     // The host reaches the pod address too.
     let mut stream = tokio::net::TcpStream::connect((server_ip.as_str(), 8080)).await?;
@@ -216,19 +251,27 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     assert!(reply.ends_with("hello from server\n"), "{reply:?}");
     // The server saw both peers.
     let log = wait_for_log(&ns.name, "server", "main", "connection from", POD_TIMEOUT).await?;
-    assert!(log.contains(&format!("listening on {server_ip}:8080")), "{log}");
+    assert!(
+        log.contains(&format!("listening on {server_ip}:8080")),
+        "{log}"
+    );
     ns.delete().await
 }
 
 fn pid_from_log(log: &str) -> Option<u32> {
-    log.lines().find_map(|l| l.strip_prefix("pid ")).and_then(|p| p.trim().parse().ok())
+    log.lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
 }
 
 #[tokio::test]
 async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
     let ns = TestNamespace::create("delete").await?;
     let pods = ns.api::<Pod>();
-    for (name, args) in [("polite", json!(["sleep"])), ("stubborn", json!(["sleep", "--ignore-term"]))] {
+    for (name, args) in [
+        ("polite", json!(["sleep"])),
+        ("stubborn", json!(["sleep", "--ignore-term"])),
+    ] {
         create(
             &pods,
             json!({
@@ -243,10 +286,16 @@ async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
     }
     let mut pids = Vec::new();
     for name in ["polite", "stubborn"] {
-        wait_for_pod(&pods, name, POD_TIMEOUT, "Running", |p| phase(p) == "Running").await?;
+        wait_for_pod(&pods, name, POD_TIMEOUT, "Running", |p| {
+            phase(p) == "Running"
+        })
+        .await?;
         let log = wait_for_log(&ns.name, name, "main", "pid ", POD_TIMEOUT).await?;
         let pid = pid_from_log(&log).context("no pid in log")?;
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "{name} runs as pid {pid}");
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{name} runs as pid {pid}"
+        );
         pids.push((name, pid));
     }
     let started = std::time::Instant::now();
@@ -254,23 +303,35 @@ async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
         pods.delete(name, &DeleteParams::default()).await?;
     }
     for (name, pid) in &pids {
-        wait_until(Duration::from_secs(30), &format!("pod {name} to be removed"), || async {
-            Ok(pods.get_opt(name).await?.is_none())
-        })
+        wait_until(
+            Duration::from_secs(30),
+            &format!("pod {name} to be removed"),
+            || async { Ok(pods.get_opt(name).await?.is_none()) },
+        )
         .await?;
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "process of {name} still alive");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process of {name} still alive"
+        );
     }
     // The polite one got SIGTERM and exited; the stubborn one got it too and was killed after grace.
     assert!(container_log(&ns.name, "polite", "main").contains("received SIGTERM"));
     assert!(container_log(&ns.name, "stubborn", "main").contains("received SIGTERM"));
-    assert!(started.elapsed() >= Duration::from_secs(2), "the stubborn pod got its grace period");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the stubborn pod got its grace period"
+    );
     ns.delete().await
 }
 
 #[tokio::test]
 async fn secret_owned_by_a_deleted_object_is_garbage_collected() -> anyhow::Result<()> {
     let ns = TestNamespace::create("gc").await?;
-    let owner = create(&ns.api::<ConfigMap>(), json!({"metadata": {"name": "owner"}, "data": {"k": "v"}})).await?;
+    let owner = create(
+        &ns.api::<ConfigMap>(),
+        json!({"metadata": {"name": "owner"}, "data": {"k": "v"}}),
+    )
+    .await?;
     let uid = owner.metadata.uid.clone().unwrap();
     let secrets = ns.api::<Secret>();
     create(
@@ -283,13 +344,24 @@ async fn secret_owned_by_a_deleted_object_is_garbage_collected() -> anyhow::Resu
         }),
     )
     .await?;
-    create(&secrets, json!({"metadata": {"name": "unowned"}, "stringData": {"x": "y"}})).await?;
-    ns.api::<ConfigMap>().delete("owner", &DeleteParams::background()).await?;
-    wait_until(Duration::from_secs(60), "the garbage collector to delete the owned secret", || async {
-        Ok(secrets.get_opt("owned").await?.is_none())
-    })
+    create(
+        &secrets,
+        json!({"metadata": {"name": "unowned"}, "stringData": {"x": "y"}}),
+    )
     .await?;
-    assert!(secrets.get_opt("unowned").await?.is_some(), "GC must leave unowned objects alone");
+    ns.api::<ConfigMap>()
+        .delete("owner", &DeleteParams::background())
+        .await?;
+    wait_until(
+        Duration::from_secs(60),
+        "the garbage collector to delete the owned secret",
+        || async { Ok(secrets.get_opt("owned").await?.is_none()) },
+    )
+    .await?;
+    assert!(
+        secrets.get_opt("unowned").await?.is_some(),
+        "GC must leave unowned objects alone"
+    );
     ns.delete().await
 }
 
@@ -348,21 +420,38 @@ async fn pvc_bound_to_a_local_pv_on_node_b_is_written_there() -> anyhow::Result<
     let pod = wait_succeeded(&pods, &ns.name, "writer", POD_TIMEOUT).await?;
     assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some("node-b"));
     let claim = ns.api::<PersistentVolumeClaim>().get("claim").await?;
-    assert_eq!(claim.spec.unwrap().volume_name.as_deref(), Some(pv_name.as_str()));
+    assert_eq!(
+        claim.spec.unwrap().volume_name.as_deref(),
+        Some(pv_name.as_str())
+    );
     assert_eq!(claim.status.unwrap().phase.as_deref(), Some("Bound"));
-    let on_b = node_root("node-b").join(disk_path.trim_start_matches('/')).join("file.txt");
+    let on_b = node_root("node-b")
+        .join(disk_path.trim_start_matches('/'))
+        .join("file.txt");
     assert_eq!(std::fs::read_to_string(&on_b)?, "ferry bytes writer");
-    assert!(!node_root("node-a").join(disk_path.trim_start_matches('/')).join("file.txt").exists());
+    assert!(
+        !node_root("node-a")
+            .join(disk_path.trim_start_matches('/'))
+            .join("file.txt")
+            .exists()
+    );
     ns.delete().await?;
     pvs.delete(&pv_name, &DeleteParams::default()).await?;
-    storage_classes.delete(&class, &DeleteParams::default()).await?;
+    storage_classes
+        .delete(&class, &DeleteParams::default())
+        .await?;
     Ok(())
 }
 
 #[tokio::test]
-async fn deployment_lists_pods_through_its_service_account_within_rbac_only() -> anyhow::Result<()> {
+async fn deployment_lists_pods_through_its_service_account_within_rbac_only() -> anyhow::Result<()>
+{
     let ns = TestNamespace::create("rbac").await?;
-    create(&ns.api::<ServiceAccount>(), json!({"metadata": {"name": "lister"}})).await?;
+    create(
+        &ns.api::<ServiceAccount>(),
+        json!({"metadata": {"name": "lister"}}),
+    )
+    .await?;
     create(
         &ns.api::<Role>(),
         json!({"metadata": {"name": "pod-reader"},
@@ -395,28 +484,24 @@ async fn deployment_lists_pods_through_its_service_account_within_rbac_only() ->
     )
     .await?;
     let pods = ns.api::<Pod>();
-    let mut pod_name = String::new();
-    wait_until(POD_TIMEOUT, "the deployment's pod to run", || {
-        let pods = pods.clone();
-        let name = &mut pod_name;
-        async move {
-            let list = pods.list(&ListParams::default().labels("app=lister")).await?;
-            match list.items.iter().find(|p| phase(p) == "Running") {
-                Some(p) => {
-                    *name = p.metadata.name.clone().unwrap_or_default();
-                    Ok(true)
-                }
-                None => Ok(false),
-            }
+    let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
+    let pod_name = loop {
+        let list = pods.list(&ListParams::default().labels("app=lister")).await?;
+        if let Some(p) = list.items.iter().find(|p| phase(p) == "Running") {
+            break p.metadata.name.clone().unwrap_or_default();
         }
-    })
-    .await?;
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the deployment's pod did not run: {list:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let log = wait_for_log(&ns.name, &pod_name, "main", "rbac {", POD_TIMEOUT).await?;
     let line = log.lines().find_map(|l| l.strip_prefix("rbac ")).unwrap();
     let report: serde_json::Value = serde_json::from_str(line)?;
     assert_eq!(report["namespace"], ns.name.as_str());
     let own = report["own_namespace_pods"].as_str().unwrap();
-    assert!(own.starts_with("allowed 1 ") && own.contains(&pod_name), "{report}");
+    assert!(
+        own.starts_with("allowed 1 ") && own.contains(&pod_name),
+        "{report}"
+    );
     assert_eq!(report["kube_system_pods"], "forbidden 403", "{report}");
     assert_eq!(report["own_namespace_secrets"], "forbidden 403", "{report}");
     ns.delete().await

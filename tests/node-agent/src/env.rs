@@ -9,7 +9,9 @@ use kube::{Api, Client};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    #[error("failed to read {kind} {namespace}/{name} for the environment of container {container}")]
+    #[error(
+        "failed to read {kind} {namespace}/{name} for the environment of container {container}"
+    )]
     Fetch {
         kind: &'static str,
         namespace: String,
@@ -54,7 +56,11 @@ pub fn field_value(pod: &Pod, facts: &PodFacts, path: &str) -> Option<String> {
     let spec = pod.spec.as_ref();
     let map_entry = |map: &Option<BTreeMap<String, String>>, prefix: &str| -> Option<String> {
         let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
-        Some(map.as_ref().and_then(|m| m.get(key).cloned()).unwrap_or_default())
+        Some(
+            map.as_ref()
+                .and_then(|m| m.get(key).cloned())
+                .unwrap_or_default(),
+        )
     };
     let render_map = |map: &Option<BTreeMap<String, String>>| {
         map.iter()
@@ -130,7 +136,10 @@ struct Lookup<'a> {
 impl Lookup<'_> {
     async fn secret(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, EnvError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), self.namespace);
-        let secret = api.get_opt(name).await.map_err(|source| self.fetch_err("Secret", name, source))?;
+        let secret = api
+            .get_opt(name)
+            .await
+            .map_err(|source| self.fetch_err("Secret", name, source))?;
         Ok(secret.map(|s| {
             s.data
                 .unwrap_or_default()
@@ -142,7 +151,10 @@ impl Lookup<'_> {
 
     async fn config_map(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, EnvError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), self.namespace);
-        let cm = api.get_opt(name).await.map_err(|source| self.fetch_err("ConfigMap", name, source))?;
+        let cm = api
+            .get_opt(name)
+            .await
+            .map_err(|source| self.fetch_err("ConfigMap", name, source))?;
         Ok(cm.map(|c| c.data.unwrap_or_default()))
     }
 
@@ -180,20 +192,54 @@ pub async fn container_env(
         }
     };
     let (host, port) = apiserver;
-    set(&mut vars, "PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
-    set(&mut vars, "HOME".into(), if run_as_root { "/root" } else { "/" }.into());
-    set(&mut vars, "HOSTNAME".into(), pod.metadata.name.clone().unwrap_or_default());
+    set(
+        &mut vars,
+        "PATH".into(),
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+    );
+    set(
+        &mut vars,
+        "HOME".into(),
+        if run_as_root { "/root" } else { "/" }.into(),
+    );
+    set(
+        &mut vars,
+        "HOSTNAME".into(),
+        pod.metadata.name.clone().unwrap_or_default(),
+    );
     set(&mut vars, "KUBERNETES_SERVICE_HOST".into(), host.into());
-    set(&mut vars, "KUBERNETES_SERVICE_PORT".into(), port.to_string());
-    set(&mut vars, "KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string());
-    set(&mut vars, "KUBERNETES_PORT".into(), format!("tcp://{host}:{port}"));
+    set(
+        &mut vars,
+        "KUBERNETES_SERVICE_PORT".into(),
+        port.to_string(),
+    );
+    set(
+        &mut vars,
+        "KUBERNETES_SERVICE_PORT_HTTPS".into(),
+        port.to_string(),
+    );
+    set(
+        &mut vars,
+        "KUBERNETES_PORT".into(),
+        format!("tcp://{host}:{port}"),
+    );
 
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.clone().unwrap_or_default();
         let (kind, name, optional, data) = if let Some(r) = &from.secret_ref {
-            ("Secret", r.name.clone(), r.optional.unwrap_or(false), lookup.secret(&r.name).await?)
+            (
+                "Secret",
+                r.name.clone(),
+                r.optional.unwrap_or(false),
+                lookup.secret(&r.name).await?,
+            )
         } else if let Some(r) = &from.config_map_ref {
-            ("ConfigMap", r.name.clone(), r.optional.unwrap_or(false), lookup.config_map(&r.name).await?)
+            (
+                "ConfigMap",
+                r.name.clone(),
+                r.optional.unwrap_or(false),
+                lookup.config_map(&r.name).await?,
+            )
         } else {
             continue;
         };
@@ -216,12 +262,10 @@ pub async fn container_env(
 
     for var in container.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
-            (_, Some(source)) => {
-                match value_from(&lookup, pod, facts, &var.name, source).await? {
-                    Some(v) => v,
-                    None => continue,
-                }
-            }
+            (_, Some(source)) => match value_from(&lookup, pod, facts, &var.name, source).await? {
+                Some(v) => v,
+                None => continue,
+            },
             (Some(v), None) => expand(v, &vars),
             (None, None) => String::new(),
         };
@@ -265,13 +309,13 @@ async fn value_from(
         };
     }
     if let Some(f) = &source.field_ref {
-        return field_value(pod, facts, &f.field_path).map(Some).ok_or_else(|| {
-            EnvError::Unsupported {
+        return field_value(pod, facts, &f.field_path)
+            .map(Some)
+            .ok_or_else(|| EnvError::Unsupported {
                 var: var.to_string(),
                 container: lookup.container.to_string(),
                 what: format!("fieldPath {}", f.field_path),
-            }
-        });
+            });
     }
     Err(EnvError::Unsupported {
         var: var.to_string(),
@@ -306,10 +350,22 @@ mod tests {
             node_name: "node-a".into(),
         };
         assert_eq!(field_value(&pod, &facts, "metadata.name").unwrap(), "p");
-        assert_eq!(field_value(&pod, &facts, "metadata.namespace").unwrap(), "ns");
-        assert_eq!(field_value(&pod, &facts, "status.podIP").unwrap(), "127.1.0.2");
-        assert_eq!(field_value(&pod, &facts, "spec.nodeName").unwrap(), "node-a");
-        assert_eq!(field_value(&pod, &facts, "metadata.labels['app']").unwrap(), "x");
+        assert_eq!(
+            field_value(&pod, &facts, "metadata.namespace").unwrap(),
+            "ns"
+        );
+        assert_eq!(
+            field_value(&pod, &facts, "status.podIP").unwrap(),
+            "127.1.0.2"
+        );
+        assert_eq!(
+            field_value(&pod, &facts, "spec.nodeName").unwrap(),
+            "node-a"
+        );
+        assert_eq!(
+            field_value(&pod, &facts, "metadata.labels['app']").unwrap(),
+            "x"
+        );
         assert!(field_value(&pod, &facts, "spec.bogus").is_none());
     }
 }

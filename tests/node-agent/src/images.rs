@@ -18,7 +18,10 @@ pub fn repository(image: &str) -> &str {
 /// The binary an image maps to, if any.
 pub fn resolve(image: &str, overrides: &[(String, PathBuf)], bin_dir: &Path) -> Option<PathBuf> {
     let repo = repository(image);
-    if let Some((_, path)) = overrides.iter().find(|(suffix, _)| repo.ends_with(suffix.as_str())) {
+    if let Some((_, path)) = overrides
+        .iter()
+        .find(|(suffix, _)| repo.ends_with(suffix.as_str()))
+    {
         return Some(path.clone());
     }
     let name = repo.rsplit('/').next().filter(|n| !n.is_empty())?;
@@ -32,8 +35,14 @@ mod tests {
 
     #[test]
     fn repository_strips_tag_and_digest_but_not_registry_port() {
-        assert_eq!(repository("ghcr.io/ferry-dev/ferry-mover:v1"), "ghcr.io/ferry-dev/ferry-mover");
-        assert_eq!(repository("localhost:5000/ferry-mover"), "localhost:5000/ferry-mover");
+        assert_eq!(
+            repository("ghcr.io/ferry-dev/ferry-mover:v1"),
+            "ghcr.io/ferry-dev/ferry-mover"
+        );
+        assert_eq!(
+            repository("localhost:5000/ferry-mover"),
+            "localhost:5000/ferry-mover"
+        );
         assert_eq!(repository("ferry-mover@sha256:abc"), "ferry-mover");
         assert_eq!(repository("busybox"), "busybox");
     }
@@ -48,6 +57,9 @@ mod tests {
         );
         assert_eq!(resolve("busybox:1", &[], dir.path()), None);
         let over = vec![("ferry-mover".to_string(), PathBuf::from("/opt/m"))];
-        assert_eq!(resolve("ferry-mover", &over, dir.path()), Some(PathBuf::from("/opt/m")));
+        assert_eq!(
+            resolve("ferry-mover", &over, dir.path()),
+            Some(PathBuf::from("/opt/m"))
+        );
     }
 }

@@ -87,7 +87,11 @@ pub async fn run_agent(client: kube::Client, config: AgentConfig) -> anyhow::Res
         node::register(&client, &node)
             .await
             .with_context(|| format!("failed to register node {name}"))?;
-        tasks.spawn(node::heartbeat(client.clone(), node.clone(), shutdown_rx.clone()));
+        tasks.spawn(node::heartbeat(
+            client.clone(),
+            node.clone(),
+            shutdown_rx.clone(),
+        ));
         tasks.spawn(pods::run_node_pods(
             client.clone(),
             config.clone(),

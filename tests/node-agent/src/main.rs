@@ -66,7 +66,10 @@ async fn main() -> anyhow::Result<()> {
         .context("failed to load the kubeconfig")?;
     let client = kube::Client::try_from(config).context("failed to build the Kubernetes client")?;
     let cluster_dir = std::path::absolute(&args.cluster_dir).with_context(|| {
-        format!("failed to resolve cluster dir {}", args.cluster_dir.display())
+        format!(
+            "failed to resolve cluster dir {}",
+            args.cluster_dir.display()
+        )
     })?;
     let agent = AgentConfig {
         ca_file: cluster_dir.join("pki/ca.crt"),

@@ -86,10 +86,34 @@ fn node_status(node: &NodeIdentity) -> NodeStatus {
         capacity: Some(resources()),
         allocatable: Some(resources()),
         conditions: Some(vec![
-            condition("Ready", "True", "KubeletReady", "ferry node agent is posting ready status", &now),
-            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "ok", &now),
-            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "ok", &now),
-            condition("PIDPressure", "False", "KubeletHasSufficientPID", "ok", &now),
+            condition(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "ferry node agent is posting ready status",
+                &now,
+            ),
+            condition(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "ok",
+                &now,
+            ),
+            condition(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "ok",
+                &now,
+            ),
+            condition(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "ok",
+                &now,
+            ),
         ]),
         addresses: Some(vec![
             NodeAddress {
@@ -102,7 +126,9 @@ fn node_status(node: &NodeIdentity) -> NodeStatus {
             },
         ]),
         node_info: Some(NodeSystemInfo {
-            architecture: std::env::consts::ARCH.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+            architecture: std::env::consts::ARCH
+                .replace("x86_64", "amd64")
+                .replace("aarch64", "arm64"),
             boot_id: format!("ferry-{}", node.name),
             container_runtime_version: "ferry-node-agent://0.1.0".into(),
             kernel_version: String::new(),
@@ -156,7 +182,11 @@ async fn post_status(client: &Client, node: &NodeIdentity) -> Result<(), NodeErr
     let nodes: Api<Node> = Api::all(client.clone());
     let patch = serde_json::json!({ "status": node_status(node) });
     nodes
-        .patch_status(&node.name, &PatchParams::default(), &Patch::Strategic(patch))
+        .patch_status(
+            &node.name,
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
         .await
         .map_err(|source| NodeError::Status {
             node: node.name.clone(),

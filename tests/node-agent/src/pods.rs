@@ -60,7 +60,9 @@ pub async fn run_node_pods(
         match event {
             Event::Init => seen_in_relist = Some(Default::default()),
             Event::InitApply(pod) | Event::Apply(pod) => {
-                let Some(uid) = pod.metadata.uid.clone() else { continue };
+                let Some(uid) = pod.metadata.uid.clone() else {
+                    continue;
+                };
                 if let Some(seen) = seen_in_relist.as_mut() {
                     seen.insert(uid.clone());
                 }

@@ -12,8 +12,16 @@ use crate::process::{Launch, spawn};
 /// How one probe attempt is carried out.
 #[derive(Debug, Clone)]
 pub enum ProbeAction {
-    Tcp { ip: IpAddr, port: u16 },
-    Http { ip: IpAddr, port: u16, path: String, host: String },
+    Tcp {
+        ip: IpAddr,
+        port: u16,
+    },
+    Http {
+        ip: IpAddr,
+        port: u16,
+        path: String,
+        host: String,
+    },
     Exec(Box<Launch>),
 }
 
@@ -33,16 +41,29 @@ pub fn resolve_port(port: &IntOrString, container: &Container) -> Option<u16> {
 
 /// Turns a probe spec into an action; None when it declares no supported handler. `exec_base` is
 /// the container's launch, whose mounts, user and environment an exec probe shares.
-pub fn action(probe: &Probe, container: &Container, pod_ip: IpAddr, exec_base: &Launch) -> Option<ProbeAction> {
+pub fn action(
+    probe: &Probe,
+    container: &Container,
+    pod_ip: IpAddr,
+    exec_base: &Launch,
+) -> Option<ProbeAction> {
     if let Some(tcp) = &probe.tcp_socket {
-        let ip = tcp.host.as_deref().and_then(|h| h.parse().ok()).unwrap_or(pod_ip);
+        let ip = tcp
+            .host
+            .as_deref()
+            .and_then(|h| h.parse().ok())
+            .unwrap_or(pod_ip);
         return Some(ProbeAction::Tcp {
             ip,
             port: resolve_port(&tcp.port, container)?,
         });
     }
     if let Some(http) = &probe.http_get {
-        let ip = http.host.as_deref().and_then(|h| h.parse().ok()).unwrap_or(pod_ip);
+        let ip = http
+            .host
+            .as_deref()
+            .and_then(|h| h.parse().ok())
+            .unwrap_or(pod_ip);
         let port = resolve_port(&http.port, container)?;
         return Some(ProbeAction::Http {
             ip,
@@ -73,8 +94,15 @@ pub fn action(probe: &Probe, container: &Container, pod_ip: IpAddr, exec_base: &
 pub async fn run(action: &ProbeAction, timeout: Duration) -> bool {
     let attempt = async {
         match action {
-            ProbeAction::Tcp { ip, port } => tokio::net::TcpStream::connect((*ip, *port)).await.is_ok(),
-            ProbeAction::Http { ip, port, path, host } => http_ok(*ip, *port, path, host).await,
+            ProbeAction::Tcp { ip, port } => {
+                tokio::net::TcpStream::connect((*ip, *port)).await.is_ok()
+            }
+            ProbeAction::Http {
+                ip,
+                port,
+                path,
+                host,
+            } => http_ok(*ip, *port, path, host).await,
             ProbeAction::Exec(launch) => match spawn(launch) {
                 Ok(mut child) => {
                     let ok = matches!(child.wait().await, Ok(s) if s.success());
@@ -87,7 +115,9 @@ pub async fn run(action: &ProbeAction, timeout: Duration) -> bool {
             },
         }
     };
-    tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .unwrap_or(false)
 }
 
 /// A GET whose status is 200-399, as the kubelet counts success.
@@ -95,7 +125,8 @@ async fn http_ok(ip: IpAddr, port: u16, path: &str, host: &str) -> bool {
     let Ok(mut stream) = tokio::net::TcpStream::connect((ip, port)).await else {
         return false;
     };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: ferry-node-agent\r\n\r\n");
+    let request =
+        format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nUser-Agent: ferry-node-agent\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;
     }
@@ -112,7 +143,10 @@ async fn http_ok(ip: IpAddr, port: u16, path: &str, host: &str) -> bool {
         }
     }
     let line = String::from_utf8_lossy(&buf[..len]);
-    let code = line.split_whitespace().nth(1).and_then(|c| c.parse::<u16>().ok());
+    let code = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok());
     matches!(code, Some(200..=399))
 }
 
@@ -134,7 +168,12 @@ mod tests {
                 s.write_all(resp.as_bytes()).await.unwrap();
             }
         });
-        let http = ProbeAction::Http { ip, port, path: "/ready".into(), host: "x".into() };
+        let http = ProbeAction::Http {
+            ip,
+            port,
+            path: "/ready".into(),
+            host: "x".into(),
+        };
         assert!(run(&http, Duration::from_secs(2)).await);
         assert!(!run(&http, Duration::from_secs(2)).await);
         server.await.unwrap();
@@ -148,8 +187,14 @@ mod tests {
             "name": "c", "ports": [{"name": "data", "containerPort": 7000}]
         }))
         .unwrap();
-        assert_eq!(resolve_port(&IntOrString::String("data".into()), &container), Some(7000));
+        assert_eq!(
+            resolve_port(&IntOrString::String("data".into()), &container),
+            Some(7000)
+        );
         assert_eq!(resolve_port(&IntOrString::Int(81), &container), Some(81));
-        assert_eq!(resolve_port(&IntOrString::String("nope".into()), &container), None);
+        assert_eq!(
+            resolve_port(&IntOrString::String("nope".into()), &container),
+            None
+        );
     }
 }

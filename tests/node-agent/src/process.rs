@@ -1,6 +1,6 @@
 //! Starting a container as a local process with the filesystem view its pod spec declares.
 //!
-//! The child enters a private mount namespace (between fork and exec) and bind-mounts every volume at
+//! The child enters a private mount namespace and UTS namespace (between fork and exec) and bind-mounts every volume at
 //! its mountPath, so two pods can mount different directories at the same path. Then it drops to the
 //! pod's user and groups and changes to the working directory. It leads its own process group, so a
 //! signal reaches everything it started.
@@ -60,6 +60,8 @@ pub struct Launch {
     pub groups: Vec<u32>,
     /// stdout and stderr go here (appended), or to /dev/null when None.
     pub log_file: Option<PathBuf>,
+    /// The hostname the container sees (its own UTS namespace), like a pod's.
+    pub hostname: Option<String>,
 }
 
 fn cstring(p: &Path) -> Result<CString, ProcessError> {
@@ -107,6 +109,7 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
         .map(|m| Ok((cstring(&m.source)?, cstring(&m.target)?, m.read_only)))
         .collect::<Result<_, ProcessError>>()?;
     let workdir = cstring(&launch.working_dir)?;
+    let hostname: Option<Vec<u8>> = launch.hostname.as_ref().map(|h| h.as_bytes().to_vec());
     let groups: Vec<libc::gid_t> = launch.groups.clone();
     let (uid, gid) = (launch.uid, launch.gid);
 
@@ -141,7 +144,12 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
     // system calls on data prepared above (no allocation, no locks).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(name) = &hostname
+                && libc::sethostname(name.as_ptr().cast(), name.len()) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // Keep our mounts from propagating back to the host's namespace.
@@ -249,7 +257,7 @@ mod tests {
             program: find_program("sh", "/usr/bin:/bin").unwrap(),
             args: vec![
                 "-c".into(),
-                "cat volume/hello.txt; echo \" $GREETING\"; echo x > volume/denied 2>/dev/null || echo read-only".into(),
+                "cat volume/hello.txt; echo \" $GREETING\"; echo x > volume/denied 2>/dev/null || echo read-only; hostname".into(),
             ],
             env: vec![("GREETING".into(), "hi".into()), ("PATH".into(), "/usr/bin:/bin".into())],
             working_dir: target.path().join("mnt"),
@@ -262,12 +270,13 @@ mod tests {
             gid: None,
             groups: vec![],
             log_file: Some(log.clone()),
+            hostname: Some("pod-x".into()),
         };
         let mut child = spawn(&launch).unwrap();
         let status = child.wait().await.unwrap();
         assert!(status.success());
         let out = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(out, "from the volume hi\nread-only\n");
+        assert_eq!(out, "from the volume hi\nread-only\npod-x\n");
         // The bind mount lived only in the child's namespace: the host's mount point is empty.
         assert_eq!(std::fs::read_dir(&mount_at).unwrap().count(), 0);
     }

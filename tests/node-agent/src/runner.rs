@@ -43,7 +43,9 @@ pub enum PrepareError {
     Volume(#[from] crate::volumes::VolumeError),
     #[error(transparent)]
     Env(#[from] crate::env::EnvError),
-    #[error("container {container}: image {image} maps to no local binary and the pod gives no command")]
+    #[error(
+        "container {container}: image {image} maps to no local binary and the pod gives no command"
+    )]
     NoCommand { container: String, image: String },
     #[error("container {container}: program {program} not found on the node")]
     NoProgram { container: String, program: String },
@@ -111,15 +113,27 @@ fn pod_key(pod: &Pod) -> String {
 }
 
 /// The effective user, group and supplementary groups of a container.
-fn identity(pod_sc: Option<&PodSecurityContext>, sc: Option<&SecurityContext>) -> (Option<u32>, Option<u32>, Vec<u32>) {
+fn identity(
+    pod_sc: Option<&PodSecurityContext>,
+    sc: Option<&SecurityContext>,
+) -> (Option<u32>, Option<u32>, Vec<u32>) {
     let to_u32 = |v: Option<i64>| v.and_then(|v| u32::try_from(v).ok());
-    let uid = to_u32(sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user)));
-    let gid = to_u32(sc.and_then(|s| s.run_as_group).or(pod_sc.and_then(|s| s.run_as_group)));
+    let uid = to_u32(
+        sc.and_then(|s| s.run_as_user)
+            .or(pod_sc.and_then(|s| s.run_as_user)),
+    );
+    let gid = to_u32(
+        sc.and_then(|s| s.run_as_group)
+            .or(pod_sc.and_then(|s| s.run_as_group)),
+    );
     let mut groups: Vec<u32> = Vec::new();
     if let Some(g) = to_u32(pod_sc.and_then(|s| s.fs_group)) {
         groups.push(g);
     }
-    for g in pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default() {
+    for g in pod_sc
+        .and_then(|s| s.supplemental_groups.clone())
+        .unwrap_or_default()
+    {
         if let Ok(g) = u32::try_from(g) {
             groups.push(g);
         }
@@ -243,7 +257,11 @@ impl PodRunner {
             .unwrap_or_else(|| "Always".into())
     }
 
-    async fn run(&mut self, updates: &mut watch::Receiver<Option<Pod>>, shutdown: &mut watch::Receiver<bool>) {
+    async fn run(
+        &mut self,
+        updates: &mut watch::Receiver<Option<Pod>>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) {
         let config = self.ctx.config.clone();
         self.pod_dir = config
             .node_root(&self.ctx.node.name)
@@ -296,8 +314,11 @@ impl PodRunner {
             End::Vanished => 0,
             End::Shutdown => 5,
         };
-        self.stop_all(Duration::from_secs(u64::try_from(grace).unwrap_or(0)), &mut exit_rx)
-            .await;
+        self.stop_all(
+            Duration::from_secs(u64::try_from(grace).unwrap_or(0)),
+            &mut exit_rx,
+        )
+        .await;
         if let Err(e) = std::fs::remove_dir_all(&self.pod_dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -381,9 +402,11 @@ impl PodRunner {
                 (bin, rest.to_vec())
             }
             (_, Some((first, rest))) => {
-                let program = process::find_program(first, &path_var).ok_or_else(|| PrepareError::NoProgram {
-                    container: spec.name.clone(),
-                    program: first.clone(),
+                let program = process::find_program(first, &path_var).ok_or_else(|| {
+                    PrepareError::NoProgram {
+                        container: spec.name.clone(),
+                        program: first.clone(),
+                    }
                 })?;
                 (program, rest.to_vec())
             }
@@ -398,21 +421,28 @@ impl PodRunner {
 
         let mut mounts = Vec::new();
         for m in spec.volume_mounts.iter().flatten() {
-            let volume = volumes.get(&m.name).ok_or_else(|| PrepareError::UnknownVolume {
-                container: spec.name.clone(),
-                volume: m.name.clone(),
-            })?;
+            let volume = volumes
+                .get(&m.name)
+                .ok_or_else(|| PrepareError::UnknownVolume {
+                    container: spec.name.clone(),
+                    volume: m.name.clone(),
+                })?;
             let sub = m.sub_path.clone().unwrap_or_default();
             let source = if sub.is_empty() {
                 volume.host_path.clone()
             } else {
-                let p = crate::path_under(&volume.host_path, &sub).ok_or_else(|| PrepareError::BadSubPath {
-                    container: spec.name.clone(),
-                    volume: m.name.clone(),
-                    sub_path: sub.clone(),
+                let p = crate::path_under(&volume.host_path, &sub).ok_or_else(|| {
+                    PrepareError::BadSubPath {
+                        container: spec.name.clone(),
+                        volume: m.name.clone(),
+                        sub_path: sub.clone(),
+                    }
                 })?;
                 if !p.exists() {
-                    std::fs::create_dir_all(&p).map_err(|source| PrepareError::Io { path: p.clone(), source })?;
+                    std::fs::create_dir_all(&p).map_err(|source| PrepareError::Io {
+                        path: p.clone(),
+                        source,
+                    })?;
                 }
                 p
             };
@@ -424,7 +454,10 @@ impl PodRunner {
         }
         // The termination message file: a per-container file mounted at terminationMessagePath.
         let ctr_dir = self.pod_dir.join("containers").join(&spec.name);
-        std::fs::create_dir_all(&ctr_dir).map_err(|source| PrepareError::Io { path: ctr_dir.clone(), source })?;
+        std::fs::create_dir_all(&ctr_dir).map_err(|source| PrepareError::Io {
+            path: ctr_dir.clone(),
+            source,
+        })?;
         let termination_log = ctr_dir.join("termination-log");
         std::fs::write(&termination_log, b"").map_err(|source| PrepareError::Io {
             path: termination_log.clone(),
@@ -432,7 +465,8 @@ impl PodRunner {
         })?;
         {
             use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666));
+            let _ =
+                std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666));
         }
         mounts.push(BindMount {
             source: termination_log.clone(),
@@ -448,12 +482,24 @@ impl PodRunner {
             program,
             args: argv,
             env,
-            working_dir: PathBuf::from(spec.working_dir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| "/".into())),
+            working_dir: PathBuf::from(
+                spec.working_dir
+                    .clone()
+                    .filter(|w| !w.is_empty())
+                    .unwrap_or_else(|| "/".into()),
+            ),
             mounts,
             uid,
             gid,
             groups,
             log_file: Some(config.log_file(self.namespace(), self.name(), &spec.name)),
+            hostname: Some(
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.hostname.clone())
+                    .unwrap_or_else(|| self.name().to_string()),
+            ),
         };
         let readiness = spec.readiness_probe.as_ref().and_then(|p| {
             let action = probes::action(p, &spec, self.ip, &launch)?;
@@ -481,7 +527,8 @@ impl PodRunner {
                 ready: false,
                 restart_pending: false,
             },
-            fallback_to_logs: spec.termination_message_policy.as_deref() == Some("FallbackToLogsOnError"),
+            fallback_to_logs: spec.termination_message_policy.as_deref()
+                == Some("FallbackToLogsOnError"),
             spec,
             launch,
             pgid: None,
@@ -530,7 +577,11 @@ impl PodRunner {
         let run_dir = self.ctx.config.run_dir();
         let uid = self.uid().to_string();
         let key = self.key.clone();
-        let ctr = if init { &mut self.init[pos] } else { &mut self.main[pos] };
+        let ctr = if init {
+            &mut self.init[pos]
+        } else {
+            &mut self.main[pos]
+        };
         ctr.generation += 1;
         ctr.restart_at = None;
         ctr.view.restart_pending = false;
@@ -567,7 +618,12 @@ impl PodRunner {
                         Err(_) => (255, None),
                     };
                     let _ = std::fs::remove_file(&pgid_file);
-                    let _ = tx.send(Exit { index, generation, code, signal });
+                    let _ = tx.send(Exit {
+                        index,
+                        generation,
+                        code,
+                        signal,
+                    });
                 });
             }
             Err(e) => {
@@ -575,7 +631,12 @@ impl PodRunner {
                 tracing::warn!(pod = %key, container = %ctr.spec.name, error = %msg, "container failed to start");
                 // Reported like an exit so the restart policy applies.
                 let generation = ctr.generation;
-                let _ = exit_tx.send(Exit { index, generation, code: 128, signal: None });
+                let _ = exit_tx.send(Exit {
+                    index,
+                    generation,
+                    code: 128,
+                    signal: None,
+                });
                 ctr.start_error = Some(msg);
                 ctr.view.state = State::Running { started };
             }
@@ -590,7 +651,11 @@ impl PodRunner {
             (false, exit.index)
         };
         let key = self.key.clone();
-        let Some(ctr) = (if init { self.init.get_mut(pos) } else { self.main.get_mut(pos) }) else {
+        let Some(ctr) = (if init {
+            self.init.get_mut(pos)
+        } else {
+            self.main.get_mut(pos)
+        }) else {
             return;
         };
         if ctr.generation != exit.generation {
@@ -632,10 +697,16 @@ impl PodRunner {
             ctr.restart_at = Some(Instant::now() + backoff);
             ctr.view.state = State::Waiting {
                 reason: "CrashLoopBackOff".into(),
-                message: Some(format!("back-off {}s restarting failed container", backoff.as_secs())),
+                message: Some(format!(
+                    "back-off {}s restarting failed container",
+                    backoff.as_secs()
+                )),
             };
             if exit.code == 0 {
-                ctr.view.state = State::Waiting { reason: "Completed".into(), message: None };
+                ctr.view.state = State::Waiting {
+                    reason: "Completed".into(),
+                    message: None,
+                };
             }
         } else {
             ctr.view.restart_pending = false;
@@ -646,7 +717,9 @@ impl PodRunner {
     async fn probe_due(&mut self) {
         let now = Instant::now();
         for ctr in self.main.iter_mut() {
-            let Some((action, timing)) = &ctr.readiness else { continue };
+            let Some((action, timing)) = &ctr.readiness else {
+                continue;
+            };
             if !matches!(ctr.view.state, State::Running { .. }) || now < ctr.probe_next {
                 continue;
             }
@@ -713,7 +786,11 @@ impl PodRunner {
         }
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
         match api
-            .patch_status(self.name(), &PatchParams::default(), &Patch::Strategic(body))
+            .patch_status(
+                self.name(),
+                &PatchParams::default(),
+                &Patch::Strategic(body),
+            )
             .await
         {
             Ok(_) => *last = Some((fingerprint, Instant::now())),
@@ -727,11 +804,23 @@ impl PodRunner {
         let running = |r: &PodRunner| r.init.iter().chain(r.main.iter()).any(|c| c.pgid.is_some());
         for c in self.init.iter().chain(self.main.iter()) {
             if let Some(pgid) = c.pgid {
-                process::signal_group(pgid, if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM });
+                process::signal_group(
+                    pgid,
+                    if grace.is_zero() {
+                        libc::SIGKILL
+                    } else {
+                        libc::SIGTERM
+                    },
+                );
             }
         }
         let deadline = Instant::now() + grace;
-        let pgids: Vec<i32> = self.init.iter().chain(self.main.iter()).filter_map(|c| c.pgid).collect();
+        let pgids: Vec<i32> = self
+            .init
+            .iter()
+            .chain(self.main.iter())
+            .filter_map(|c| c.pgid)
+            .collect();
         while running(self) && Instant::now() < deadline {
             match tokio::time::timeout_at(deadline.into(), exit_rx.recv()).await {
                 Ok(Some(exit)) => self.mark_stopped(exit),
@@ -753,8 +842,16 @@ impl PodRunner {
     }
 
     fn mark_stopped(&mut self, exit: Exit) {
-        let pos = if exit.index > usize::MAX / 2 { usize::MAX - exit.index } else { exit.index };
-        let list = if exit.index > usize::MAX / 2 { &mut self.init } else { &mut self.main };
+        let pos = if exit.index > usize::MAX / 2 {
+            usize::MAX - exit.index
+        } else {
+            exit.index
+        };
+        let list = if exit.index > usize::MAX / 2 {
+            &mut self.init
+        } else {
+            &mut self.main
+        };
         if let Some(c) = list.get_mut(pos)
             && c.generation == exit.generation
         {
@@ -770,7 +867,8 @@ fn termination_message(ctr: &Ctr, code: i32) -> Option<String> {
     let read_tail = |path: &std::path::Path| -> Option<String> {
         let mut f = std::fs::File::open(path).ok()?;
         let len = f.metadata().ok()?.len();
-        f.seek(SeekFrom::Start(len.saturating_sub(MAX_TERMINATION_MESSAGE))).ok()?;
+        f.seek(SeekFrom::Start(len.saturating_sub(MAX_TERMINATION_MESSAGE)))
+            .ok()?;
         let mut buf = Vec::new();
         f.take(MAX_TERMINATION_MESSAGE).read_to_end(&mut buf).ok()?;
         let s = String::from_utf8_lossy(&buf).into_owned();
@@ -827,8 +925,14 @@ mod tests {
             run_as_group: Some(1002),
             ..Default::default()
         };
-        assert_eq!(identity(Some(&pod_sc), Some(&sc)), (Some(1001), Some(1002), vec![2000, 3000]));
-        assert_eq!(identity(Some(&pod_sc), None), (Some(1000), Some(0), vec![2000, 3000]));
+        assert_eq!(
+            identity(Some(&pod_sc), Some(&sc)),
+            (Some(1001), Some(1002), vec![2000, 3000])
+        );
+        assert_eq!(
+            identity(Some(&pod_sc), None),
+            (Some(1000), Some(0), vec![2000, 3000])
+        );
         assert_eq!(identity(None, None), (None, None, vec![]));
     }
 }

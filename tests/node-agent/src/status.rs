@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, PodCondition, PodIP, HostIP,
+    ContainerStatus, HostIP, PodCondition, PodIP,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -23,8 +23,13 @@ pub struct Terminated {
 /// A container's current state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
-    Waiting { reason: String, message: Option<String> },
-    Running { started: Timestamp },
+    Waiting {
+        reason: String,
+        message: Option<String>,
+    },
+    Running {
+        started: Timestamp,
+    },
     Terminated(Terminated),
 }
 
@@ -65,7 +70,10 @@ pub fn should_restart(policy: &str, exit_code: i32) -> bool {
 
 /// The pod phase. `init` are the init containers in order, `main` the app containers.
 pub fn phase(init: &[ContainerView], main: &[ContainerView]) -> &'static str {
-    if init.iter().any(|c| matches!(c.final_exit(), Some(code) if code != 0)) {
+    if init
+        .iter()
+        .any(|c| matches!(c.final_exit(), Some(code) if code != 0))
+    {
         return "Failed";
     }
     if !init.iter().all(|c| c.final_exit() == Some(0)) {
@@ -218,15 +226,35 @@ mod tests {
 
     #[test]
     fn phase_follows_containers_and_restart_policy() {
-        let waiting = State::Waiting { reason: "ContainerCreating".into(), message: None };
-        let running = State::Running { started: Timestamp::now() };
+        let waiting = State::Waiting {
+            reason: "ContainerCreating".into(),
+            message: None,
+        };
+        let running = State::Running {
+            started: Timestamp::now(),
+        };
         assert_eq!(phase(&[], &[view(waiting.clone(), false)]), "Pending");
-        assert_eq!(phase(&[], &[view(running.clone(), false), view(exited(0), false)]), "Running");
-        assert_eq!(phase(&[], &[view(exited(0), false), view(exited(0), false)]), "Succeeded");
-        assert_eq!(phase(&[], &[view(exited(0), false), view(exited(3), false)]), "Failed");
+        assert_eq!(
+            phase(&[], &[view(running.clone(), false), view(exited(0), false)]),
+            "Running"
+        );
+        assert_eq!(
+            phase(&[], &[view(exited(0), false), view(exited(0), false)]),
+            "Succeeded"
+        );
+        assert_eq!(
+            phase(&[], &[view(exited(0), false), view(exited(3), false)]),
+            "Failed"
+        );
         assert_eq!(phase(&[], &[view(exited(3), true)]), "Running");
-        assert_eq!(phase(&[view(running, false)], &[view(waiting.clone(), false)]), "Pending");
-        assert_eq!(phase(&[view(exited(1), false)], &[view(waiting, false)]), "Failed");
+        assert_eq!(
+            phase(&[view(running, false)], &[view(waiting.clone(), false)]),
+            "Pending"
+        );
+        assert_eq!(
+            phase(&[view(exited(1), false)], &[view(waiting, false)]),
+            "Failed"
+        );
     }
 
     #[test]
@@ -257,7 +285,12 @@ mod tests {
         let term = &status["containerStatuses"][0]["state"]["terminated"];
         assert_eq!(term["exitCode"], 7);
         assert_eq!(term["message"], "boom");
-        let ready = status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Ready").unwrap();
+        let ready = status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap();
         assert_eq!(ready["status"], "False");
     }
 }

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount, Volume,
+    ConfigMap, KeyToPath, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    Volume,
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
@@ -43,7 +44,9 @@ pub enum VolumeError {
     Unbound { claim: String, volume: String },
     #[error("PersistentVolume {pv} (volume {volume}) is neither hostPath nor local")]
     UnsupportedPv { pv: String, volume: String },
-    #[error("volume {volume} has an unsupported type (supported: hostPath, persistentVolumeClaim, secret, configMap, emptyDir, projected, downwardAPI)")]
+    #[error(
+        "volume {volume} has an unsupported type (supported: hostPath, persistentVolumeClaim, secret, configMap, emptyDir, projected, downwardAPI)"
+    )]
     UnsupportedType { volume: String },
     #[error("path {path:?} of volume {volume} escapes its root")]
     BadPath { path: String, volume: String },
@@ -62,7 +65,9 @@ pub enum VolumeError {
         volume: String,
         kind: String,
     },
-    #[error("failed to request a service account token for {namespace}/{service_account} (volume {volume})")]
+    #[error(
+        "failed to request a service account token for {namespace}/{service_account} (volume {volume})"
+    )]
     Token {
         namespace: String,
         service_account: String,
@@ -104,13 +109,22 @@ impl VolumeContext<'_> {
 
     fn io(&self, path: &Path, volume: &str) -> impl FnOnce(std::io::Error) -> VolumeError {
         let (path, volume) = (path.to_path_buf(), volume.to_string());
-        move |source| VolumeError::Io { path, volume, source }
+        move |source| VolumeError::Io {
+            path,
+            volume,
+            source,
+        }
     }
 
     /// Resolves every volume of the pod.
     pub async fn resolve_all(&self) -> Result<BTreeMap<String, ResolvedVolume>, VolumeError> {
         let mut out = BTreeMap::new();
-        let volumes = self.pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
+        let volumes = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.clone())
+            .unwrap_or_default();
         for volume in &volumes {
             out.insert(volume.name.clone(), self.resolve(volume).await?);
         }
@@ -137,7 +151,9 @@ impl VolumeContext<'_> {
                         std::fs::File::create(&path).map_err(self.io(&path, name))?;
                     }
                 }
-                "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice" if !path.exists() => {
+                "Directory" | "File" | "Socket" | "CharDevice" | "BlockDevice"
+                    if !path.exists() =>
+                {
                     return Err(VolumeError::HostPathMissing {
                         path,
                         volume: name.into(),
@@ -173,22 +189,28 @@ impl VolumeContext<'_> {
         if let Some(s) = &v.secret {
             default_mode = s.default_mode;
             let secret_name = s.secret_name.clone().unwrap_or_default();
-            let data = self.secret_data(&secret_name, name, s.optional.unwrap_or(false)).await?;
+            let data = self
+                .secret_data(&secret_name, name, s.optional.unwrap_or(false))
+                .await?;
             files.extend(select_items(data, &s.items, "Secret", &secret_name, name)?);
         } else if let Some(c) = &v.config_map {
             default_mode = c.default_mode;
-            let data = self.config_map_data(&c.name, name, c.optional.unwrap_or(false)).await?;
+            let data = self
+                .config_map_data(&c.name, name, c.optional.unwrap_or(false))
+                .await?;
             files.extend(select_items(data, &c.items, "ConfigMap", &c.name, name)?);
         } else if let Some(d) = &v.downward_api {
             default_mode = d.default_mode;
             for item in d.items.iter().flatten() {
                 let value = match &item.field_ref {
-                    Some(f) => field_value(self.pod, self.facts, &f.field_path).ok_or_else(|| {
-                        VolumeError::UnsupportedField {
-                            path: f.field_path.clone(),
-                            volume: name.into(),
-                        }
-                    })?,
+                    Some(f) => {
+                        field_value(self.pod, self.facts, &f.field_path).ok_or_else(|| {
+                            VolumeError::UnsupportedField {
+                                path: f.field_path.clone(),
+                                volume: name.into(),
+                            }
+                        })?
+                    }
                     None => String::new(),
                 };
                 files.push((item.path.clone(), value.into_bytes(), item.mode));
@@ -197,33 +219,40 @@ impl VolumeContext<'_> {
             default_mode = p.default_mode;
             for source in p.sources.iter().flatten() {
                 if let Some(s) = &source.secret {
-                    let data = self.secret_data(&s.name, name, s.optional.unwrap_or(false)).await?;
+                    let data = self
+                        .secret_data(&s.name, name, s.optional.unwrap_or(false))
+                        .await?;
                     files.extend(select_items(data, &s.items, "Secret", &s.name, name)?);
                 }
                 if let Some(c) = &source.config_map {
-                    let data = self.config_map_data(&c.name, name, c.optional.unwrap_or(false)).await?;
+                    let data = self
+                        .config_map_data(&c.name, name, c.optional.unwrap_or(false))
+                        .await?;
                     files.extend(select_items(data, &c.items, "ConfigMap", &c.name, name)?);
                 }
                 if let Some(d) = &source.downward_api {
                     for item in d.items.iter().flatten() {
                         if let Some(f) = &item.field_ref {
-                            let value = field_value(self.pod, self.facts, &f.field_path).ok_or_else(
-                                || VolumeError::UnsupportedField {
+                            let value = field_value(self.pod, self.facts, &f.field_path)
+                                .ok_or_else(|| VolumeError::UnsupportedField {
                                     path: f.field_path.clone(),
                                     volume: name.into(),
-                                },
-                            )?;
+                                })?;
                             files.push((item.path.clone(), value.into_bytes(), item.mode));
                         }
                     }
                 }
                 if let Some(t) = &source.service_account_token {
-                    let token = self.token(t.audience.clone(), t.expiration_seconds, name).await?;
+                    let token = self
+                        .token(t.audience.clone(), t.expiration_seconds, name)
+                        .await?;
                     files.push((t.path.clone(), token.into_bytes(), None));
                 }
             }
         } else {
-            return Err(VolumeError::UnsupportedType { volume: name.into() });
+            return Err(VolumeError::UnsupportedType {
+                volume: name.into(),
+            });
         }
         self.write_files(&managed_dir, name, files, default_mode.unwrap_or(0o644))?;
         Ok(ResolvedVolume {
@@ -284,7 +313,13 @@ impl VolumeContext<'_> {
         })
     }
 
-    fn fetch_err(&self, kind: &'static str, name: &str, volume: &str, source: kube::Error) -> VolumeError {
+    fn fetch_err(
+        &self,
+        kind: &'static str,
+        name: &str,
+        volume: &str,
+        source: kube::Error,
+    ) -> VolumeError {
         VolumeError::Fetch {
             kind,
             namespace: self.namespace().to_string(),
@@ -301,8 +336,17 @@ impl VolumeContext<'_> {
         optional: bool,
     ) -> Result<BTreeMap<String, Vec<u8>>, VolumeError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), self.namespace());
-        match api.get_opt(secret).await.map_err(|e| self.fetch_err("Secret", secret, volume, e))? {
-            Some(s) => Ok(s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect()),
+        match api
+            .get_opt(secret)
+            .await
+            .map_err(|e| self.fetch_err("Secret", secret, volume, e))?
+        {
+            Some(s) => Ok(s
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect()),
             None if optional => Ok(BTreeMap::new()),
             None => Err(VolumeError::Missing {
                 kind: "Secret",
@@ -319,7 +363,11 @@ impl VolumeContext<'_> {
         optional: bool,
     ) -> Result<BTreeMap<String, Vec<u8>>, VolumeError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), self.namespace());
-        match api.get_opt(cm).await.map_err(|e| self.fetch_err("ConfigMap", cm, volume, e))? {
+        match api
+            .get_opt(cm)
+            .await
+            .map_err(|e| self.fetch_err("ConfigMap", cm, volume, e))?
+        {
             Some(c) => {
                 let mut out: BTreeMap<String, Vec<u8>> = c
                     .data
@@ -327,7 +375,12 @@ impl VolumeContext<'_> {
                     .into_iter()
                     .map(|(k, v)| (k, v.into_bytes()))
                     .collect();
-                out.extend(c.binary_data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)));
+                out.extend(
+                    c.binary_data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0)),
+                );
                 Ok(out)
             }
             None if optional => Ok(BTreeMap::new()),
@@ -387,7 +440,8 @@ impl VolumeContext<'_> {
         default_mode: i32,
     ) -> Result<(), VolumeError> {
         fresh_dir(dir).map_err(self.io(dir, volume))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(self.io(dir, volume))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(self.io(dir, volume))?;
         for (rel, bytes, mode) in files {
             let path = path_under(dir, &rel).ok_or_else(|| VolumeError::BadPath {
                 path: rel.clone(),
@@ -398,14 +452,20 @@ impl VolumeContext<'_> {
             }
             std::fs::write(&path, &bytes).map_err(self.io(&path, volume))?;
             let mode = u32::try_from(mode.unwrap_or(default_mode) & 0o7777).unwrap_or(0o644);
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(self.io(&path, volume))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(self.io(&path, volume))?;
         }
         self.apply_fs_group(dir, volume, true)
     }
 
     /// Group-owns `path` (recursively) by fsGroup: directories setgid and group rwx (r-x when
     /// read-only), files group-readable (and writable unless read-only).
-    fn apply_fs_group(&self, path: &Path, volume: &str, read_only: bool) -> Result<(), VolumeError> {
+    fn apply_fs_group(
+        &self,
+        path: &Path,
+        volume: &str,
+        read_only: bool,
+    ) -> Result<(), VolumeError> {
         let Some(gid) = self.fs_group.and_then(|g| u32::try_from(g).ok()) else {
             return Ok(());
         };
@@ -425,7 +485,8 @@ impl VolumeContext<'_> {
             } else {
                 mode | if read_only { 0o040 } else { 0o060 }
             };
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(new_mode)).map_err(self.io(&p, volume))?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(new_mode))
+                .map_err(self.io(&p, volume))?;
         }
         Ok(())
     }
@@ -444,12 +505,15 @@ fn select_items(
         Some(items) => items
             .iter()
             .map(|item| {
-                let bytes = data.get(&item.key).cloned().ok_or_else(|| VolumeError::MissingKey {
-                    kind,
-                    name: name.into(),
-                    key: item.key.clone(),
-                    volume: volume.into(),
-                })?;
+                let bytes =
+                    data.get(&item.key)
+                        .cloned()
+                        .ok_or_else(|| VolumeError::MissingKey {
+                            kind,
+                            name: name.into(),
+                            key: item.key.clone(),
+                            volume: volume.into(),
+                        })?;
                 Ok((item.path.clone(), bytes, item.mode))
             })
             .collect(),
@@ -472,8 +536,12 @@ mod tests {
 
     #[test]
     fn select_items_maps_keys_to_paths_and_reports_missing_keys() {
-        let data: BTreeMap<String, Vec<u8>> =
-            [("a".to_string(), b"1".to_vec()), ("b".to_string(), b"2".to_vec())].into_iter().collect();
+        let data: BTreeMap<String, Vec<u8>> = [
+            ("a".to_string(), b"1".to_vec()),
+            ("b".to_string(), b"2".to_vec()),
+        ]
+        .into_iter()
+        .collect();
         let all = select_items(data.clone(), &None, "Secret", "s", "v").unwrap();
         assert_eq!(all.len(), 2);
         let items = Some(vec![KeyToPath {
@@ -482,13 +550,19 @@ mod tests {
             mode: Some(0o600),
         }]);
         let picked = select_items(data.clone(), &items, "Secret", "s", "v").unwrap();
-        assert_eq!(picked, vec![("sub/b.txt".to_string(), b"2".to_vec(), Some(0o600))]);
+        assert_eq!(
+            picked,
+            vec![("sub/b.txt".to_string(), b"2".to_vec(), Some(0o600))]
+        );
         let bad = Some(vec![KeyToPath {
             key: "zzz".into(),
             path: "z".into(),
             mode: None,
         }]);
         let err = select_items(data, &bad, "Secret", "s", "v").unwrap_err();
-        assert!(err.to_string().contains("key zzz not found in Secret s"), "{err}");
+        assert!(
+            err.to_string().contains("key zzz not found in Secret s"),
+            "{err}"
+        );
     }
 }

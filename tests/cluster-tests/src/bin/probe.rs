@@ -66,7 +66,10 @@ async fn serve(port: u16) -> anyhow::Result<()> {
             // raw TCP reader sees as text too.
             let mut buf = [0u8; 1024];
             let _ = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf)).await;
-            let reply = format!("HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let reply = format!(
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
             let _ = stream.write_all(reply.as_bytes()).await;
         });
     }
@@ -106,7 +109,10 @@ async fn sleep(ignore_term: bool) -> anyhow::Result<()> {
 }
 
 /// "allowed <n> [names]" or "forbidden <code>".
-fn outcome<T>(result: Result<kube::core::ObjectList<T>, kube::Error>, name: impl Fn(&T) -> String) -> String
+fn outcome<T>(
+    result: Result<kube::core::ObjectList<T>, kube::Error>,
+    name: impl Fn(&T) -> String,
+) -> String
 where
     T: Clone,
 {
