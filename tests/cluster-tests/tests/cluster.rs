@@ -486,11 +486,16 @@ async fn deployment_lists_pods_through_its_service_account_within_rbac_only() ->
     let pods = ns.api::<Pod>();
     let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
     let pod_name = loop {
-        let list = pods.list(&ListParams::default().labels("app=lister")).await?;
+        let list = pods
+            .list(&ListParams::default().labels("app=lister"))
+            .await?;
         if let Some(p) = list.items.iter().find(|p| phase(p) == "Running") {
             break p.metadata.name.clone().unwrap_or_default();
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the deployment's pod did not run: {list:?}");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the deployment's pod did not run: {list:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let log = wait_for_log(&ns.name, &pod_name, "main", "rbac {", POD_TIMEOUT).await?;

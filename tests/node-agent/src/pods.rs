@@ -75,7 +75,7 @@ pub async fn run_node_pods(
                 let ctx = ctx.clone();
                 let shutdown = shutdown.clone();
                 tasks.spawn(async move {
-                    ctx.run_pod(rx, shutdown).await;
+                    Box::pin(ctx.run_pod(rx, shutdown)).await;
                     uid
                 });
             }

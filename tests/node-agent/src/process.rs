@@ -189,10 +189,11 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if uid.is_some() || gid.is_some() || !groups.is_empty() {
-                if libc::setgroups(groups.len(), groups.as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+            // Root's supplementary groups must not leak to a non-root container.
+            if (uid.is_some() || gid.is_some() || !groups.is_empty())
+                && libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
             if let Some(g) = gid
                 && libc::setgid(g) != 0

@@ -231,7 +231,7 @@ struct PodRunner {
 }
 
 enum End {
-    Deleted(Pod),
+    Deleted(Box<Pod>),
     Vanished,
     Shutdown,
 }
@@ -281,7 +281,7 @@ impl PodRunner {
                     let current = updates.borrow().clone();
                     match current {
                         None => break End::Vanished,
-                        Some(p) if p.metadata.deletion_timestamp.is_some() => break End::Deleted(p),
+                        Some(p) if p.metadata.deletion_timestamp.is_some() => break End::Deleted(Box::new(p)),
                         Some(p) => self.pod = p,
                     }
                 }

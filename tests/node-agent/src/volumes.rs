@@ -23,6 +23,9 @@ use kube::{Api, Client};
 use crate::env::{PodFacts, field_value};
 use crate::path_under;
 
+/// One file of a secret-like volume: relative path, content, mode (None: the volume's default).
+type VolumeFile = (String, Vec<u8>, Option<i32>);
+
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("failed to read {kind} {namespace}/{name} for volume {volume}")]
@@ -32,7 +35,7 @@ pub enum VolumeError {
         name: String,
         volume: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("{kind} {name} for volume {volume} does not exist")]
     Missing {
@@ -73,7 +76,7 @@ pub enum VolumeError {
         service_account: String,
         volume: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("failed to prepare {path} for volume {volume}")]
     Io {
@@ -138,10 +141,8 @@ impl VolumeContext<'_> {
             let path = self.host_path(&hp.path, name)?;
             let kind = hp.type_.clone().unwrap_or_default();
             match kind.as_str() {
-                "" | "DirectoryOrCreate" => {
-                    if !path.exists() {
-                        std::fs::create_dir_all(&path).map_err(self.io(&path, name))?;
-                    }
+                "" | "DirectoryOrCreate" if !path.exists() => {
+                    std::fs::create_dir_all(&path).map_err(self.io(&path, name))?;
                 }
                 "FileOrCreate" => {
                     if let Some(parent) = path.parent() {
@@ -184,7 +185,7 @@ impl VolumeContext<'_> {
                 always_read_only: false,
             });
         }
-        let mut files: Vec<(String, Vec<u8>, Option<i32>)> = Vec::new();
+        let mut files: Vec<VolumeFile> = Vec::new();
         let default_mode;
         if let Some(s) = &v.secret {
             default_mode = s.default_mode;
@@ -325,7 +326,7 @@ impl VolumeContext<'_> {
             namespace: self.namespace().to_string(),
             name: name.into(),
             volume: volume.into(),
-            source,
+            source: Box::new(source),
         }
     }
 
@@ -426,7 +427,7 @@ impl VolumeContext<'_> {
                 namespace: ns.into(),
                 service_account: sa.clone(),
                 volume: volume.into(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(response.status.map(|s| s.token).unwrap_or_default())
     }
@@ -436,7 +437,7 @@ impl VolumeContext<'_> {
         &self,
         dir: &Path,
         volume: &str,
-        files: Vec<(String, Vec<u8>, Option<i32>)>,
+        files: Vec<VolumeFile>,
         default_mode: i32,
     ) -> Result<(), VolumeError> {
         fresh_dir(dir).map_err(self.io(dir, volume))?;
@@ -499,7 +500,7 @@ fn select_items(
     kind: &'static str,
     name: &str,
     volume: &str,
-) -> Result<Vec<(String, Vec<u8>, Option<i32>)>, VolumeError> {
+) -> Result<Vec<VolumeFile>, VolumeError> {
     match items {
         None => Ok(data.into_iter().map(|(k, v)| (k, v, None)).collect()),
         Some(items) => items
