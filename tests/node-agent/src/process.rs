@@ -244,7 +244,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn spawned_process_sees_bind_mount_env_and_workdir_and_leads_its_group() {
+    async fn spawned_process_sees_read_only_bind_mount_env_workdir_and_hostname() {
         if unsafe { libc::geteuid() } != 0 {
             panic!("this test needs root (mount namespaces); the CI and dev machines run as root");
         }
@@ -258,7 +258,7 @@ mod tests {
             program: find_program("sh", "/usr/bin:/bin").unwrap(),
             args: vec![
                 "-c".into(),
-                "cat volume/hello.txt; echo \" $GREETING\"; echo x > volume/denied 2>/dev/null || echo read-only; hostname".into(),
+                "cat volume/hello.txt; echo \" $GREETING\"; (echo x > volume/denied) 2>/dev/null || echo read-only; hostname".into(),
             ],
             env: vec![("GREETING".into(), "hi".into()), ("PATH".into(), "/usr/bin:/bin".into())],
             working_dir: target.path().join("mnt"),
