@@ -9,6 +9,8 @@ stop_pid() {
   local pid="$1" what="$2"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 0
   kill -0 "$pid" 2>/dev/null || return 0
+  # A stale pid file may name a pid the system has reused: only stop the process it was.
+  tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$what" || return 0
   kill -TERM "$pid" 2>/dev/null
   for _ in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || return 0
@@ -31,7 +33,10 @@ fi
 if [[ -d "$cluster_dir/nodes" ]]; then
   while IFS= read -r f; do
     pgid="$(cat "$f" 2>/dev/null)"
-    [[ "$pgid" =~ ^[0-9]+$ ]] && kill -KILL -- "-$pgid" 2>/dev/null
+    [[ "$pgid" =~ ^[0-9]+$ ]] || continue
+    # Only a group whose leader still leads it (field 5 of stat is the process group).
+    [[ "$(awk '{print $5}' "/proc/$pgid/stat" 2>/dev/null)" == "$pgid" ]] || continue
+    kill -KILL -- "-$pgid" 2>/dev/null
   done < <(find "$cluster_dir/run" -name '*.pgid' 2>/dev/null)
 fi
 
