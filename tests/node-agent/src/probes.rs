@@ -156,9 +156,17 @@ mod tests {
 
     #[tokio::test]
     async fn tcp_and_http_probes_follow_the_listener() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        // An address of its own (like a pod's), so no other test can take over the port once the
+        // listener is gone and make the last check pass by accident.
+        let pid = std::process::id();
+        let ip = IpAddr::V4(std::net::Ipv4Addr::new(
+            127,
+            91,
+            (pid >> 8) as u8,
+            (pid as u8).max(2),
+        ));
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let server = tokio::spawn(async move {
             for status in ["200 OK", "503 Service Unavailable"] {
                 let (mut s, _) = listener.accept().await.unwrap();
