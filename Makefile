@@ -2,16 +2,26 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: build release test lint fmt deps bench bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+.PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
+	test-cluster bench bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
 release:
 	$(CARGO) build --workspace --release
 
-# The README's test command: formatting, lints, then every test.
-test: lint
-	$(CARGO) test --workspace
+# The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
+# every test with the local cluster up. The cluster goes down afterwards whatever happened, and the
+# exit code is the tests'. On failure the cluster's logs are kept in target/cluster-logs. Then a short
+# fuzzing run of the frame decoder and the benchmark harness's own tests.
+test: deps lint build k8s-bin
+	@rc=0; \
+	tests/cluster/up.sh && $(CARGO) test --workspace || rc=$$?; \
+	if [[ $$rc -ne 0 ]]; then tests/cluster/save-logs.sh target/cluster-logs || true; fi; \
+	tests/cluster/down.sh || true; \
+	exit $$rc
+	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory bench-selftest
 
 lint:
 	$(CARGO) fmt --all --check
@@ -58,3 +68,31 @@ bench: deps bench-build
 # The harness's own tests (dataset determinism, verifier, tables, docs rewrite); no root needed.
 bench-selftest:
 	python3 -m unittest discover -s tests/bench -p 'test_*.py'
+
+# --- the local Kubernetes cluster (tests/README.md) ---------------------------------------------
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built once into
+# ~/.cache/ferry/k8s-<version>/bin (about 10 minutes cold; a no-op afterwards).
+k8s-bin:
+	tests/k8s/build.sh >/dev/null
+
+cluster-up:
+	tests/cluster/up.sh
+
+cluster-down:
+	tests/cluster/down.sh
+
+# eval "$(make -s cluster-env)"
+cluster-env:
+	@tests/cluster/env.sh
+
+# make cluster-logs POD=name [NS=namespace]; without POD, lists the log files.
+cluster-logs:
+	@tests/cluster/logs.sh "$(POD)" "$(or $(NS),default)"
+
+# Only the cluster tests, with a cluster started and stopped around them.
+test-cluster: k8s-bin
+	@rc=0; \
+	tests/cluster/up.sh && $(CARGO) test -p ferry-cluster-tests || rc=$$?; \
+	if [[ $$rc -ne 0 ]]; then tests/cluster/save-logs.sh target/cluster-logs || true; fi; \
+	tests/cluster/down.sh || true; \
+	exit $$rc

@@ -11,6 +11,8 @@ packages=(
   openssl zstd tar util-linux python3
   # network namespaces and traffic shaping for network tests
   iproute2
+  # local Kubernetes cluster: certificates, health checks, port checks
+  openssl curl ca-certificates
 )
 
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"

@@ -1,0 +1,149 @@
+//! `ferry-cluster-probe`: the small program the cluster tests run in pods (image `.../ferry-cluster-probe`).
+//! Each subcommand prints what it saw to stdout, which lands in the container's log file.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Answers every TCP connection (and so every HTTP GET) on $POD_IP:PORT with "hello from $POD_NAME".
+    Serve {
+        #[arg(long)]
+        port: u16,
+    },
+    /// Connects to ADDR (retrying for up to 60 s), prints the reply, fails unless it contains EXPECT.
+    Connect {
+        #[arg(long)]
+        addr: String,
+        #[arg(long)]
+        expect: String,
+    },
+    /// Prints its pid, then waits for SIGTERM (reports it and exits 0) or ignores it with --ignore-term.
+    Sleep {
+        #[arg(long)]
+        ignore_term: bool,
+    },
+    /// Uses the pod's service account from inside the cluster: lists pods here (allowed by the test's
+    /// Role), pods in kube-system and secrets here (both beyond it), prints one JSON line, then sleeps.
+    Rbac,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Args::parse().command {
+        Command::Serve { port } => serve(port).await,
+        Command::Connect { addr, expect } => connect(&addr, &expect).await,
+        Command::Sleep { ignore_term } => sleep(ignore_term).await,
+        Command::Rbac => rbac().await,
+    }
+}
+
+async fn serve(port: u16) -> anyhow::Result<()> {
+    let ip = std::env::var("POD_IP").context("POD_IP is not set")?;
+    let name = std::env::var("POD_NAME").unwrap_or_else(|_| "unknown".into());
+    let listener = tokio::net::TcpListener::bind((ip.as_str(), port))
+        .await
+        .with_context(|| format!("failed to listen on {ip}:{port}"))?;
+    println!("listening on {ip}:{port}");
+    loop {
+        let (mut stream, peer) = listener.accept().await.context("accept failed")?;
+        let body = format!("hello from {name}\n");
+        println!("connection from {peer}");
+        tokio::spawn(async move {
+            // Read whatever request came (an HTTP probe sends one), then answer in HTTP form, which a
+            // raw TCP reader sees as text too.
+            let mut buf = [0u8; 1024];
+            let _ = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf)).await;
+            let reply = format!(
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(reply.as_bytes()).await;
+        });
+    }
+}
+
+async fn connect(addr: &str, expect: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(mut stream) => {
+                stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+                let mut reply = String::new();
+                stream.read_to_string(&mut reply).await?;
+                println!("reply from {addr}: {reply:?}");
+                anyhow::ensure!(reply.contains(expect), "reply from {addr} lacks {expect:?}");
+                return Ok(());
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                println!("connect {addr}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("failed to connect to {addr}")),
+        }
+    }
+}
+
+async fn sleep(ignore_term: bool) -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    println!("pid {}", std::process::id());
+    loop {
+        term.recv().await;
+        println!("received SIGTERM");
+        if !ignore_term {
+            return Ok(());
+        }
+    }
+}
+
+/// "allowed <n> [names]" or "forbidden <code>".
+fn outcome<T>(
+    result: Result<kube::core::ObjectList<T>, kube::Error>,
+    name: impl Fn(&T) -> String,
+) -> String
+where
+    T: Clone,
+{
+    match result {
+        Ok(list) => format!(
+            "allowed {} [{}]",
+            list.items.len(),
+            list.items.iter().map(name).collect::<Vec<_>>().join(",")
+        ),
+        Err(kube::Error::Api(e)) => format!("forbidden {}", e.code),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+async fn rbac() -> anyhow::Result<()> {
+    let config = kube::Config::incluster().context("failed to load the in-cluster config")?;
+    let namespace = config.default_namespace.clone();
+    let client = Client::try_from(config).context("failed to build the in-cluster client")?;
+    let here: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let system: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+    let lp = ListParams::default();
+    let pod_name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+    let report = serde_json::json!({
+        "namespace": namespace,
+        "own_namespace_pods": outcome(here.list(&lp).await, pod_name),
+        "kube_system_pods": outcome(system.list(&lp).await, pod_name),
+        "own_namespace_secrets": outcome(secrets.list(&lp).await, |s: &Secret| s.metadata.name.clone().unwrap_or_default()),
+    });
+    println!("rbac {report}");
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}

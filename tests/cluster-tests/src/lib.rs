@@ -1,0 +1,247 @@
+//! Helpers for the tests that run against ferry's local cluster (`make cluster-up`): connecting,
+//! one namespace per test, waiting for pods, and reading container logs and node disks.
+//!
+//! When the cluster is not reachable the helpers fail the test with a message saying how to start
+//! it; they never skip.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+
+/// The image name that the node agent maps to this crate's `ferry-cluster-probe` binary.
+pub const PROBE_IMAGE: &str = "ferry.dev/test/ferry-cluster-probe:dev";
+/// An image with no local binary: the node agent runs its command from the host's userland.
+pub const SHELL_IMAGE: &str = "busybox:1.36";
+
+/// The cluster's state directory, as `tests/cluster/common.sh` defines it.
+pub fn cluster_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("FERRY_CLUSTER_DIR") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("FERRY_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/ferry")
+        });
+    cache.join("cluster")
+}
+
+/// Node `node`'s host filesystem.
+pub fn node_root(node: &str) -> PathBuf {
+    cluster_dir().join("nodes").join(node)
+}
+
+/// A client for the local cluster; fails with instructions when it is not up.
+pub async fn client() -> anyhow::Result<Client> {
+    let path = cluster_dir().join("kubeconfig");
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).with_context(|| {
+        format!(
+            "the local cluster is not running: cannot read {} (start it with `make cluster-up`)",
+            path.display()
+        )
+    })?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .context("failed to load the local cluster's kubeconfig")?;
+    let client = Client::try_from(config).context("failed to build a client")?;
+    client.apiserver_version().await.with_context(|| {
+        format!(
+            "the local cluster's apiserver does not answer (kubeconfig {}); start it with `make cluster-up`",
+            path.display()
+        )
+    })?;
+    Ok(client)
+}
+
+/// A namespace of its own for one test, with its default service account ready.
+pub struct TestNamespace {
+    pub client: Client,
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub async fn create(prefix: &str) -> anyhow::Result<Self> {
+        let client = client().await?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!("{prefix}-{}-{:x}", std::process::id(), nanos & 0xffffff);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("failed to create namespace {name}"))?;
+        // The service account admission plugin refuses pods until the controller made "default".
+        let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+        wait_until(
+            Duration::from_secs(30),
+            "the default service account",
+            || async { Ok(sas.get_opt("default").await?.is_some()) },
+        )
+        .await?;
+        Ok(TestNamespace { client, name })
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// Deletes the namespace (its pods stop through the node agent).
+    pub async fn delete(self) -> anyhow::Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        namespaces
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("failed to delete namespace {}", self.name))?;
+        Ok(())
+    }
+}
+
+/// Polls `check` every 200 ms until it returns true, failing after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until pod `name` satisfies `pred` and returns it; the error shows the last status seen.
+pub async fn wait_for_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&Pod) -> bool,
+) -> anyhow::Result<Pod> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let pod = pods.get_opt(name).await?;
+        if let Some(p) = &pod
+            && pred(p)
+        {
+            return Ok(p.clone());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let status = pod
+                .and_then(|p| p.status)
+                .map(|s| serde_json::to_string_pretty(&s).unwrap_or_default());
+            bail!(
+                "timed out after {timeout:?} waiting for pod {name} to be {what}; last status: {status:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn pod_ip(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default()
+}
+
+/// Waits for a pod to finish and fails (with its log) unless it Succeeded.
+pub async fn wait_succeeded(
+    pods: &Api<Pod>,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<Pod> {
+    let pod = wait_for_pod(pods, name, timeout, "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    if phase(&pod) != "Succeeded" {
+        bail!(
+            "pod {name} failed: status {:?}\nlog:\n{}",
+            pod.status,
+            container_log(ns, name, &first_container(&pod))
+        );
+    }
+    Ok(pod)
+}
+
+fn first_container(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_default()
+}
+
+/// A container's log as the node agent wrote it (empty when there is none yet).
+pub fn container_log(ns: &str, pod: &str, container: &str) -> String {
+    std::fs::read_to_string(
+        cluster_dir()
+            .join("logs")
+            .join(format!("{ns}_{pod}_{container}.log")),
+    )
+    .unwrap_or_default()
+}
+
+/// Waits until the container's log contains `needle`; returns the log.
+pub async fn wait_for_log(
+    ns: &str,
+    pod: &str,
+    container: &str,
+    needle: &str,
+    timeout: Duration,
+) -> anyhow::Result<String> {
+    let mut log = String::new();
+    let what = format!("{needle:?} in the log of {ns}/{pod}/{container}");
+    let res = wait_until(timeout, &what, || {
+        log = container_log(ns, pod, container);
+        let found = log.contains(needle);
+        async move { Ok(found) }
+    })
+    .await;
+    res.with_context(|| format!("log so far:\n{}", container_log(ns, pod, container)))?;
+    Ok(log)
+}
+
+/// Builds an object from JSON, naming the type that failed to parse.
+pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
+    serde_json::from_value(value).with_context(|| format!("invalid {}", std::any::type_name::<T>()))
+}

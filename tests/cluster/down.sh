@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Stops every process the local cluster started (by the pids up.sh and the node agent recorded) and
+# removes the cluster's state directory. Safe to run when no cluster is up.
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+
+# Stops one process (group) politely, then forcefully. $1 = pid, $2 = what it is.
+stop_pid() {
+  local pid="$1" what="$2"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  kill -0 "$pid" 2>/dev/null || return 0
+  # A stale pid file may name a pid the system has reused: only stop the process it was.
+  tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$what" || return 0
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 100); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  echo "down.sh: $what (pid $pid) ignored SIGTERM for 10 s, killing it" >&2
+  kill -KILL "$pid" 2>/dev/null
+  return 0
+}
+
+if [[ -d "$pid_dir" ]]; then
+  # Reverse start order: node agent first (it stops its pods), etcd last.
+  for name in node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    f="$pid_dir/$name.pid"
+    [[ -f "$f" ]] && stop_pid "$(cat "$f")" "$name"
+  done
+fi
+# Pod processes the agent may have left behind (it was killed, or crashed): each runs in its own
+# process group whose id the agent recorded.
+if [[ -d "$cluster_dir/nodes" ]]; then
+  while IFS= read -r f; do
+    pgid="$(cat "$f" 2>/dev/null)"
+    [[ "$pgid" =~ ^[0-9]+$ ]] || continue
+    # Only a group whose leader still leads it (field 5 of stat is the process group).
+    [[ "$(awk '{print $5}' "/proc/$pgid/stat" 2>/dev/null)" == "$pgid" ]] || continue
+    kill -KILL -- "-$pgid" 2>/dev/null
+  done < <(find "$cluster_dir/run" -name '*.pgid' 2>/dev/null)
+fi
+
+if [[ -d "$cluster_dir" ]]; then
+  if [[ -f "$marker" ]]; then
+    rm -rf "$cluster_dir"
+  else
+    echo "down.sh: $cluster_dir has no $(basename "$marker") marker; not deleting it" >&2
+    exit 1
+  fi
+fi
+echo "down.sh: cluster stopped" >&2
