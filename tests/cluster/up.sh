@@ -14,7 +14,9 @@ target_dir="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
 cargo_flags=()
 [[ "$profile" == release ]] && cargo_flags+=(--release)
 # The agent and the probe binary pods run; a no-op when `make build` already built them.
-(cd "$repo_root" && cargo build -q "${cargo_flags[@]}" -p ferry-node-agent -p ferry-cluster-tests --bins)
+# The whole workspace, as `make build` does: building a subset of packages unifies features
+# differently and would recompile shared dependencies (minutes) before every start.
+(cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace)
 
 "$(dirname "$0")/down.sh" 2>/dev/null || true
 for port in "$etcd_port" "$etcd_peer_port" "$apiserver_port" "$kcm_port" "$scheduler_port"; do
