@@ -36,6 +36,8 @@ pub const SMALL_FILE_MAX: u64 = 1024 * 1024;
 pub const MAX_OFFER_ENTRIES: usize = 1024;
 /// Most streams a receiver accepts per session.
 pub const MAX_STREAMS: u32 = 16;
+/// Offers in flight per stream before the sender waits for Wants.
+pub const OFFER_WINDOW: usize = 8;
 
 /// Timeouts shared by both ends.
 #[derive(Debug, Clone, Copy)]

@@ -18,7 +18,7 @@ use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
 use super::staging::{LargeStaging, Staging, StagingError, block_count, block_len};
-use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, SMALL_FILE_MAX, Summary, Timeouts};
+use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX, Summary, Timeouts};
 use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
@@ -26,8 +26,12 @@ use crate::progress::{Phase, Progress};
 use crate::tree::{CommitError, Kind};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
 
-/// Most files the receiver tracks as "offered, not yet complete" at once.
-const MAX_IN_FLIGHT: usize = 32 * 1024;
+/// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
+/// honest sender can have outstanding: on each stream, the offers of its window plus the one
+/// whose data is being written and the one being read, each up to a full offer. (A fixed 32 768
+/// was below that for 4 streams: 50 000 small files over 4 streams failed.) About 25 MiB of
+/// bookkeeping at the cap, so a hostile sender still cannot grow it without bound.
+const MAX_IN_FLIGHT: usize = MAX_STREAMS as usize * (OFFER_WINDOW + 2) * MAX_OFFER_ENTRIES;
 /// Most blocks one BlockAnnounce may list (256 GiB of a file; the sender splits larger files).
 pub const MAX_ANNOUNCE_BLOCKS: usize = 65536;
 

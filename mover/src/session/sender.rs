@@ -13,6 +13,7 @@ use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, mpsc};
 
+use super::OFFER_WINDOW;
 use super::compress::{self, CODEC_ZERO, CodecPolicy, Compress};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, send_hello};
@@ -24,8 +25,6 @@ use crate::cas::dedup::DedupSender;
 use crate::progress::{Phase, Progress};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
 
-/// Offers in flight per stream before the sender waits for Wants.
-const OFFER_WINDOW: usize = 8;
 /// Keepalive after this much silence on a stream, well below any sane idle timeout.
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// Bytes of small-file content per Batch frame.
