@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,59 +12,15 @@ use std::time::Duration;
 use common::*;
 use ferry_mover::cas::pop::{Nonce, PopKey};
 use ferry_mover::cas::{BLOCK_SIZE, BlockHash, CasStore};
-use ferry_mover::net::{self, Role};
 use ferry_mover::progress::Progress;
 use ferry_mover::session::{
-    self, Compress, FrameReader, FrameWriter, ReceiveError, ReceiverConfig, Summary, accept_stream,
+    self, Compress, FrameReader, FrameWriter, ReceiverConfig, Summary, accept_stream,
     receive_session,
 };
 use ferry_mover::wire::{self, Message, caps};
 use ferry_proto::wire::v1 as pb;
 
 const MIB: u64 = 1 << 20;
-
-/// Like `common::start_receiver`, with the node's block store.
-async fn start_receiver_cas(
-    pki: &Pki,
-    root: &Path,
-    store: Arc<CasStore>,
-) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
-    let files = pki.files(Role::Receiver);
-    let server = Arc::new(net::server_config(&files, &[Role::Sender]).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cfg = ReceiverConfig {
-        root: root.to_owned(),
-        transfer_id: pki.transfer.clone(),
-        timeouts: fast_timeouts(),
-        sync: false,
-        cas: Some(store),
-    };
-    let h = tokio::spawn(async move {
-        let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
-        let mut result: Option<Result<Summary, String>> = None;
-        let r = session::serve(
-            listener,
-            tokio_rustls::TlsAcceptor::from(server),
-            cfg,
-            true,
-            progress,
-            |r: &Result<Summary, ReceiveError>| {
-                result = Some(match r {
-                    Ok(s) => Ok(s.clone()),
-                    Err(e) => Err(session::anyhow_chain(e)),
-                });
-            },
-        )
-        .await;
-        match (r, result) {
-            (_, Some(r)) => r,
-            (Err(e), None) => Err(session::anyhow_chain(&e)),
-            (Ok(()), None) => Err("no session".into()),
-        }
-    });
-    (addr, h)
-}
 
 async fn round_trip_cas(
     pki: &Pki,
@@ -74,7 +29,7 @@ async fn round_trip_cas(
     store: &Arc<CasStore>,
     streams: u32,
 ) -> (Summary, Summary) {
-    let (addr, recv) = start_receiver_cas(pki, dst, store.clone()).await;
+    let (addr, recv) = start_receiver_with_store(pki, dst, Some(store.clone())).await;
     let o = SendOpts {
         streams,
         compress: Compress::None,

@@ -204,6 +204,15 @@ pub async fn start_receiver(
     pki: &Pki,
     root: &Path,
 ) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+    start_receiver_with_store(pki, root, None).await
+}
+
+/// Like [`start_receiver`], optionally with the node's block store.
+pub async fn start_receiver_with_store(
+    pki: &Pki,
+    root: &Path,
+    cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
+) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
     let files = pki.files(Role::Receiver);
     let server = Arc::new(net::server_config(&files, &[Role::Sender]).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -213,7 +222,7 @@ pub async fn start_receiver(
         transfer_id: pki.transfer.clone(),
         timeouts: fast_timeouts(),
         sync: false,
-        cas: None,
+        cas,
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
