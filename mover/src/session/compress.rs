@@ -4,8 +4,11 @@
 //! `auto` rule: compress (zstd level 1) only while the link's measured goodput is below half of
 //! this CPU's measured zstd-1 speed. Goodput is bytes written divided by the time the writers
 //! spent inside writes (including bandwidth-limit waits), so a fast link (loopback, 10 GbE) is
-//! measured fast and gets raw blocks, and a slow or limited link gets compression.
+//! measured fast and gets raw blocks, and a slow or limited link gets compression. Data that does
+//! not compress (media, archives, encrypted files) stops the attempts for a while: after 8 MiB in
+//! a row that the 5 % rule kept raw, `auto` sends the next 64 MiB raw without trying.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -99,12 +102,36 @@ pub fn decode(
 /// Compresses with `codec_id`; `None` when the result does not save at least 5 %.
 pub fn encode(codec_id: u32, raw: &[u8], level: i32) -> Option<Vec<u8>> {
     let out = match codec_id {
-        codec::ZSTD => zstd::bulk::compress(raw, level).ok()?,
+        codec::ZSTD => zstd_compress(raw, level)?,
         codec::LZ4 => lz4_flex::block::compress(raw),
         _ => return None,
     };
     (out.len() * 100 <= raw.len() * 95).then_some(out)
 }
+
+/// zstd with one compression context per thread: creating a context costs more than
+/// compressing a small file.
+fn zstd_compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
+    thread_local! {
+        static CONTEXT: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+            const { RefCell::new(None) };
+    }
+    CONTEXT.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+            *slot = Some((level, zstd::bulk::Compressor::new(level).ok()?));
+        }
+        let (_, compressor) = slot.as_mut()?;
+        compressor.compress(raw).ok()
+    })
+}
+
+/// Content below this size is never worth a compression attempt.
+const MIN_COMPRESS: usize = 512;
+/// `auto`: this many input bytes in a row that did not compress...
+const FUTILE_RUN: u64 = 8 << 20;
+/// ...make the next this many bytes go raw without an attempt.
+const RAW_AFTER_FUTILE: u64 = 64 << 20;
 
 /// Chooses the codec for each block of a session.
 pub struct CodecPolicy {
@@ -114,6 +141,12 @@ pub struct CodecPolicy {
     /// Bytes written and nanoseconds spent writing, summed over all streams.
     pub written: AtomicU64,
     pub write_nanos: AtomicU64,
+    /// Input bytes seen by [`CodecPolicy::compress`].
+    seen: AtomicU64,
+    /// Consecutive input bytes whose compression did not pay.
+    futile: AtomicU64,
+    /// `auto` sends raw without trying while `seen` is below this.
+    raw_until: AtomicU64,
 }
 
 /// Measured zstd-1 speed of this CPU (bytes/s) on text-like data, computed once per process.
@@ -158,7 +191,39 @@ impl CodecPolicy {
             bandwidth_limit,
             written: AtomicU64::new(0),
             write_nanos: AtomicU64::new(0),
+            seen: AtomicU64::new(0),
+            futile: AtomicU64::new(0),
+            raw_until: AtomicU64::new(0),
         }
+    }
+
+    /// Compresses `raw` if the policy says so and it pays: `Some((codec, bytes))`, or `None` to
+    /// send it raw.
+    pub fn compress(&self, raw: &[u8]) -> Option<(u32, Vec<u8>)> {
+        if raw.len() < MIN_COMPRESS {
+            return None;
+        }
+        let len = raw.len() as u64;
+        let seen = self.seen.fetch_add(len, Ordering::Relaxed) + len;
+        let (codec_id, level) = self.choose();
+        if codec_id == codec::RAW {
+            return None;
+        }
+        let auto = self.mode == Compress::Auto;
+        if auto && seen < self.raw_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let out = encode(codec_id, raw, level);
+        if auto {
+            if out.is_some() {
+                self.futile.store(0, Ordering::Relaxed);
+            } else if self.futile.fetch_add(len, Ordering::Relaxed) + len >= FUTILE_RUN {
+                self.futile.store(0, Ordering::Relaxed);
+                self.raw_until
+                    .store(seen + RAW_AFTER_FUTILE, Ordering::Relaxed);
+            }
+        }
+        out.map(|o| (codec_id, o))
     }
 
     pub fn note_write(&self, bytes: u64, nanos: u64) {
@@ -260,5 +325,44 @@ mod tests {
         assert_eq!(slow.choose().0, codec::ZSTD);
         let none = CodecPolicy::new(Compress::Zstd, caps::LZ4, None);
         assert_eq!(none.choose().0, codec::RAW, "zstd not negotiated");
+    }
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn auto_stops_trying_on_incompressible_data_for_a_while() {
+        let slow = CodecPolicy::new(Compress::Auto, caps::SUPPORTED, Some(50_000_000));
+        let text = b"ferry moves trees ".repeat(4096);
+        assert_eq!(slow.compress(&text).map(|c| c.0), Some(codec::ZSTD));
+        let random = noise(1 << 20, 7);
+        for _ in 0..(FUTILE_RUN >> 20) {
+            assert!(slow.compress(&random).is_none());
+        }
+        // Now even text goes raw, untried, for RAW_AFTER_FUTILE bytes...
+        assert!(slow.compress(&text).is_none(), "attempts did not stop");
+        let mut sent = text.len() as u64;
+        while sent < RAW_AFTER_FUTILE {
+            assert!(slow.compress(&random).is_none());
+            sent += random.len() as u64;
+        }
+        // ...then attempts resume.
+        assert_eq!(slow.compress(&text).map(|c| c.0), Some(codec::ZSTD));
+        // An explicit choice always tries (the per-block 5 % rule still applies).
+        let zstd = CodecPolicy::new(Compress::Zstd, caps::SUPPORTED, None);
+        for _ in 0..(FUTILE_RUN >> 20) + 1 {
+            assert!(zstd.compress(&random).is_none());
+        }
+        assert!(zstd.compress(&text).is_some());
+        assert!(zstd.compress(&text[..100]).is_none(), "tiny input tried");
     }
 }

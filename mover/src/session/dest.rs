@@ -7,6 +7,7 @@ use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::Path;
 
+use super::dircache::{CachedDir, DirCache};
 use super::relpath::{PeerPath, STAGING_DIR};
 use crate::tree::{self, DirFd, FileOpen, Kind, Meta, RelPath, StagedFile};
 
@@ -26,6 +27,7 @@ pub enum Existing {
 #[derive(Debug)]
 pub struct DestRoot {
     tree: tree::DestRoot,
+    dirs: DirCache,
 }
 
 fn rel(s: &str) -> Result<RelPath, DestError> {
@@ -43,7 +45,10 @@ impl DestRoot {
                 ..Default::default()
             },
         )?;
-        Ok(Self { tree })
+        Ok(Self {
+            tree,
+            dirs: DirCache::default(),
+        })
     }
 
     pub fn tree(&self) -> &tree::DestRoot {
@@ -67,32 +72,76 @@ impl DestRoot {
         }
     }
 
-    /// Creates every missing directory of `path` (a non-directory in the way is replaced).
+    /// Creates every missing directory of `path` (a non-directory in the way is replaced) and
+    /// remembers its handle for the files that follow.
     pub fn create_dirs(&self, path: &str) -> Result<DirFd, DestError> {
-        self.tree.create_dir_all(&rel(path)?, 0o755)
+        let (fd, created) = self.tree.ensure_dir_all(&rel(path)?, 0o755)?;
+        self.dirs.insert(
+            path,
+            CachedDir {
+                fd: fd.clone(),
+                fresh: created,
+            },
+        );
+        Ok(fd)
     }
 
-    /// Creates the parent directories of a peer path.
+    /// Creates the parent directories of a peer path (once per directory while it stays cached).
     pub fn ensure_parent(&self, path: &PeerPath) -> Result<(), DestError> {
-        if let Some(p) = path.split_parent().0 {
+        if let Some(p) = path.split_parent().0
+            && self.dirs.get(p).is_none()
+        {
             self.create_dirs(p)?;
         }
         Ok(())
     }
 
-    pub fn existing(&self, path: &PeerPath) -> Result<Existing, DestError> {
-        Ok(match self.tree.lookup(&rel(path.as_str())?)? {
-            None => Existing::Missing,
-            Some(m) => match m.kind {
-                Kind::File => Existing::File {
-                    size: m.size,
-                    mtime: (m.mtime_sec, m.mtime_nsec),
+    /// The handle of `path`'s parent (cached, or resolved beneath the root) and its last name.
+    fn parent<'p>(&self, path: &'p PeerPath) -> Result<(CachedDir, &'p str), DestError> {
+        match path.split_parent() {
+            (None, name) => Ok((
+                CachedDir {
+                    fd: self.tree.root().clone(),
+                    fresh: false,
                 },
-                Kind::Dir => Existing::Dir,
-                Kind::Symlink => Existing::Symlink,
-                Kind::Special => Existing::Other,
+                name,
+            )),
+            (Some(dir), name) => match self.dirs.get(dir) {
+                Some(cached) => Ok((cached, name)),
+                None => {
+                    let fd = self.tree.open_dir(Some(&rel(dir)?))?;
+                    let cached = CachedDir { fd, fresh: false };
+                    self.dirs.insert(dir, cached.clone());
+                    Ok((cached, name))
+                }
             },
-        })
+        }
+    }
+
+    pub fn existing(&self, path: &PeerPath) -> Result<Existing, DestError> {
+        Ok(existing_of(self.tree.lookup(&rel(path.as_str())?)?))
+    }
+
+    /// What is at `path` before this session writes it. A directory this session created holds
+    /// only what the session put there, so its names are not looked up (one `fstatat` per small
+    /// file saved on a fresh destination).
+    pub fn existing_before_write(&self, path: &PeerPath) -> Result<Existing, DestError> {
+        let (dir, name) = match self.parent(path) {
+            Ok(found) => found,
+            Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(Existing::Missing),
+            Err(e) => return Err(e),
+        };
+        if dir.fresh {
+            return Ok(Existing::Missing);
+        }
+        let found = tree::dest::lookup_at(dir.fd.as_fd(), name.as_bytes()).map_err(|source| {
+            DestError::Io {
+                op: "look up",
+                path: path.to_string(),
+                source: source.into(),
+            }
+        })?;
+        Ok(existing_of(found))
     }
 
     /// Opens an existing regular file beneath the root (no symlinks followed).
@@ -106,14 +155,23 @@ impl DestRoot {
     }
 
     /// A temporary file next to `path`, published by [`StagedFile::commit`]. The parent must
-    /// exist (the receiver creates it when the file is offered).
-    pub fn stage(&self, path: &PeerPath) -> Result<StagedFile, DestError> {
-        self.tree.stage_file(&rel(path.as_str())?, 0o600)
+    /// exist (the receiver creates it when the file is offered). `mode` is applied at creation, so
+    /// the commit needs no chmod when the umask allows it.
+    pub fn stage(&self, path: &PeerPath, mode: u32) -> Result<StagedFile, DestError> {
+        let (dir, name) = self.parent(path)?;
+        StagedFile::create_in(&dir.fd, name.as_bytes(), mode & 0o777, *self.tree.policy()).map_err(
+            |source| DestError::Io {
+                op: "create a temporary file for",
+                path: path.to_string(),
+                source: source.into(),
+            },
+        )
     }
 
     /// Renames a file from our staging area over `path` (parents created first).
     pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<(), DestError> {
         self.ensure_parent(path)?;
+        self.dirs.forget_under(path.as_str());
         self.tree.rename(&rel(staged)?, &rel(path.as_str())?)
     }
 
@@ -125,6 +183,7 @@ impl DestRoot {
         mtime: (i64, u32),
     ) -> Result<(), DestError> {
         self.ensure_parent(path)?;
+        self.dirs.forget_under(path.as_str());
         let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
         self.tree
             .symlink(&rel(path.as_str())?, target.as_bytes(), &meta)
@@ -143,6 +202,7 @@ impl DestRoot {
             }
         }
         self.ensure_parent(path)?;
+        self.dirs.forget_under(path.as_str());
         self.tree
             .hard_link(&rel(target.as_str())?, &rel(path.as_str())?)
     }
@@ -194,9 +254,29 @@ impl DestRoot {
                 doomed.push(name.to_vec());
             }
         }
+        // Handles of removed directories must not be reused.
+        match path {
+            Some(p) => self.dirs.forget_under(p),
+            None => self.dirs.clear(),
+        }
         for name in &doomed {
             tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
         }
         Ok(doomed.len() as u64)
+    }
+}
+
+fn existing_of(found: Option<Meta>) -> Existing {
+    match found {
+        None => Existing::Missing,
+        Some(m) => match m.kind {
+            Kind::File => Existing::File {
+                size: m.size,
+                mtime: (m.mtime_sec, m.mtime_nsec),
+            },
+            Kind::Dir => Existing::Dir,
+            Kind::Symlink => Existing::Symlink,
+            Kind::Special => Existing::Other,
+        },
     }
 }

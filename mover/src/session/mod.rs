@@ -9,6 +9,7 @@
 
 pub mod compress;
 pub mod dest;
+mod dircache;
 mod framed;
 mod handshake;
 mod limiter;

@@ -24,7 +24,7 @@ use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
 use crate::progress::{Phase, Progress};
 use crate::tree::{CommitError, Kind};
-use crate::wire::{BLOCK_SIZE, FrameType, Message, caps};
+use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
 /// honest sender can have outstanding: on each stream, the offers of its window plus the one
@@ -570,7 +570,7 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             return Err(proto("too many files in flight"));
         }
     }
-    let existing = sh.dest.existing(&path)?;
+    let existing = sh.dest.existing_before_write(&path)?;
     if let Existing::File { size, mtime } = existing
         && size == e.size
     {
@@ -697,20 +697,26 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
                 meta.path, bf.raw_len, meta.size
             )));
         }
-        compress::decode(bf.codec, chunk, bf.raw_len as usize, sh.caps, &mut buf).map_err(
-            |source| ReceiveError::Codec {
-                path: meta.path.to_string(),
-                index: 0,
-                source,
-            },
-        )?;
-        if blake3::hash(&buf).as_bytes().as_slice() != bf.hash.as_slice() {
+        // Raw content (the common case on fast links) is verified and written from the frame.
+        let content: &[u8] = if bf.codec == codec::RAW && chunk.len() == bf.raw_len as usize {
+            chunk
+        } else {
+            compress::decode(bf.codec, chunk, bf.raw_len as usize, sh.caps, &mut buf).map_err(
+                |source| ReceiveError::Codec {
+                    path: meta.path.to_string(),
+                    index: 0,
+                    source,
+                },
+            )?;
+            &buf
+        };
+        if blake3::hash(content).as_bytes().as_slice() != bf.hash.as_slice() {
             return Err(ReceiveError::HashMismatch {
                 path: meta.path.to_string(),
                 index: 0,
             });
         }
-        write_small(sh, &meta, &buf)?;
+        write_small(sh, &meta, content)?;
     }
     if off != data.len() {
         return Err(proto("batch frame has trailing bytes"));
@@ -719,7 +725,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
 }
 
 fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
-    let staged = sh.dest.stage(&meta.path)?;
+    let staged = sh.dest.stage(&meta.path, meta.mode)?;
     staged
         .write_at(0, content)
         .map_err(|e| ReceiveError::Write {

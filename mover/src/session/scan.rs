@@ -1,11 +1,14 @@
 //! The sender's walk of its source tree, streamed as groups of entries (no scan phase, memory
 //! bounded by one group plus one open directory handle per level).
 
-use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
 
 use ferry_proto::wire::v1 as pb;
 use tokio::sync::mpsc;
@@ -13,6 +16,7 @@ use tokio::sync::mpsc;
 use super::SMALL_FILE_MAX;
 use super::relpath::STAGING_DIR;
 use crate::progress::Progress;
+use crate::tree::{self, DirFd, Kind, Meta, RelPath, Scanner};
 
 /// Entries per Offer and whole-file bytes per group (keeps one group's batches small).
 const GROUP_ENTRIES: usize = 1024;
@@ -30,6 +34,12 @@ pub enum ScanError {
     },
     #[error("source path {0} is not valid UTF-8; ferry transfers UTF-8 names only")]
     NotUtf8(PathBuf),
+    #[error("failed to walk source {root}")]
+    Walk {
+        root: PathBuf,
+        #[source]
+        source: tree::ScanError,
+    },
     #[error("the receiver went away while the tree was being walked")]
     Closed,
 }
@@ -49,15 +59,15 @@ pub fn open_source(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-fn entry_of(rel: String, md: &std::fs::Metadata, kind: pb::EntryKind) -> pb::Entry {
+fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
     pb::Entry {
         path: rel,
         kind: kind as i32,
-        mode: md.mode() & 0o7777,
-        mtime_sec: md.mtime(),
-        mtime_nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
+        mode: m.mode & 0o7777,
+        mtime_sec: m.mtime_sec,
+        mtime_nsec: m.mtime_nsec.min(999_999_999),
         size: if kind == pb::EntryKind::File {
-            md.size()
+            m.size
         } else {
             0
         },
@@ -72,7 +82,9 @@ fn rel_string(rel: &Path) -> Result<String, ScanError> {
         .ok_or_else(|| ScanError::NotUtf8(rel.to_owned()))
 }
 
-/// Walks `root`, sending groups of entries; returns the hard links to create at the end.
+/// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
+/// stat and open is relative to its directory's handle (the engine's [`Scanner`]), so a file
+/// costs no path walk.
 pub fn scan(
     root: &Path,
     checksum: bool,
@@ -81,10 +93,10 @@ pub fn scan(
 ) -> Result<Vec<pb::Entry>, ScanError> {
     let mut group: Vec<pb::Entry> = Vec::new();
     let mut group_bytes = 0u64;
-    let mut links: HashMap<(u64, u64), String> = HashMap::new();
     let mut hardlinks = Vec::new();
-    let mut stack: Vec<(PathBuf, std::fs::ReadDir)> =
-        vec![(PathBuf::new(), std::fs::read_dir(root).map_err(io(root))?)];
+    let scanner = Scanner::open(root)
+        .map_err(|e| walk_error(root, e))?
+        .exclude_at_root(STAGING_DIR.as_bytes());
 
     let flush = |group: &mut Vec<pb::Entry>, bytes: &mut u64| -> Result<(), ScanError> {
         if !group.is_empty() {
@@ -95,62 +107,53 @@ pub fn scan(
         Ok(())
     };
 
-    while let Some((dir_rel, rd)) = stack.last_mut() {
-        let Some(next) = rd.next() else {
-            stack.pop();
-            continue;
+    for event in scanner {
+        // A source that cannot be read completely cannot be transferred faithfully: stop.
+        let entry = match event.map_err(|e| walk_error(root, e))? {
+            tree::ScanEvent::Entry(entry) => entry,
+            tree::ScanEvent::DirDone { .. } => continue,
         };
-        let dir_abs = root.join(&*dir_rel);
-        let ent = next.map_err(io(&dir_abs))?;
-        let name = ent.file_name();
-        if dir_rel.as_os_str().is_empty() && name == STAGING_DIR {
-            continue;
-        }
-        let rel_path = dir_rel.join(&name);
-        let abs = root.join(&rel_path);
-        let md = std::fs::symlink_metadata(&abs).map_err(io(&abs))?;
-        let rel = rel_string(&rel_path)?;
-        let ft = md.file_type();
-        if ft.is_dir() {
-            group.push(entry_of(rel, &md, pb::EntryKind::Dir));
-            let rd = std::fs::read_dir(&abs).map_err(io(&abs))?;
-            stack.push((rel_path, rd));
-        } else if ft.is_symlink() {
-            let target = std::fs::read_link(&abs).map_err(io(&abs))?;
-            let mut e = entry_of(rel, &md, pb::EntryKind::Symlink);
-            e.target = rel_string(&target)?;
-            group.push(e);
-        } else if ft.is_file() {
-            if md.nlink() > 1 {
-                let key = (md.dev(), md.ino());
-                if let Some(first) = links.get(&key) {
-                    let mut e = entry_of(rel, &md, pb::EntryKind::Hardlink);
-                    e.target = first.clone();
+        let rel = utf8(root, &entry.rel)?;
+        let m = &entry.meta;
+        match m.kind {
+            Kind::Dir => group.push(entry_of(rel, m, pb::EntryKind::Dir)),
+            Kind::Symlink => {
+                let target = entry.link_target.unwrap_or_default();
+                let mut e = entry_of(rel, m, pb::EntryKind::Symlink);
+                e.target = String::from_utf8(target)
+                    .map_err(|_| ScanError::NotUtf8(root.join(&e.path)))?;
+                group.push(e);
+            }
+            Kind::File => {
+                if let Some(first) = &entry.hardlink_of
+                    && hardlinks.len() < MAX_HARDLINKS
+                {
+                    let mut e = entry_of(rel, m, pb::EntryKind::Hardlink);
+                    e.target = utf8(root, first)?;
                     hardlinks.push(e);
                     continue;
                 }
-                if links.len() < MAX_HARDLINKS {
-                    links.insert(key, rel.clone());
+                let mut e = entry_of(rel, m, pb::EntryKind::File);
+                if checksum {
+                    let abs = root.join(&e.path);
+                    let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
+                    let mut h = blake3::Hasher::new();
+                    h.update_reader(&mut f).map_err(io(&abs))?;
+                    e.checksum = h.finalize().as_bytes().to_vec();
                 }
+                progress.add(&progress.files_total, 1);
+                progress.add(&progress.bytes_total, m.size);
+                if m.size <= SMALL_FILE_MAX {
+                    group_bytes += m.size;
+                } else {
+                    // A large file ends its group so its blocks start flowing early.
+                    group_bytes = GROUP_SMALL_BYTES;
+                }
+                group.push(e);
             }
-            let mut e = entry_of(rel, &md, pb::EntryKind::File);
-            if checksum {
-                let mut f = open_source(&abs).map_err(io(&abs))?;
-                let mut h = blake3::Hasher::new();
-                h.update_reader(&mut f).map_err(io(&abs))?;
-                e.checksum = h.finalize().as_bytes().to_vec();
+            Kind::Special => {
+                tracing::warn!(path = %entry.rel, "skipping special file (device, fifo or socket)");
             }
-            progress.add(&progress.files_total, 1);
-            progress.add(&progress.bytes_total, md.size());
-            if md.size() <= SMALL_FILE_MAX {
-                group_bytes += md.size();
-            } else {
-                // A large file ends its group so its blocks start flowing early.
-                group_bytes = GROUP_SMALL_BYTES;
-            }
-            group.push(e);
-        } else {
-            tracing::warn!(path = %abs.display(), "skipping special file (device, fifo or socket)");
         }
         if group.len() >= GROUP_ENTRIES || group_bytes >= GROUP_SMALL_BYTES {
             flush(&mut group, &mut group_bytes)?;
@@ -161,6 +164,29 @@ pub fn scan(
         .totals_final
         .store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(hardlinks)
+}
+
+fn walk_error(root: &Path, e: tree::ScanError) -> ScanError {
+    ScanError::Walk {
+        root: root.to_owned(),
+        source: e,
+    }
+}
+
+fn utf8(root: &Path, rel: &RelPath) -> Result<String, ScanError> {
+    String::from_utf8(rel.as_bytes().to_vec())
+        .map_err(|_| ScanError::NotUtf8(root.join(std::ffi::OsStr::from_bytes(rel.as_bytes()))))
+}
+
+/// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf.
+pub fn open_in(dir: &DirFd, name: &[u8]) -> std::io::Result<File> {
+    let fd = rustix::fs::openat(
+        dir.as_fd(),
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
 }
 
 /// Largest listing sent for `--delete`; a bigger directory keeps its extraneous entries.
@@ -202,7 +228,9 @@ pub fn walk_dirs(
         if !complete {
             names.clear();
         }
-        let dir = entry_of(rel_string(&rel)?, &md, pb::EntryKind::Dir);
+        let mut dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), 0);
+        dir_meta.mtime_nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
+        let dir = entry_of(rel_string(&rel)?, &dir_meta, pb::EntryKind::Dir);
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
             complete_listing: complete,

@@ -2,6 +2,7 @@
 //! stripes the blocks of large files over all streams.
 
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, mpsc};
 
 use super::OFFER_WINDOW;
-use super::compress::{self, CODEC_ZERO, CodecPolicy, Compress};
+use super::compress::{CODEC_ZERO, CodecPolicy, Compress};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, send_hello};
 use super::limiter::Limiter;
@@ -23,6 +24,8 @@ use super::staging::block_len;
 use super::{SMALL_FILE_MAX, Summary, Timeouts};
 use crate::cas::dedup::DedupSender;
 use crate::progress::{Phase, Progress};
+use crate::tree::confine::open_dir_beneath;
+use crate::tree::{DirFd, RelPath, Resolve};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
 
 /// Keepalive after this much silence on a stream, well below any sane idle timeout.
@@ -87,6 +90,8 @@ struct BlockJob {
 
 struct Ctx {
     root: PathBuf,
+    /// The source root's handle; small files are opened beneath it.
+    src: DirFd,
     policy: CodecPolicy,
     limiter: Option<Limiter>,
     progress: Arc<Progress>,
@@ -174,8 +179,13 @@ where
 
     let (work_tx, work_rx) = mpsc::channel(2 * n as usize);
     let (block_tx, block_rx) = mpsc::channel(n as usize);
+    let src = std::fs::File::open(&cfg.root).map_err(|source| SendError::Read {
+        path: cfg.root.clone(),
+        source,
+    })?;
     let ctx = Arc::new(Ctx {
         root: cfg.root.clone(),
+        src: Arc::new(src.into()),
         policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
         limiter: cfg.bandwidth_limit.map(Limiter::new),
         progress: progress.clone(),
@@ -632,24 +642,20 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
     let mut out = Vec::new();
     let mut header = pb::BatchHeader::default();
     let mut data = Vec::new();
+    let mut dirs = SourceDirs::new(&ctx.src);
     for (file_id, e) in files {
-        let path = ctx.root.join(&e.path);
         let rerr = |source| SendError::Read {
-            path: path.clone(),
+            path: ctx.root.join(&e.path),
             source,
         };
-        let mut content = Vec::with_capacity(e.size as usize);
-        let f = open_source(&path).map_err(rerr)?;
-        use std::io::Read;
-        f.take(e.size + 1).read_to_end(&mut content).map_err(rerr)?;
-        if content.len() as u64 != e.size {
-            return Err(SendError::Changed(path));
-        }
+        let f = dirs.open(&e.path).map_err(rerr)?;
+        let content = read_small(f, e.size)
+            .map_err(rerr)?
+            .ok_or_else(|| SendError::Changed(ctx.root.join(&e.path)))?;
         let hash = blake3::hash(&content);
-        let (codec_id, level) = ctx.policy.choose();
-        let (stored, codec_id) = match compress::encode(codec_id, &content, level) {
-            Some(c) if content.len() >= 512 => (c, codec_id),
-            _ => (content, codec::RAW),
+        let (stored, codec_id) = match ctx.policy.compress(&content) {
+            Some((codec_id, c)) => (c, codec_id),
+            None => (content, codec::RAW),
         };
         header.files.push(pb::BatchFile {
             file_id,
@@ -674,6 +680,69 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
         });
     }
     Ok(out)
+}
+
+/// Opens source files relative to their directory's handle; the files of a batch share a few
+/// directories, so each is resolved beneath the source root once, not once per file.
+struct SourceDirs<'a> {
+    root: &'a DirFd,
+    last: Option<(String, DirFd)>,
+}
+
+impl<'a> SourceDirs<'a> {
+    fn new(root: &'a DirFd) -> Self {
+        Self { root, last: None }
+    }
+
+    fn open(&mut self, path: &str) -> std::io::Result<std::fs::File> {
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((parent, name)) => (Some(parent), name),
+            None => (None, path),
+        };
+        let Some(parent) = parent else {
+            return scan::open_in(self.root, name.as_bytes());
+        };
+        let dir = match &self.last {
+            Some((p, dir)) if p == parent => dir.clone(),
+            _ => {
+                let rel = RelPath::parse(parent.as_bytes())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                // The walk never follows symlinks; neither does this (RESOLVE_NO_SYMLINKS).
+                let dir: DirFd =
+                    Arc::new(open_dir_beneath(self.root.as_fd(), &rel, Resolve::Auto)?);
+                self.last = Some((parent.to_owned(), dir.clone()));
+                dir
+            }
+        };
+        scan::open_in(&dir, name.as_bytes())
+    }
+}
+
+/// Reads a small file the walk saw with `size` bytes, in one `read` when it still has that size;
+/// `None` when its size changed.
+fn read_small(mut f: std::fs::File, size: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let size = size as usize;
+    // One spare byte shows growth without a second, probing read.
+    let mut buf = vec![0u8; size + 1];
+    let mut len = 0;
+    // At least one read, so an empty file that grew is noticed too.
+    loop {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+        if len >= size {
+            break;
+        }
+    }
+    if len != size {
+        return Ok(None);
+    }
+    buf.truncate(size);
+    Ok(Some(buf))
 }
 
 async fn block_task(ctx: Arc<Ctx>, out: mpsc::Sender<Message>) -> Result<(), SendError> {
@@ -712,9 +781,8 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
     let (codec_id, data) = if is_zero(&buf) {
         (CODEC_ZERO, Bytes::new())
     } else {
-        let (c, level) = ctx.policy.choose();
-        match compress::encode(c, &buf, level) {
-            Some(enc) => (c, Bytes::from(enc)),
+        match ctx.policy.compress(&buf) {
+            Some((c, enc)) => (c, Bytes::from(enc)),
             None => (codec::RAW, Bytes::from(buf)),
         }
     };
@@ -777,5 +845,57 @@ fn frame_len(m: &Message) -> usize {
     match m {
         Message::Block { data, .. } | Message::Batch { data, .. } => data.len() + 128,
         _ => 64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_reads_notice_a_size_change_either_way() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("f");
+        std::fs::write(&path, b"0123456789").expect("write");
+        let open = || std::fs::File::open(&path).expect("open");
+        assert_eq!(
+            read_small(open(), 10).expect("read").as_deref(),
+            Some(&b"0123456789"[..])
+        );
+        assert_eq!(read_small(open(), 9).expect("read"), None, "file grew");
+        assert_eq!(read_small(open(), 11).expect("read"), None, "file shrank");
+        assert_eq!(
+            read_small(open(), 0).expect("read"),
+            None,
+            "empty file grew"
+        );
+    }
+
+    #[test]
+    fn source_files_open_beneath_the_root_without_following_symlinks() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("secret"), b"s").expect("write");
+        std::fs::create_dir_all(tmp.path().join("a/b")).expect("mkdir");
+        std::fs::write(tmp.path().join("a/b/f"), b"x").expect("write");
+        std::fs::write(tmp.path().join("top"), b"t").expect("write");
+        // A directory swapped for a symlink after the walk must not redirect the read.
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("a/link")).expect("symlink");
+        std::os::unix::fs::symlink("b/f", tmp.path().join("a/leaf")).expect("symlink");
+        let root: DirFd = Arc::new(std::fs::File::open(tmp.path()).expect("root").into());
+        let mut dirs = SourceDirs::new(&root);
+        let read = |f: std::fs::File| read_small(f, 1).expect("read").expect("size");
+        assert_eq!(read(dirs.open("a/b/f").expect("open")), b"x");
+        assert_eq!(read(dirs.open("top").expect("open")), b"t");
+        assert_eq!(read(dirs.open("a/b/f").expect("open again")), b"x");
+        assert!(
+            dirs.open("a/link/secret").is_err(),
+            "followed a symlinked directory"
+        );
+        assert!(
+            dirs.open("a/leaf").is_err(),
+            "followed a symlink at the leaf"
+        );
+        assert!(dirs.open("../x").is_err(), "left the root");
     }
 }

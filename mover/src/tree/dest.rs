@@ -164,13 +164,21 @@ impl DestRoot {
     /// written; set the final mode with [`DestRoot::set_dir_meta`]). A non-directory in the way
     /// (a file or a symlink) is replaced. Returns the directory's handle.
     pub fn create_dir_all(&self, rel: &RelPath, perm: u32) -> Result<DirFd, DestError> {
+        self.ensure_dir_all(rel, perm).map(|(dir, _)| dir)
+    }
+
+    /// [`DestRoot::create_dir_all`], also telling whether `rel` itself was created (then it is
+    /// empty but for what the caller puts there).
+    pub fn ensure_dir_all(&self, rel: &RelPath, perm: u32) -> Result<(DirFd, bool), DestError> {
         let mut current = self.root.clone();
+        let mut created = false;
         for name in rel.components() {
-            let (fd, _) = ensure_dir_at(current.as_fd(), name, perm)
+            let (fd, made) = ensure_dir_at(current.as_fd(), name, perm)
                 .map_err(|e| DestError::io("create directory", rel, e))?;
             current = Arc::new(fd);
+            created = made;
         }
-        Ok(current)
+        Ok((current, created))
     }
 
     /// Starts writing the file `rel` under a temporary name in its directory.

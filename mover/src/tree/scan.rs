@@ -88,6 +88,9 @@ struct Level {
 /// Streaming source walker (an iterator of `Result<ScanEvent, ScanError>`).
 pub struct Scanner {
     stack: Vec<Level>,
+    /// A name directly under the root that is not part of the tree (a receiver's staging
+    /// directory when the source is itself a receiver's root).
+    root_exclude: Option<Vec<u8>>,
     links: HashMap<(u64, u64), RelPath>,
     root_meta: Meta,
     root: DirFd,
@@ -119,10 +122,17 @@ impl Scanner {
                 meta,
                 failed: false,
             }],
+            root_exclude: None,
             links: HashMap::new(),
             root_meta: meta,
             root: fd,
         })
+    }
+
+    /// Leaves the entry `name` directly under the root (and everything in it) out of the walk.
+    pub fn exclude_at_root(mut self, name: &[u8]) -> Scanner {
+        self.root_exclude = Some(name.to_vec());
+        self
     }
 
     /// Metadata of the source root.
@@ -139,6 +149,9 @@ impl Scanner {
         let Some(top) = self.stack.last() else {
             return Ok(None);
         };
+        if top.rel.is_none() && self.root_exclude.as_deref() == Some(name) {
+            return Ok(None);
+        }
         let parent = top.fd.clone();
         let rel = RelPath::child_of(top.rel.as_ref(), name).map_err(|source| ScanError::Name {
             dir: display_opt(top.rel.as_ref()),

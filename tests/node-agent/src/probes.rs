@@ -94,9 +94,7 @@ pub fn action(
 pub async fn run(action: &ProbeAction, timeout: Duration) -> bool {
     let attempt = async {
         match action {
-            ProbeAction::Tcp { ip, port } => {
-                tokio::net::TcpStream::connect((*ip, *port)).await.is_ok()
-            }
+            ProbeAction::Tcp { ip, port } => connect(*ip, *port).await.is_some(),
             ProbeAction::Http {
                 ip,
                 port,
@@ -120,9 +118,19 @@ pub async fn run(action: &ProbeAction, timeout: Duration) -> bool {
         .unwrap_or(false)
 }
 
+/// Connects to a listener, refusing a TCP self-connect: with no listener on an ephemeral port, the
+/// kernel may pick that very port as the source and the "connection" succeeds through a
+/// simultaneous open with itself (seen once in CI), which would report a dead pod as Ready.
+async fn connect(ip: IpAddr, port: u16) -> Option<tokio::net::TcpStream> {
+    let stream = tokio::net::TcpStream::connect((ip, port)).await.ok()?;
+    let local = stream.local_addr().ok()?;
+    let peer = stream.peer_addr().ok()?;
+    (local != peer).then_some(stream)
+}
+
 /// A GET whose status is 200-399, as the kubelet counts success.
 async fn http_ok(ip: IpAddr, port: u16, path: &str, host: &str) -> bool {
-    let Ok(mut stream) = tokio::net::TcpStream::connect((ip, port)).await else {
+    let Some(mut stream) = connect(ip, port).await else {
         return false;
     };
     let request =
