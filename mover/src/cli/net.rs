@@ -44,6 +44,10 @@ pub struct TlsArgs {
     /// Serve the gRPC progress service on this address (mutual TLS, same CA).
     #[arg(long)]
     pub progress_listen: Option<SocketAddr>,
+    /// With --progress-listen: after the outcome, stay up at most this many seconds until a
+    /// progress client has received the final update.
+    #[arg(long, default_value_t = 2)]
+    pub progress_linger: u64,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,
@@ -177,6 +181,15 @@ async fn start_progress_service(
     Ok(())
 }
 
+/// Keeps a mover with a progress port up until its outcome was read (see `--progress-linger`).
+async fn linger(tls: &TlsArgs, progress: &Progress) {
+    if tls.progress_listen.is_some() {
+        progress
+            .linger_for_watchers(Duration::from_secs(tls.progress_linger))
+            .await;
+    }
+}
+
 /// A TTY progress bar on stderr (only without --json and when stderr is a terminal).
 fn spawn_bar(json: bool, progress: Arc<Progress>) {
     if json || !std::io::stderr().is_terminal() {
@@ -239,8 +252,9 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         for _ in 0..args.streams {
             streams.push(net::connect_tls(args.connect, client.clone(), timeouts.handshake).await?);
         }
-        let s = session::send_session(&cfg, streams, progress.clone()).await?;
-        anyhow::Ok(s)
+        let s = session::send_session(&cfg, streams, progress.clone()).await;
+        linger(&args.tls, &progress).await;
+        anyhow::Ok(s?)
     })?;
     print_summary(args.tls.json, "sent", &summary)?;
     Ok(ExitCode::SUCCESS)
@@ -291,16 +305,27 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         start_progress_service(&args.tls, &files, progress.clone()).await?;
         spawn_bar(json, progress.clone());
         let acceptor = tokio_rustls::TlsAcceptor::from(server);
-        session::serve(listener, acceptor, cfg, args.once, progress, |r| match r {
-            Ok(s) => {
-                if let Err(e) = print_summary(json, "received", s) {
-                    tracing::warn!("failed to print summary: {e}");
-                }
-            }
-            Err(_) => failed.set(true),
-        })
-        .await?;
-        anyhow::Ok(())
+        let served =
+            session::serve(
+                listener,
+                acceptor,
+                cfg,
+                args.once,
+                progress.clone(),
+                |r| match r {
+                    Ok(s) => {
+                        if let Err(e) = print_summary(json, "received", s) {
+                            tracing::warn!("failed to print summary: {e}");
+                        }
+                    }
+                    Err(_) => failed.set(true),
+                },
+            )
+            .await;
+        if args.once {
+            linger(&args.tls, &progress).await;
+        }
+        anyhow::Ok(served?)
     })?;
     Ok(if failed.get() {
         ExitCode::from(1)

@@ -15,6 +15,10 @@ pub enum Phase {
 }
 
 impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
     fn from_u8(v: u8) -> Self {
         match v {
             2 => Self::Transferring,
@@ -43,6 +47,10 @@ pub struct Progress {
     start: Mutex<Instant>,
     pub transfer_id: String,
     pub role: String,
+    /// Woken when the phase becomes final.
+    finished: tokio::sync::Notify,
+    /// A progress client has been handed the final update.
+    outcome_delivered: AtomicBool,
 }
 
 /// A consistent-enough copy of the counters.
@@ -77,6 +85,8 @@ impl Progress {
             start: Mutex::new(Instant::now()),
             transfer_id: transfer_id.to_owned(),
             role: role.to_owned(),
+            finished: tokio::sync::Notify::new(),
+            outcome_delivered: AtomicBool::new(false),
         }
     }
 
@@ -87,10 +97,47 @@ impl Progress {
             *s = Instant::now();
         }
         self.phase.store(p as u8, Ordering::Relaxed);
+        if p.is_final() {
+            self.finished.notify_waiters();
+        }
     }
 
     pub fn phase(&self) -> Phase {
         Phase::from_u8(self.phase.load(Ordering::Relaxed))
+    }
+
+    /// Returns once the phase is Succeeded or Failed.
+    pub async fn until_finished(&self) {
+        loop {
+            let notified = self.finished.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change between the two is not missed.
+            notified.as_mut().enable();
+            if self.phase().is_final() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Records that a progress client received the final update.
+    pub fn mark_outcome_delivered(&self) {
+        self.outcome_delivered.store(true, Ordering::Relaxed);
+    }
+
+    /// After the outcome: waits until a progress client (the operator) has received the final
+    /// update, or `max` passed, so a mover that exits right after its transfer does not take its
+    /// outcome with it.
+    pub async fn linger_for_watchers(&self, max: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + max;
+        while !self.outcome_delivered.load(Ordering::Relaxed) {
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // The update was handed to the gRPC stack; give it a moment to reach the socket.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 
     pub fn set_error(&self, e: &str) {

@@ -85,10 +85,16 @@ impl ProgressApi for Service {
             let progress = progress.clone();
             async move {
                 if finished {
+                    // Polled again after the final update: the client has it.
+                    progress.mark_outcome_delivered();
                     return None;
                 }
                 if last.is_some() {
-                    tokio::time::sleep(interval).await;
+                    // The final update goes out at once, not at the next tick.
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        () = progress.until_finished() => {}
+                    }
                 }
                 let s = progress.snapshot();
                 let now = Instant::now();
@@ -112,6 +118,9 @@ impl ProgressApi for Service {
         _req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressUpdate>, Status> {
         let s = self.progress.snapshot();
+        if s.phase.is_final() {
+            self.progress.mark_outcome_delivered();
+        }
         Ok(Response::new(to_pb(&self.progress, &s, 0.0)))
     }
 }
