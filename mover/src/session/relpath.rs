@@ -1,9 +1,9 @@
-//! Validation of relative paths received from a peer: the receiver, not the sender, decides
-//! where bytes land, so a name is only ever a list of plain components below the root.
+//! Paths received from a peer: the engine's [`RelPath`] rules (plain components below the root;
+//! the receiver, not the sender, decides where bytes land), UTF-8 as the wire carries them, and
+//! never the receiver's own staging directory.
 
-/// Longest accepted path and component (bytes).
-pub const MAX_PATH: usize = 4096;
-pub const MAX_COMPONENT: usize = 255;
+use crate::tree::RelPath;
+
 /// Top-level name the receiver keeps for its own resume state; peers may not touch it.
 pub const STAGING_DIR: &str = ".ferry-staging";
 
@@ -11,40 +11,24 @@ pub const STAGING_DIR: &str = ".ferry-staging";
 #[error("invalid path {shown:?} from peer: {why}")]
 pub struct RelPathError {
     shown: String,
-    why: &'static str,
+    why: String,
 }
 
-/// A validated peer path: '/'-separated, non-empty, no '.', '..', empty or over-long
-/// components, no NUL, not absolute and not inside the receiver's staging directory.
+/// A validated peer path: a valid [`RelPath`] (non-empty, at most 4096 bytes, components of at
+/// most 255 bytes, no '.', '..', empty component, NUL or leading '/') that is not inside the
+/// receiver's staging directory.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PeerPath(String);
 
 impl PeerPath {
     pub fn parse(s: &str) -> Result<Self, RelPathError> {
-        let err = |why| RelPathError {
+        let err = |why: String| RelPathError {
             shown: s.chars().take(200).collect(),
             why,
         };
-        if s.is_empty() {
-            return Err(err("empty"));
-        }
-        if s.len() > MAX_PATH {
-            return Err(err("longer than 4096 bytes"));
-        }
-        if s.starts_with('/') {
-            return Err(err("absolute"));
-        }
-        if s.contains('\0') {
-            return Err(err("contains NUL"));
-        }
-        for (i, c) in s.split('/').enumerate() {
-            match c {
-                "" => return Err(err("empty component")),
-                "." | ".." => return Err(err("'.' or '..' component")),
-                _ if c.len() > MAX_COMPONENT => return Err(err("component longer than 255 bytes")),
-                STAGING_DIR if i == 0 => return Err(err("names the receiver's staging directory")),
-                _ => {}
-            }
+        RelPath::parse(s.as_bytes()).map_err(|e| err(e.to_string()))?;
+        if s.split('/').next() == Some(STAGING_DIR) {
+            return Err(err("names the receiver's staging directory".into()));
         }
         Ok(Self(s.to_owned()))
     }
