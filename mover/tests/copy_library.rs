@@ -7,6 +7,7 @@ mod copy_support;
 use ferry_mover::copy::{CopyOptions, copy_tree};
 use ferry_mover::report::Progress;
 use ferry_mover::tree::Resolve;
+use std::sync::Arc;
 
 use copy_support::*;
 
@@ -27,7 +28,7 @@ fn fallback_paths_produce_the_same_tree() {
         no_copy_file_range: true,
         ..CopyOptions::default()
     };
-    let progress = Progress::new();
+    let progress = Arc::new(Progress::new("local", "copy"));
     let summary = copy_tree(&src, &dst, &opts, progress.clone()).unwrap();
     assert_eq!(
         (summary.files, summary.failed, summary.symlinks),

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 
@@ -49,7 +50,7 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         opts.jobs = jobs;
     }
     raise_open_file_limit();
-    let progress = Progress::new();
+    let progress = Arc::new(Progress::new("local", "copy"));
     let bar = ProgressBar::start(progress.clone(), !args.json);
     let result = copy_tree(&args.src, &args.dst, &opts, progress);
     bar.finish();

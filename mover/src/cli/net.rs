@@ -1,6 +1,6 @@
 //! `ferry-mover certs|send|receive` (issue 4).
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,6 +11,7 @@ use anyhow::Context;
 
 use crate::net::{self, Role};
 use crate::progress::{self, Progress};
+use crate::report::ProgressBar;
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, Summary, Timeouts};
 
 #[derive(clap::Args, Debug)]
@@ -190,36 +191,6 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
     }
 }
 
-/// A TTY progress bar on stderr (only without --json and when stderr is a terminal).
-fn spawn_bar(json: bool, progress: Arc<Progress>) {
-    if json || !std::io::stderr().is_terminal() {
-        return;
-    }
-    tokio::spawn(async move {
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        loop {
-            let s = progress.snapshot();
-            bar.set_length(s.bytes_total.max(s.bytes_done));
-            bar.set_position(s.bytes_done);
-            bar.set_message(format!("{} files", s.files_done));
-            if matches!(
-                s.phase,
-                progress::Phase::Succeeded | progress::Phase::Failed
-            ) {
-                bar.finish_and_clear();
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
-}
-
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let files = net::load_files(
         &args.tls.ca,
@@ -247,7 +218,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     let summary = rt.block_on(async {
         start_progress_service(&args.tls, &files, progress.clone()).await?;
-        spawn_bar(args.tls.json, progress.clone());
+        let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
         let mut streams = Vec::new();
         for _ in 0..args.streams {
             streams.push(net::connect_tls(args.connect, client.clone(), timeouts.handshake).await?);
@@ -303,7 +274,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
             out.flush()?;
         }
         start_progress_service(&args.tls, &files, progress.clone()).await?;
-        spawn_bar(json, progress.clone());
+        let _bar = ProgressBar::start(progress.clone(), !json);
         let acceptor = tokio_rustls::TlsAcceptor::from(server);
         let served =
             session::serve(

@@ -30,8 +30,11 @@ impl Phase {
     }
 }
 
-/// Counts what this end did. On the receiver, `bytes_done`/`files_done` are what it wrote and
-/// verified; on the sender they are what the receiver confirmed at the end plus what was queued.
+/// Counts what this end did: the live counters of a local copy, a sender or a receiver, read by
+/// the TTY bar ([`crate::report::ProgressBar`]) and the gRPC progress service. Totals grow as the
+/// walk discovers entries. On the receiver and in a local copy, `bytes_done`/`files_done` are what
+/// was written and committed; on the sender they are what was read and queued until the
+/// receiver's Summary replaces them with what it wrote.
 #[derive(Debug)]
 pub struct Progress {
     phase: AtomicU8,
@@ -42,6 +45,8 @@ pub struct Progress {
     pub totals_final: AtomicBool,
     pub wire_bytes: std::sync::Arc<AtomicU64>,
     pub skipped: AtomicU64,
+    /// Files that could not be copied (local copy; each reported on stderr).
+    pub failed: AtomicU64,
     pub resumed_bytes: AtomicU64,
     last_error: Mutex<String>,
     start: Mutex<Instant>,
@@ -64,6 +69,7 @@ pub struct Snapshot {
     pub totals_final: bool,
     pub wire_bytes: u64,
     pub skipped: u64,
+    pub failed: u64,
     pub resumed_bytes: u64,
     pub last_error: String,
     pub elapsed: f64,
@@ -80,6 +86,7 @@ impl Progress {
             totals_final: AtomicBool::new(false),
             wire_bytes: Default::default(),
             skipped: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
             resumed_bytes: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
             start: Mutex::new(Instant::now()),
@@ -150,6 +157,31 @@ impl Progress {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// The walk found `files` more files holding `bytes`.
+    pub fn add_total(&self, files: u64, bytes: u64) {
+        self.add(&self.files_total, files);
+        self.add(&self.bytes_total, bytes);
+    }
+
+    /// `files` more files holding `bytes` are written.
+    pub fn add_done(&self, files: u64, bytes: u64) {
+        self.add(&self.files_done, files);
+        self.add(&self.bytes_done, bytes);
+    }
+
+    pub fn add_skipped(&self, files: u64) {
+        self.add(&self.skipped, files);
+    }
+
+    pub fn add_failed(&self, files: u64) {
+        self.add(&self.failed, files);
+    }
+
+    /// The walk is complete: totals are final (the bar can show an ETA).
+    pub fn set_totals_known(&self) {
+        self.totals_final.store(true, Ordering::Relaxed);
+    }
+
     pub fn elapsed(&self) -> f64 {
         self.start
             .lock()
@@ -168,6 +200,7 @@ impl Progress {
             totals_final: self.totals_final.load(Ordering::Relaxed),
             wire_bytes: r(&self.wire_bytes),
             skipped: r(&self.skipped),
+            failed: r(&self.failed),
             resumed_bytes: r(&self.resumed_bytes),
             last_error: self
                 .last_error

@@ -1,73 +1,16 @@
-//! Progress counters, the TTY progress bar and the end-of-run summary (`--json`).
+//! The TTY progress bar and the end-of-run summary of a local copy (`--json`).
 //!
-//! [`Progress`] is a set of atomics shared by every worker (and by the network commands): totals
-//! grow as the scan discovers entries, "done" counters as files are committed. [`ProgressBar`]
-//! draws it on stderr when stderr is a terminal; [`Summary`] is the machine-readable result.
+//! [`ProgressBar`] draws the run's [`Progress`] counters (the same type the network commands and
+//! the gRPC progress service use) on stderr when stderr is a terminal; [`Summary`] is the
+//! machine-readable result.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Live counters of a run. All fields are monotonic; read them with [`Progress::snapshot`].
-#[derive(Debug, Default)]
-pub struct Progress {
-    pub files_total: AtomicU64,
-    pub bytes_total: AtomicU64,
-    pub files_done: AtomicU64,
-    pub bytes_done: AtomicU64,
-    pub skipped: AtomicU64,
-    pub failed: AtomicU64,
-    /// Set once the scan is complete, so totals are final (the bar can show an ETA).
-    pub totals_known: AtomicBool,
-}
-
-/// A consistent-enough copy of [`Progress`] for display.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ProgressSnapshot {
-    pub files_total: u64,
-    pub bytes_total: u64,
-    pub files_done: u64,
-    pub bytes_done: u64,
-    pub skipped: u64,
-    pub failed: u64,
-    pub totals_known: bool,
-}
-
-impl Progress {
-    pub fn new() -> Arc<Progress> {
-        Arc::new(Progress::default())
-    }
-    pub fn add_total(&self, files: u64, bytes: u64) {
-        self.files_total.fetch_add(files, Ordering::Relaxed);
-        self.bytes_total.fetch_add(bytes, Ordering::Relaxed);
-    }
-    pub fn add_done(&self, files: u64, bytes: u64) {
-        self.files_done.fetch_add(files, Ordering::Relaxed);
-        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
-    }
-    pub fn add_skipped(&self, files: u64) {
-        self.skipped.fetch_add(files, Ordering::Relaxed);
-    }
-    pub fn add_failed(&self, files: u64) {
-        self.failed.fetch_add(files, Ordering::Relaxed);
-    }
-    pub fn set_totals_known(&self) {
-        self.totals_known.store(true, Ordering::Relaxed);
-    }
-    pub fn snapshot(&self) -> ProgressSnapshot {
-        ProgressSnapshot {
-            files_total: self.files_total.load(Ordering::Relaxed),
-            bytes_total: self.bytes_total.load(Ordering::Relaxed),
-            files_done: self.files_done.load(Ordering::Relaxed),
-            bytes_done: self.bytes_done.load(Ordering::Relaxed),
-            skipped: self.skipped.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
-            totals_known: self.totals_known.load(Ordering::Relaxed),
-        }
-    }
-}
+pub use crate::progress::Progress;
 
 /// A progress bar on stderr, redrawn by its own thread; finish it with [`ProgressBar::finish`].
 pub struct ProgressBar {
@@ -121,7 +64,7 @@ fn draw_loop(progress: &Progress, stop: &AtomicBool) {
         let s = progress.snapshot();
         bar.set_length(s.bytes_total.max(s.bytes_done));
         bar.set_position(s.bytes_done);
-        let total = if s.totals_known {
+        let total = if s.totals_final {
             s.files_total.to_string()
         } else {
             format!("{}+", s.files_total)
@@ -130,6 +73,9 @@ fn draw_loop(progress: &Progress, stop: &AtomicBool) {
             "files {}/{} skipped {} failed {}",
             s.files_done, total, s.skipped, s.failed
         ));
+        if s.phase.is_final() {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     bar.finish_and_clear();
@@ -202,7 +148,7 @@ mod tests {
 
     #[test]
     fn progress_counts() {
-        let p = Progress::new();
+        let p = Progress::new("local", "copy");
         p.add_total(2, 100);
         p.add_done(1, 40);
         p.add_failed(1);
@@ -217,6 +163,8 @@ mod tests {
             ),
             (2, 100, 1, 40, 1)
         );
-        assert!(!s.totals_known);
+        assert!(!s.totals_final);
+        p.set_totals_known();
+        assert!(p.snapshot().totals_final);
     }
 }
