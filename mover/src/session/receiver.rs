@@ -211,6 +211,8 @@ struct Shared {
     /// Root directory metadata, applied after the staging directory is gone (its removal
     /// would otherwise bump the root's mtime).
     root_meta: Mutex<Option<(u32, (i64, u32))>>,
+    /// Threads that write the files of one large Batch (the machine's CPUs, at most 4).
+    write_threads: usize,
 }
 
 #[derive(Default)]
@@ -266,6 +268,7 @@ where
         progress: progress.clone(),
         dedup,
         root_meta: Mutex::new(None),
+        write_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -666,20 +669,24 @@ fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<Vec<u8>, ReceiveError> 
     Ok(h.finalize().as_bytes().to_vec())
 }
 
+/// Files in one Batch below which splitting the writes over threads does not pay.
+const PARALLEL_BATCH_MIN: usize = 64;
+
 fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(), ReceiveError> {
+    // First the whole frame is checked and its files claimed, then the files are verified and
+    // written: a malformed frame writes nothing.
+    let mut files = Vec::with_capacity(header.files.len());
     let mut off = 0usize;
-    let mut buf = Vec::new();
-    for bf in header.files {
-        let stored = bf.stored_len as usize;
-        let end = off
-            .checked_add(stored)
-            .filter(|e| *e <= data.len())
-            .ok_or_else(|| proto("batch entry runs past the end of its frame"))?;
-        let chunk = &data[off..end];
-        off = end;
-        let meta = {
-            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
-            match t.files.remove(&bf.file_id) {
+    {
+        let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        for bf in header.files {
+            let end = off
+                .checked_add(bf.stored_len as usize)
+                .filter(|e| *e <= data.len())
+                .ok_or_else(|| proto("batch entry runs past the end of its frame"))?;
+            let chunk = &data[off..end];
+            off = end;
+            let meta = match t.files.remove(&bf.file_id) {
                 Some(InFlight::Small(m)) => {
                     t.paths.remove(m.path.as_str());
                     m
@@ -689,14 +696,54 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
                     return Err(proto(format!("batch names large file id {}", bf.file_id)));
                 }
                 None => return Err(proto(format!("batch names unknown file id {}", bf.file_id))),
+            };
+            if u64::from(bf.raw_len) != meta.size {
+                return Err(proto(format!(
+                    "{}: batch carries {} bytes, the offer said {}",
+                    meta.path, bf.raw_len, meta.size
+                )));
             }
-        };
-        if u64::from(bf.raw_len) != meta.size {
-            return Err(proto(format!(
-                "{}: batch carries {} bytes, the offer said {}",
-                meta.path, bf.raw_len, meta.size
-            )));
+            files.push((bf, meta, chunk));
         }
+    }
+    if off != data.len() {
+        return Err(proto("batch frame has trailing bytes"));
+    }
+    // Creating small files is the receiver's bottleneck (about five syscalls each, most of the
+    // CPU), so the files of a large batch are written by several threads.
+    let threads = sh
+        .write_threads
+        .min(files.len() / PARALLEL_BATCH_MIN)
+        .max(1);
+    if threads == 1 {
+        return write_batch_files(sh, &files);
+    }
+    let per_thread = files.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = files
+            .chunks(per_thread)
+            .map(|part| scope.spawn(|| write_batch_files(sh, part)))
+            .collect();
+        let mut result = Ok(());
+        for w in workers {
+            let r = w
+                .join()
+                .unwrap_or_else(|_| Err(proto("a batch writer thread panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    })
+}
+
+/// Decodes, verifies and writes the claimed files of a batch.
+fn write_batch_files(
+    sh: &Shared,
+    files: &[(pb::BatchFile, FileMeta, &[u8])],
+) -> Result<(), ReceiveError> {
+    let mut buf = Vec::new();
+    for (bf, meta, chunk) in files {
         // Raw content (the common case on fast links) is verified and written from the frame.
         let content: &[u8] = if bf.codec == codec::RAW && chunk.len() == bf.raw_len as usize {
             chunk
@@ -716,10 +763,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
                 index: 0,
             });
         }
-        write_small(sh, &meta, content)?;
-    }
-    if off != data.len() {
-        return Err(proto("batch frame has trailing bytes"));
+        write_small(sh, meta, content)?;
     }
     Ok(())
 }
