@@ -3,10 +3,9 @@
 //! Shape, tuned for few cores and many small files:
 //! - one *scan* thread walks the source ([`Scanner`]), creates each destination directory before
 //!   its children, and hands files and symlinks to workers in batches over a bounded channel;
-//!   when the channel is full it copies the batch itself instead of waiting, so no core idles,
-//!   and once the walk is done it copies from the channel like a worker;
-//! - `jobs - 1` *worker* threads copy files (the scan thread is the `jobs`-th copier), each
-//!   write going to a staging file put in place on completion ([`crate::tree::StagedFile`]);
+//!   when the channel is full it copies the batch itself instead of waiting, so no core idles;
+//! - `jobs` *worker* threads copy files, each write going to a `.ferry-tmp.*` name renamed into
+//!   place on completion ([`crate::tree::StagedFile`]);
 //! - every directory counts its unfinished children ([`dirs::DirState`]); whoever finishes the
 //!   last one applies the directory's mode and mtime, so directory mtimes survive their children;
 //! - hard links are made after all files are in place (their first name must exist first).
@@ -22,7 +21,7 @@ mod xattr;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, TrySendError, sync_channel};
+use std::sync::mpsc::{TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -39,8 +38,7 @@ use worker::{Batch, Job, Worker};
 /// What a copy does beyond the defaults.
 #[derive(Debug, Clone)]
 pub struct CopyOptions {
-    /// Threads copying file data, the calling thread (which also walks the source) included; at
-    /// least 1.
+    /// Worker threads copying file data (at least 1).
     pub jobs: usize,
     /// fsync every file and directory before reporting success.
     pub sync: bool,
@@ -177,23 +175,27 @@ pub fn copy_tree(
         stats: Stats::default(),
     });
 
-    // The scan thread is one of the `jobs` copiers (it copies whenever the queue is full and
-    // drains the queue once the scan ends), so only `jobs - 1` threads are spawned. One more
-    // CPU-bound thread than cores made two copiers share a core while the other idled at the end
-    // of a run (the scheduler does not move a cache-hot task at once): perf sched timehist showed
-    // one of 2 cores idle for 10 ms of a 120 ms copy of 3 000 x 100 KiB.
-    let helpers = shared.opts.jobs - 1;
     let (tx, rx) = sync_channel::<Batch>(shared.opts.jobs * 2);
     let rx = Arc::new(Mutex::new(rx));
-    let mut handles = Vec::with_capacity(helpers);
-    for i in 0..helpers {
+    let mut handles = Vec::with_capacity(shared.opts.jobs);
+    for i in 0..shared.opts.jobs {
         let rx = rx.clone();
         let shared = shared.clone();
         let handle = std::thread::Builder::new()
             .name(format!("copy-{i}"))
             .spawn(move || {
                 let mut worker = Worker::new(&shared);
-                drain(&rx, &mut worker);
+                loop {
+                    // The lock is held only while waiting for the next batch.
+                    let next = match rx.lock() {
+                        Ok(guard) => guard.recv(),
+                        Err(_) => break,
+                    };
+                    match next {
+                        Ok(batch) => worker.run(batch),
+                        Err(_) => break,
+                    }
+                }
             })
             .map_err(CopyError::Spawn)?;
         handles.push(handle);
@@ -201,16 +203,11 @@ pub fn copy_tree(
 
     let mut own = Worker::new(&shared);
     let mut batch = Batch::default();
-    let send = |batch: Batch, own: &mut Worker<'_>| {
-        if helpers == 0 {
-            return own.run(batch);
-        }
-        match tx.try_send(batch) {
-            Ok(()) => {}
-            // The helpers are busy: do this batch here rather than block the scan.
-            Err(TrySendError::Full(batch)) => own.run(batch),
-            Err(TrySendError::Disconnected(batch)) => own.run(batch),
-        }
+    let send = |batch: Batch, own: &mut Worker<'_>| match tx.try_send(batch) {
+        Ok(()) => {}
+        // Workers are busy: do this batch here rather than block the scan.
+        Err(TrySendError::Full(batch)) => own.run(batch),
+        Err(TrySendError::Disconnected(batch)) => own.run(batch),
     };
 
     let root = DirState::root(&shared, &scanner, !dst_existed);
@@ -325,8 +322,6 @@ pub fn copy_tree(
     }
     shared.progress.set_totals_known();
     drop(tx);
-    // Help the helpers finish what is queued instead of waiting for them.
-    drain(&rx, &mut own);
     for h in handles {
         let _ = h.join();
     }
@@ -351,21 +346,6 @@ pub fn copy_tree(
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
     })
-}
-
-/// Copies queued batches until the queue is closed and empty.
-fn drain(rx: &Mutex<Receiver<Batch>>, worker: &mut Worker<'_>) {
-    loop {
-        // The lock is held only while waiting for the next batch.
-        let next = match rx.lock() {
-            Ok(guard) => guard.recv(),
-            Err(_) => break,
-        };
-        match next {
-            Ok(batch) => worker.run(batch),
-            Err(_) => break,
-        }
-    }
 }
 
 /// `path` with its longest existing prefix canonicalized (the rest may not exist yet).
