@@ -465,3 +465,17 @@ fn delete_extras(shared: &Shared, state: &DirState) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_jobs_is_twice_the_cpus_within_bounds() {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let jobs = default_jobs();
+        assert_eq!(jobs, (2 * cpus).min(MAX_DEFAULT_JOBS));
+        assert!((2..=MAX_DEFAULT_JOBS).contains(&jobs), "{jobs}");
+        assert_eq!(CopyOptions::default().jobs, jobs);
+    }
+}
