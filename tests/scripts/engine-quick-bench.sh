@@ -4,6 +4,9 @@
 #
 #   tests/scripts/engine-quick-bench.sh ROUNDS "small medium big" "ferry cp cp-a rsync" [AUTOGROUP_NICE]
 #
+# More ferry contenders: `ferry-jN` runs ferry with --jobs N; `ferry-base` runs the build named by
+# FERRY_BASE_BIN (an older commit, to measure a change against it in the same rounds).
+#
 # Besides the wall time it reports each contender's CPU time (user + system of the process and its
 # threads, from the shell's child rusage): on a machine shared with other sessions the wall-time
 # ratio depends on how much CPU the session gets, the CPU-time ratio does not.
@@ -44,6 +47,8 @@ PY
 run() { # tool dataset destination
   case $1 in
     ferry) "$ferry" copy --json "$w/src/$2" "$3" >/dev/null ;;
+    ferry-j*) "$ferry" copy --jobs "${1#ferry-j}" --json "$w/src/$2" "$3" >/dev/null ;;
+    ferry-base) "${FERRY_BASE_BIN:?ferry-base needs FERRY_BASE_BIN}" copy --json "$w/src/$2" "$3" >/dev/null ;;
     cp) cp -r --preserve=mode,ownership,timestamps "$w/src/$2" "$3" ;;
     cp-a) cp -a "$w/src/$2" "$3" ;;
     rsync) rsync -a "$w/src/$2/" "$3/" ;;
@@ -84,7 +89,7 @@ for ds in $datasets; do
   for t in $tools; do
     m=$(echo ${times[$ds.$t]} | median)
     c=$(echo ${cpus[$ds.$t]} | median)
-    printf '%-7s %-6s median %6.3f s  %5.2fx ferry   cpu %6.3f s  %5.2fx ferry  (all:%s)\n' "$ds" "$t" \
+    printf '%-7s %-10s median %6.3f s  %5.2fx ferry   cpu %6.3f s  %5.2fx ferry  (all:%s)\n' "$ds" "$t" \
       "$m" "$(echo "$m / $fm" | bc -l)" "$c" "$(echo "$c / $fc" | bc -l)" "${times[$ds.$t]}"
   done
 done
