@@ -15,7 +15,7 @@ pub struct CopyArgs {
     pub src: PathBuf,
     /// Destination directory (created if missing).
     pub dst: PathBuf,
-    /// Files copied in parallel (default: number of CPUs).
+    /// Files copied in parallel (default: twice the number of CPUs, at most 64).
     #[arg(short, long)]
     pub jobs: Option<usize>,
     /// fsync every file and directory before reporting success.
