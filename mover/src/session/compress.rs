@@ -6,7 +6,8 @@
 //! spent inside writes (including bandwidth-limit waits), so a fast link (loopback, 10 GbE) is
 //! measured fast and gets raw blocks, and a slow or limited link gets compression. Data that does
 //! not compress (media, archives, encrypted files) stops the attempts for a while: after 8 MiB in
-//! a row that the 5 % rule kept raw, `auto` sends the next 64 MiB raw without trying.
+//! a row that the 5 % rule kept raw, `auto` sends the next 64 MiB raw without trying, twice that
+//! after each further futile run (up to 1 GiB), until an attempt pays again.
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -130,8 +131,10 @@ fn zstd_compress(raw: &[u8], level: i32) -> Option<Vec<u8>> {
 const MIN_COMPRESS: usize = 512;
 /// `auto`: this many input bytes in a row that did not compress...
 const FUTILE_RUN: u64 = 8 << 20;
-/// ...make the next this many bytes go raw without an attempt.
+/// ...make the next this many bytes go raw without an attempt (doubled per further futile run).
 const RAW_AFTER_FUTILE: u64 = 64 << 20;
+/// At most RAW_AFTER_FUTILE << this (1 GiB).
+const MAX_BACKOFF_SHIFT: u64 = 4;
 
 /// Chooses the codec for each block of a session.
 pub struct CodecPolicy {
@@ -147,6 +150,8 @@ pub struct CodecPolicy {
     futile: AtomicU64,
     /// `auto` sends raw without trying while `seen` is below this.
     raw_until: AtomicU64,
+    /// Futile runs since compression last paid.
+    futile_runs: AtomicU64,
 }
 
 /// Measured zstd-1 speed of this CPU (bytes/s) on text-like data, computed once per process.
@@ -194,6 +199,7 @@ impl CodecPolicy {
             seen: AtomicU64::new(0),
             futile: AtomicU64::new(0),
             raw_until: AtomicU64::new(0),
+            futile_runs: AtomicU64::new(0),
         }
     }
 
@@ -217,10 +223,12 @@ impl CodecPolicy {
         if auto {
             if out.is_some() {
                 self.futile.store(0, Ordering::Relaxed);
+                self.futile_runs.store(0, Ordering::Relaxed);
             } else if self.futile.fetch_add(len, Ordering::Relaxed) + len >= FUTILE_RUN {
                 self.futile.store(0, Ordering::Relaxed);
-                self.raw_until
-                    .store(seen + RAW_AFTER_FUTILE, Ordering::Relaxed);
+                let runs = self.futile_runs.fetch_add(1, Ordering::Relaxed);
+                let span = RAW_AFTER_FUTILE << runs.min(MAX_BACKOFF_SHIFT);
+                self.raw_until.store(seen + span, Ordering::Relaxed);
             }
         }
         out.map(|o| (codec_id, o))
@@ -355,7 +363,22 @@ mod tests {
             assert!(slow.compress(&random).is_none());
             sent += random.len() as u64;
         }
-        // ...then attempts resume.
+        // ...then attempts resume; another futile run backs off twice as long.
+        for _ in 0..(FUTILE_RUN >> 20) {
+            assert!(slow.compress(&random).is_none());
+        }
+        let mut sent = 0;
+        while sent < 2 * RAW_AFTER_FUTILE - (4 << 20) {
+            assert!(slow.compress(&random).is_none());
+            sent += random.len() as u64;
+        }
+        assert!(
+            slow.compress(&text).is_none(),
+            "second back-off not doubled"
+        );
+        for _ in 0..4 {
+            slow.compress(&random);
+        }
         assert_eq!(slow.compress(&text).map(|c| c.0), Some(codec::ZSTD));
         // An explicit choice always tries (the per-block 5 % rule still applies).
         let zstd = CodecPolicy::new(Compress::Zstd, caps::SUPPORTED, None);

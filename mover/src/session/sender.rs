@@ -641,7 +641,10 @@ fn build_announce(
 fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>, SendError> {
     let mut out = Vec::new();
     let mut header = pb::BatchHeader::default();
-    let mut data = Vec::new();
+    // Files are read straight into the frame's buffer, sized once for a whole batch (no copy per
+    // file, no regrowth).
+    let batch_buffer = || Vec::with_capacity(BATCH_BYTES + SMALL_FILE_MAX as usize + 1);
+    let mut data = batch_buffer();
     let mut dirs = SourceDirs::new(&ctx.src);
     for (file_id, e) in files {
         let rerr = |source| SendError::Read {
@@ -649,27 +652,31 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
             source,
         };
         let f = dirs.open(&e.path).map_err(rerr)?;
-        let content = read_small(f, e.size)
-            .map_err(rerr)?
-            .ok_or_else(|| SendError::Changed(ctx.root.join(&e.path)))?;
-        let hash = blake3::hash(&content);
-        let (stored, codec_id) = match ctx.policy.compress(&content) {
-            Some((codec_id, c)) => (c, codec_id),
-            None => (content, codec::RAW),
+        let start = data.len();
+        if !read_small_into(&f, e.size, &mut data).map_err(rerr)? {
+            return Err(SendError::Changed(ctx.root.join(&e.path)));
+        }
+        let hash = blake3::hash(&data[start..]);
+        let codec_id = match ctx.policy.compress(&data[start..]) {
+            Some((codec_id, packed)) => {
+                data.truncate(start);
+                data.extend_from_slice(&packed);
+                codec_id
+            }
+            None => codec::RAW,
         };
         header.files.push(pb::BatchFile {
             file_id,
             raw_len: e.size as u32,
-            stored_len: stored.len() as u32,
+            stored_len: (data.len() - start) as u32,
             codec: codec_id,
             hash: hash.as_bytes().to_vec(),
         });
-        data.extend_from_slice(&stored);
         ctx.progress.add(&ctx.progress.bytes_done, e.size);
         if data.len() >= BATCH_BYTES || header.files.len() >= 4096 {
             out.push(Message::Batch {
                 header: std::mem::take(&mut header),
-                data: Bytes::from(std::mem::take(&mut data)),
+                data: Bytes::from(std::mem::replace(&mut data, batch_buffer())),
             });
         }
     }
@@ -718,31 +725,32 @@ impl<'a> SourceDirs<'a> {
     }
 }
 
-/// Reads a small file the walk saw with `size` bytes, in one `read` when it still has that size;
-/// `None` when its size changed.
-fn read_small(mut f: std::fs::File, size: u64) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
+/// Appends a small file the walk saw with `size` bytes to `data`, in one `read` when it still has
+/// that size (reading into spare capacity: no zeroing); false, with `data` unchanged, when its
+/// size changed.
+fn read_small_into(f: &std::fs::File, size: u64, data: &mut Vec<u8>) -> std::io::Result<bool> {
     let size = size as usize;
-    // One spare byte shows growth without a second, probing read.
-    let mut buf = vec![0u8; size + 1];
-    let mut len = 0;
+    let start = data.len();
+    // At least one spare byte shows growth without a second, probing read.
+    data.reserve(size + 1);
     // At least one read, so an empty file that grew is noticed too.
     loop {
-        match f.read(&mut buf[len..]) {
+        match rustix::io::read(f, rustix::buffer::spare_capacity(data)) {
             Ok(0) => break,
-            Ok(n) => len += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-        if len >= size {
-            break;
+            Ok(_) if data.len() - start >= size => break,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                data.truncate(start);
+                return Err(e.into());
+            }
         }
     }
-    if len != size {
-        return Ok(None);
+    if data.len() - start != size {
+        data.truncate(start);
+        return Ok(false);
     }
-    buf.truncate(size);
-    Ok(Some(buf))
+    Ok(true)
 }
 
 async fn block_task(ctx: Arc<Ctx>, out: mpsc::Sender<Message>) -> Result<(), SendError> {
@@ -858,17 +866,21 @@ mod tests {
         let path = tmp.path().join("f");
         std::fs::write(&path, b"0123456789").expect("write");
         let open = || std::fs::File::open(&path).expect("open");
-        assert_eq!(
-            read_small(open(), 10).expect("read").as_deref(),
-            Some(&b"0123456789"[..])
-        );
-        assert_eq!(read_small(open(), 9).expect("read"), None, "file grew");
-        assert_eq!(read_small(open(), 11).expect("read"), None, "file shrank");
-        assert_eq!(
-            read_small(open(), 0).expect("read"),
-            None,
-            "empty file grew"
-        );
+        let mut data = b"head".to_vec();
+        assert!(read_small_into(&open(), 10, &mut data).expect("read"));
+        assert_eq!(data, b"head0123456789");
+        for (size, why) in [
+            (9, "file grew"),
+            (11, "file shrank"),
+            (0, "empty file grew"),
+        ] {
+            let mut data = b"head".to_vec();
+            assert!(
+                !read_small_into(&open(), size, &mut data).expect("read"),
+                "{why}"
+            );
+            assert_eq!(data, b"head", "{why}: partial content kept");
+        }
     }
 
     #[test]
@@ -884,7 +896,11 @@ mod tests {
         std::os::unix::fs::symlink("b/f", tmp.path().join("a/leaf")).expect("symlink");
         let root: DirFd = Arc::new(std::fs::File::open(tmp.path()).expect("root").into());
         let mut dirs = SourceDirs::new(&root);
-        let read = |f: std::fs::File| read_small(f, 1).expect("read").expect("size");
+        let read = |f: std::fs::File| {
+            let mut data = Vec::new();
+            assert!(read_small_into(&f, 1, &mut data).expect("read"));
+            data
+        };
         assert_eq!(read(dirs.open("a/b/f").expect("open")), b"x");
         assert_eq!(read(dirs.open("top").expect("open")), b"t");
         assert_eq!(read(dirs.open("a/b/f").expect("open again")), b"x");
