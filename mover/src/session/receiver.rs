@@ -879,14 +879,20 @@ fn handle_block(
     };
     sh.progress.add(&sh.progress.bytes_done, expected);
     if finished {
-        {
-            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
-            t.files.remove(&h.file_id);
-            t.paths.remove(lf.meta.path.as_str());
-        }
-        commit_large(sh, &lf)?;
-        sh.progress.add(&sh.progress.files_done, 1);
+        complete_large(sh, h.file_id, &lf)?;
     }
+    Ok(())
+}
+
+/// The last block of a large file is in (from the wire or the store): forget it and publish it.
+fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), ReceiveError> {
+    {
+        let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        t.files.remove(&file_id);
+        t.paths.remove(lf.meta.path.as_str());
+    }
+    commit_large(sh, lf)?;
+    sh.progress.add(&sh.progress.files_done, 1);
     Ok(())
 }
 
@@ -984,13 +990,7 @@ fn handle_announce(
     };
     sh.progress.add(&sh.progress.bytes_done, taken);
     if finished {
-        {
-            let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
-            t.files.remove(&a.file_id);
-            t.paths.remove(lf.meta.path.as_str());
-        }
-        commit_large(sh, &lf)?;
-        sh.progress.add(&sh.progress.files_done, 1);
+        complete_large(sh, a.file_id, &lf)?;
     }
     Ok(pb::NeedBlocks {
         file_id: a.file_id,

@@ -228,8 +228,8 @@ pub fn walk_dirs(
         if !complete {
             names.clear();
         }
-        let mut dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), 0);
-        dir_meta.mtime_nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
+        let nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
+        let dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
         let dir = entry_of(rel_string(&rel)?, &dir_meta, pb::EntryKind::Dir);
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
