@@ -1,15 +1,113 @@
-use clap::Parser;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
-/// ferry's Kubernetes operator.
+use anyhow::Context as _;
+use clap::Parser;
+use ferry_operator::config::{Config, HostRootGrant};
+use ferry_operator::metrics::Metrics;
+
+/// ferry's Kubernetes operator: reconciles Transfers (ferry.dev/v1alpha1) into mover pods.
 #[derive(Parser, Debug)]
 #[command(name = "ferry-operator", version, about)]
-struct Cli {}
+struct Cli {
+    /// Name of this cluster (written into every certificate the operator issues).
+    #[arg(long, env = "FERRY_CLUSTER_NAME", default_value = "local")]
+    cluster_name: String,
+    /// The operator's own namespace (its CA Secret lives there).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
+    namespace: String,
+    /// Image of the mover pods.
+    #[arg(
+        long,
+        env = "FERRY_MOVER_IMAGE",
+        default_value = "ghcr.io/ferry-dev/ferry-mover:dev"
+    )]
+    mover_image: String,
+    /// uid, gid and fsGroup of the mover pods.
+    #[arg(long, default_value_t = 65532)]
+    mover_uid: i64,
+    /// Let Transfers with preserveOwnership run root movers.
+    #[arg(long)]
+    allow_root_movers: bool,
+    /// NAMESPACE=/ROOT: namespace (or `*`) may use host paths under ROOT. Repeatable.
+    #[arg(long = "host-root", value_parser = HostRootGrant::parse)]
+    host_roots: Vec<HostRootGrant>,
+    /// Host directory of each node's block store; empty turns dedup off.
+    #[arg(long, default_value = "/var/lib/ferry/cas")]
+    cas_root: String,
+    /// Cap of each node's block store in bytes.
+    #[arg(long)]
+    cas_cap_bytes: Option<u64>,
+    /// Most Transfers with running movers at once (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_active: usize,
+    /// Days a mover certificate stays valid.
+    #[arg(long, default_value_t = 2)]
+    cert_days: u32,
+    /// Ports of the movers' data and progress listeners.
+    #[arg(long, default_value_t = 7400)]
+    data_port: u16,
+    #[arg(long, default_value_t = 7401)]
+    progress_port: u16,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    anyhow::bail!(
-        "the {}/{} controller is not implemented yet; use `ferry-mover` directly",
-        ferry_operator::API_GROUP,
-        ferry_operator::API_VERSION
-    )
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let config = Config {
+        cluster_name: cli.cluster_name,
+        namespace: cli.namespace,
+        mover_image: cli.mover_image,
+        mover_uid: cli.mover_uid,
+        allow_root_movers: cli.allow_root_movers,
+        host_roots: cli.host_roots,
+        cas_root: Some(cli.cas_root).filter(|r| !r.is_empty()),
+        cas_cap_bytes: cli.cas_cap_bytes,
+        max_active: cli.max_active,
+        cert_days: cli.cert_days,
+        data_port: cli.data_port,
+        progress_port: cli.progress_port,
+        ..Config::default()
+    };
+    let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
+    rt.block_on(async move {
+        let metrics = Arc::new(Metrics::default());
+        let listener = tokio::net::TcpListener::bind(cli.metrics_addr)
+            .await
+            .with_context(|| format!("failed to bind the metrics address {}", cli.metrics_addr))?;
+        tracing::info!("metrics and health on {}", listener.local_addr()?);
+        tokio::spawn(ferry_operator::metrics::serve(listener, metrics.clone()));
+        let client = kube::Client::try_default()
+            .await
+            .context("failed to configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return std::future::pending().await,
+                };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("shutting down");
+        };
+        ferry_operator::controller::run(client, config, metrics, shutdown).await
+    })
 }

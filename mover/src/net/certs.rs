@@ -45,25 +45,62 @@ fn gen_err(what: &str) -> impl FnOnce(rcgen::Error) -> CertsError + '_ {
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
+    key_pem: String,
     days: u32,
+}
+
+/// The parameters that name and constrain a ferry CA (the same for a fresh and a stored one).
+fn ca_params(label: &str) -> Result<CertificateParams, CertsError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("CA"))?;
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("ferry {label} CA"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    Ok(ca)
 }
 
 impl Ca {
     /// A fresh CA named after `label`, issuing leaves valid for `days`.
     pub fn new(label: &str, days: u32) -> Result<Self, CertsError> {
+        Self::new_valid_for(label, days, days)
+    }
+
+    /// A fresh CA valid for `ca_days`, issuing leaves valid for `leaf_days` (an operator keeps
+    /// a long-lived CA and issues short-lived leaves).
+    pub fn new_valid_for(label: &str, ca_days: u32, leaf_days: u32) -> Result<Self, CertsError> {
         let ca_key = KeyPair::generate().map_err(gen_err("CA key"))?;
-        let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err("CA"))?;
-        ca.distinguished_name
-            .push(DnType::CommonName, format!("ferry {label} CA"));
-        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        set_validity(&mut ca, days);
+        let mut ca = ca_params(label)?;
+        set_validity(&mut ca, ca_days);
         let cert = ca.self_signed(&ca_key).map_err(gen_err("CA"))?;
+        let key_pem = ca_key.serialize_pem();
         Ok(Self {
             issuer: Issuer::new(ca, ca_key),
             cert_pem: cert.pem(),
-            days,
+            key_pem,
+            days: leaf_days,
         })
+    }
+
+    /// A CA stored earlier ([`Ca::cert_pem`], [`Ca::key_pem`]) under the same `label`. Leaves
+    /// chain to the stored certificate: issuer name and key are the same.
+    pub fn from_pem(
+        label: &str,
+        cert_pem: &str,
+        key_pem: &str,
+        leaf_days: u32,
+    ) -> Result<Self, CertsError> {
+        let key = KeyPair::from_pem(key_pem).map_err(gen_err("stored CA key"))?;
+        Ok(Self {
+            issuer: Issuer::new(ca_params(label)?, key),
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+            days: leaf_days,
+        })
+    }
+
+    /// The CA's private key (PEM), for whoever must store the CA.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     pub fn cert_pem(&self) -> &str {

@@ -27,6 +27,15 @@ pub enum TransportError {
     Timeout { addr: SocketAddr, secs: u64 },
 }
 
+impl TransportError {
+    /// The peer closed the connection before sending anything: a TCP probe (a kubelet
+    /// readiness check, a port scan), not a client that failed to authenticate.
+    pub fn is_probe(&self) -> bool {
+        matches!(self, TransportError::Handshake { source, .. }
+            if source.kind() == std::io::ErrorKind::UnexpectedEof)
+    }
+}
+
 /// Connects and completes the TLS handshake within `timeout`.
 pub async fn connect_tls(
     addr: SocketAddr,

@@ -48,6 +48,9 @@ pub struct Progress {
     /// Files that could not be copied (local copy; each reported on stderr).
     pub failed: AtomicU64,
     pub resumed_bytes: AtomicU64,
+    /// Blocks (and their bytes) the receiver took from its block store instead of the wire.
+    pub dedup_blocks: AtomicU64,
+    pub dedup_bytes: AtomicU64,
     last_error: Mutex<String>,
     start: Mutex<Instant>,
     pub transfer_id: String,
@@ -71,6 +74,8 @@ pub struct Snapshot {
     pub skipped: u64,
     pub failed: u64,
     pub resumed_bytes: u64,
+    pub dedup_blocks: u64,
+    pub dedup_bytes: u64,
     pub last_error: String,
     pub elapsed: f64,
 }
@@ -88,6 +93,8 @@ impl Progress {
             skipped: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             resumed_bytes: AtomicU64::new(0),
+            dedup_blocks: AtomicU64::new(0),
+            dedup_bytes: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
             start: Mutex::new(Instant::now()),
             transfer_id: transfer_id.to_owned(),
@@ -202,6 +209,8 @@ impl Progress {
             skipped: r(&self.skipped),
             failed: r(&self.failed),
             resumed_bytes: r(&self.resumed_bytes),
+            dedup_blocks: r(&self.dedup_blocks),
+            dedup_bytes: r(&self.dedup_bytes),
             last_error: self
                 .last_error
                 .lock()

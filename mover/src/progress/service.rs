@@ -59,6 +59,8 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
         elapsed_seconds: s.elapsed,
         transfer_id: p.transfer_id.clone(),
         role: p.role.clone(),
+        dedup_blocks: s.dedup_blocks,
+        dedup_bytes: s.dedup_bytes,
     }
 }
 
@@ -180,6 +182,7 @@ pub async fn serve_progress(
                     Ok(tls) => {
                         let _ = tx.send(TlsConn(tls)).await;
                     }
+                    Err(e) if e.is_probe() => tracing::debug!("progress port probed by {addr}"),
                     Err(e) => tracing::warn!(
                         "progress port refused {addr}: {}",
                         crate::session::anyhow_chain(&e)

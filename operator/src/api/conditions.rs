@@ -1,0 +1,145 @@
+//! Condition types and reasons, and the one helper that sets a condition (its transition time
+//! moves only when its status changes).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// The condition types a Transfer carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionType {
+    /// True while movers run or wait for nothing but data; False with the reason it cannot proceed.
+    Ready,
+    Succeeded,
+    Failed,
+}
+
+impl ConditionType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Ready => "Ready",
+            ConditionType::Succeeded => "Succeeded",
+            ConditionType::Failed => "Failed",
+        }
+    }
+}
+
+/// Every reason the operator writes into a condition, an Event or `lastError` (docs/crd.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Pending,
+    Running,
+    Completed,
+    Suspended,
+    Retrying,
+    BackoffLimitExceeded,
+    DeadlineExceeded,
+    MoverFailed,
+    InvalidSpec,
+    HostPathNotAllowed,
+    SourceClaimNotFound,
+    DestinationClaimNotFound,
+    NodeNotFound,
+    RemoteNotSupported,
+    Unsupported,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Pending => "Pending",
+            Reason::Running => "Running",
+            Reason::Completed => "Completed",
+            Reason::Suspended => "Suspended",
+            Reason::Retrying => "Retrying",
+            Reason::BackoffLimitExceeded => "BackoffLimitExceeded",
+            Reason::DeadlineExceeded => "DeadlineExceeded",
+            Reason::MoverFailed => "MoverFailed",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::HostPathNotAllowed => "HostPathNotAllowed",
+            Reason::SourceClaimNotFound => "SourceClaimNotFound",
+            Reason::DestinationClaimNotFound => "DestinationClaimNotFound",
+            Reason::NodeNotFound => "NodeNotFound",
+            Reason::RemoteNotSupported => "RemoteNotSupported",
+            Reason::Unsupported => "Unsupported",
+        }
+    }
+}
+
+/// Sets condition `kind` in `conditions`. `lastTransitionTime` is `now` only when the status
+/// changed (or the condition is new); reason and message follow the latest call.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: ConditionType,
+    status: bool,
+    reason: Reason,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status = if status { "True" } else { "False" }.to_owned();
+    let message: String = message.chars().take(1024).collect();
+    match conditions.iter_mut().find(|c| c.type_ == kind.as_str()) {
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = now.clone();
+            }
+            c.status = status;
+            c.reason = reason.as_str().to_owned();
+            c.message = message;
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: kind.as_str().to_owned(),
+            status,
+            reason: reason.as_str().to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("time"))
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_a_status_change() {
+        let mut c = Vec::new();
+        set_condition(
+            &mut c,
+            ConditionType::Ready,
+            false,
+            Reason::Pending,
+            "a",
+            Some(1),
+            &at(10),
+        );
+        set_condition(
+            &mut c,
+            ConditionType::Ready,
+            false,
+            Reason::Pending,
+            "b",
+            Some(1),
+            &at(20),
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].last_transition_time, at(10));
+        assert_eq!(c[0].message, "b");
+        set_condition(
+            &mut c,
+            ConditionType::Ready,
+            true,
+            Reason::Running,
+            "c",
+            Some(2),
+            &at(30),
+        );
+        assert_eq!(c[0].last_transition_time, at(30));
+        assert_eq!(c[0].reason, "Running");
+    }
+}

@@ -1,0 +1,266 @@
+//! The `Transfer` custom resource (`ferry.dev/v1alpha1`): spec, status and condition helpers.
+//!
+//! The CRD under `crds/` is generated from these types (`cargo run -p ferry-operator --bin
+//! crdgen`); a unit test fails when the committed file drifts.
+
+mod conditions;
+mod status;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub use conditions::{ConditionType, Reason, set_condition};
+pub use status::{
+    LastError, MoverRef, Phase, ProgressStatus, ThroughputStatus, TransferStatus, WireStatus,
+};
+
+/// Default number of parallel TLS streams.
+pub const DEFAULT_STREAMS: u32 = 4;
+/// Default number of retries after a failed attempt.
+pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
+
+/// A request to copy one directory tree from a source volume to a destination volume.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "Transfer",
+    namespaced,
+    shortname = "xfer",
+    status = "TransferStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.display"}"#,
+    printcolumn = r#"{"name":"Throughput","type":"string","jsonPath":".status.throughput.display"}"#,
+    printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.eta"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("self.spec.source == oldSelf.spec.source").message("spec.source is immutable"),
+    validation = Rule::new("self.spec.destination == oldSelf.spec.destination").message("spec.destination is immutable")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferSpec {
+    /// Where the tree is read from.
+    pub source: Endpoint,
+    /// Where the tree is written to.
+    pub destination: Endpoint,
+    /// Parallel mutual-TLS streams between the movers (1-16).
+    #[serde(default = "default_streams")]
+    #[schemars(range(min = 1, max = 16))]
+    pub streams: u32,
+    /// Per-block compression: `auto` compresses only where the link is slower than the compressor.
+    #[serde(default)]
+    pub compression: Compression,
+    /// Take blocks the destination node already holds from its block store instead of the wire.
+    #[serde(default = "default_true")]
+    pub dedup: bool,
+    /// Decide "unchanged" by comparing file contents (BLAKE3) instead of size and mtime.
+    #[serde(default)]
+    pub checksum: bool,
+    /// Delete destination entries the source does not have (also allows replacing a non-empty
+    /// directory by a file).
+    #[serde(default)]
+    pub delete_extraneous: bool,
+    /// Patterns of source paths to leave out (as the mover's `--exclude`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+    /// Keep file owners (needs a root mover, which the operator's configuration must allow).
+    #[serde(default)]
+    pub preserve_ownership: bool,
+    /// Cap on bytes per second over all streams, as a Kubernetes quantity (`50M`, `1Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_limit: Option<Quantity>,
+    /// fsync every file before it is published (durable, slower).
+    #[serde(default)]
+    pub sync: bool,
+    /// Retries after a failed attempt before the Transfer is Failed.
+    #[serde(default = "default_backoff_limit")]
+    #[schemars(range(max = 100))]
+    pub backoff_limit: u32,
+    /// Seconds the Transfer may run (all attempts) before it is Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+    /// Delete the Transfer this long after it finished. Off by default; not for Transfers a
+    /// GitOps tool manages (it would create them again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub ttl_seconds_after_finished: Option<i64>,
+    /// Stop the movers; setting it back to false continues where the Transfer stopped.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Any string; changing it runs a finished Transfer again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+    /// Settings for the mover pods (defaults come from the operator's configuration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover: Option<MoverSettings>,
+}
+
+fn default_streams() -> u32 {
+    DEFAULT_STREAMS
+}
+fn default_true() -> bool {
+    true
+}
+fn default_backoff_limit() -> u32 {
+    DEFAULT_BACKOFF_LIMIT
+}
+
+/// One side of a Transfer: exactly one of `pvc`, `hostPath` or `remote`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "(has(self.pvc) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) + (has(self.remote) ? 1 : 0) == 1"
+).message("set exactly one of pvc, hostPath or remote"))]
+pub struct Endpoint {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvc: Option<PvcEndpoint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPathEndpoint>,
+    /// A Transfer half in another cluster (reserved; not served yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteEndpoint>,
+}
+
+/// A directory inside a PersistentVolumeClaim of the Transfer's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PvcEndpoint {
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// Directory inside the volume (`/` or empty is the volume's root).
+    #[serde(default)]
+    #[schemars(length(max = 4096))]
+    #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')").message("path must not contain '..'"))]
+    pub path: String,
+}
+
+/// A directory on one node's filesystem, under a root the operator's configuration allows.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathEndpoint {
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    #[schemars(length(min = 1, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("path must be absolute and must not contain '..'"))]
+    pub path: String,
+}
+
+/// The other half of a cross-cluster Transfer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteEndpoint {
+    /// The cluster-scoped `Peer` naming the other cluster.
+    pub peer: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Per-block compression.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    Auto,
+    Zstd,
+    Lz4,
+    None,
+}
+
+impl Compression {
+    /// The mover's `--compress` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Compression::Auto => "auto",
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+            Compression::None => "none",
+        }
+    }
+}
+
+/// Mover pod settings; each one unset falls back to the operator's defaults.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MoverSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Which side of a Transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Source,
+    Destination,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Source => "source",
+            Side::Destination => "destination",
+        }
+    }
+}
+
+impl Transfer {
+    pub fn endpoint(&self, side: Side) -> &Endpoint {
+        match side {
+            Side::Source => &self.spec.source,
+            Side::Destination => &self.spec.destination,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn committed_crd_matches_the_types() {
+        let generated = crate::crd_yaml().expect("render CRD");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../crds/ferry.dev_transfers.yaml"
+        );
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "crds/ferry.dev_transfers.yaml is stale: run `make crds`"
+        );
+    }
+
+    #[test]
+    fn crd_has_cel_rules_short_name_and_columns() {
+        let crd = serde_json::to_string(&Transfer::crd()).expect("json");
+        assert!(crd.contains("set exactly one of pvc, hostPath or remote"));
+        assert!(crd.contains("spec.source is immutable"));
+        assert!(crd.contains("\"xfer\""));
+        assert!(crd.contains(".status.progress.display"));
+    }
+
+    #[test]
+    fn defaults_fill_an_empty_spec() {
+        let spec: TransferSpec = serde_json::from_value(serde_json::json!({
+            "source": {"hostPath": {"node": "a", "path": "/data/x"}},
+            "destination": {"pvc": {"claimName": "c"}}
+        }))
+        .expect("parse");
+        assert_eq!(spec.streams, 4);
+        assert!(spec.dedup);
+        assert_eq!(spec.backoff_limit, 3);
+        assert_eq!(spec.compression, Compression::Auto);
+    }
+}

@@ -1,0 +1,139 @@
+//! What the operator reports in `Transfer.status`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The Transfer's lifecycle in one word (conditions carry the detail).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Phase {
+    /// Accepted, movers not running yet (placement, certificates, an invalid spec waiting for a fix).
+    #[default]
+    Pending,
+    /// Movers are running.
+    Running,
+    /// A failed attempt is waiting for its retry.
+    Retrying,
+    /// `spec.suspend` is set; no movers run.
+    Suspended,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TransferStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    /// `Ready`, `Succeeded` and `Failed` (metav1.Condition), usable with `kubectl wait`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The `spec.trigger` the current or last run was started for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_trigger: Option<String>,
+    /// Runs started so far (a changed trigger starts a new run).
+    #[serde(default)]
+    pub run: u32,
+    /// Attempts of the current run (1 for the first; each retry or resume adds one).
+    #[serde(default)]
+    pub attempts: u32,
+    /// Failed attempts of the current run (counted against `spec.backoffLimit`).
+    #[serde(default)]
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// When the current failed attempt may be retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<ThroughputStatus>,
+    /// Time left at the average throughput, once the totals are final ("1m20s").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire: Option<WireStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<LastError>,
+    /// Reserved for the end-to-end manifest digest both movers compute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender: Option<MoverRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<MoverRef>,
+}
+
+/// What the receiver has written (the truth), against what the sender found.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ProgressStatus {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub files_done: u64,
+    pub files_total: u64,
+    /// Files left alone because the destination already had them.
+    #[serde(default)]
+    pub files_skipped: u64,
+    /// 0-100, from bytes (files when there are no bytes).
+    pub percent: u32,
+    /// False while the sender is still walking the source: the totals may still grow.
+    pub totals_final: bool,
+    /// "42%" (a printer column).
+    pub display: String,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ThroughputStatus {
+    /// Bytes per second over the mover's last interval.
+    pub current_bytes_per_second: u64,
+    /// Bytes per second since the movers started.
+    pub average_bytes_per_second: u64,
+    /// "48.0 MiB/s" (a printer column).
+    pub display: String,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WireStatus {
+    /// Bytes the receiver read off the network (all streams, framing and TLS payload).
+    pub bytes: u64,
+    /// Bytes written per byte on the wire ("2.47"; below 1 means framing outweighed data).
+    pub compression_ratio: String,
+    /// Blocks and bytes taken from the destination node's block store instead of the wire.
+    pub dedup_blocks: u64,
+    pub dedup_bytes: u64,
+    /// Bytes kept from an earlier interrupted attempt.
+    #[serde(default)]
+    pub resumed_bytes: u64,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct LastError {
+    /// A CamelCase reason (`MoverFailed`, `HostPathNotAllowed`, ...).
+    pub reason: String,
+    pub message: String,
+}
+
+/// A mover pod of the current attempt.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MoverRef {
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}

@@ -1,0 +1,458 @@
+//! Wiring: observe -> plan -> apply -> status for each Transfer, the controller loop, the error
+//! policy by category, and shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tokio::sync::mpsc;
+
+use crate::api::{Phase, Side, Transfer};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::movers::{self, MoverPodInput};
+use crate::names::{self, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
+use crate::pki::Authority;
+use crate::placement::{self, SideFacts, SidePlacement};
+use crate::plan::{self, Action, Observed, PodPhase, PodView};
+use crate::progress::Watchers;
+
+/// What went wrong in one reconcile, by category (metric label and requeue policy).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("certificates: {0}")]
+    Pki(#[from] crate::pki::PkiError),
+    #[error("the Transfer has no {0}")]
+    Malformed(&'static str),
+}
+
+impl Error {
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Api(_) => "api",
+            Error::Pki(_) => "pki",
+            Error::Malformed(_) => "invalid",
+        }
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub authority: Authority,
+    pub watchers: Watchers,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Transfers the controller knows (for the concurrency limit).
+    pub store: kube::runtime::reflector::Store<Transfer>,
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let authority = Authority::load_or_create(
+        client.clone(),
+        &config.namespace,
+        &config.cluster_name,
+        config.cert_days,
+    )
+    .await?;
+    let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
+    let wake = futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx));
+    let transfers: Api<Transfer> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
+    let controller = Controller::new(transfers, watcher::Config::default())
+        .owns(
+            pods,
+            watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGER}")),
+        )
+        .reconcile_on(wake)
+        .graceful_shutdown_on(shutdown);
+    let reporter = Reporter {
+        controller: MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        store: controller.store(),
+        client,
+        config,
+        authority,
+        watchers: Watchers::new(wake_tx),
+        metrics: metrics.clone(),
+    });
+    metrics.set_ready(true);
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|r| async move {
+            if let Err(e) = r {
+                tracing::debug!("reconcile: {e}");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.reconcile_error(e.category());
+    tracing::warn!(transfer = %t.name_any(), category = e.category(), "reconcile failed: {e}");
+    Requeue::requeue(Duration::from_secs(5))
+}
+
+/// One reconcile of one Transfer.
+pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    ctx.metrics.reconcile();
+    if t.metadata.deletion_timestamp.is_some() {
+        // Owner references remove pods and Secrets; the watchers go now.
+        let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+        ctx.watchers.retain(&pod_prefix(&uid), &[]);
+        return Ok(Requeue::await_change());
+    }
+    let obs = observe(&t, &ctx).await?;
+    let plan = plan::plan(&t, &obs);
+    apply(&t, &ctx, &obs, &plan.actions).await?;
+    write_status(&t, &ctx, &plan.status).await?;
+    record(&t, &ctx, &plan.notes).await;
+    ctx.metrics.observe_phase(&t, plan.status.phase);
+    Ok(match plan.requeue {
+        Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
+        None => Requeue::await_change(),
+    })
+}
+
+fn pod_prefix(uid: &str) -> String {
+    // Every child name starts with this (see names.rs).
+    let name = names::pod_name(uid, 0, 0, MoverRole::Sender);
+    name.trim_end_matches("-0-0-send").to_owned()
+}
+
+async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let selector = format!("{LABEL_TRANSFER_UID}={uid}");
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default().labels(&selector);
+    let pods: Vec<PodView> = pods_api
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .map(pod_view)
+        .collect();
+    let secrets = secrets_api
+        .list_metadata(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|s| s.metadata.name)
+        .collect();
+
+    let source = side_facts(t, Side::Source, &ctx.client, &ns).await?;
+    let destination = side_facts(t, Side::Destination, &ctx.client, &ns).await?;
+    let placement = placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &source)
+        .and_then(|s| {
+            placement::place_side(
+                Side::Destination,
+                &t.spec.destination,
+                &ns,
+                &ctx.config,
+                &destination,
+            )
+            .map(|d| (s, d))
+        });
+
+    // Progress of the current attempt's movers.
+    let st = t.status.clone().unwrap_or_default();
+    let (run, attempt) = (st.run, st.attempts);
+    let tid = names::transfer_id(&uid, run);
+    let progress = |role: MoverRole| {
+        let name = names::pod_name(&uid, run, attempt, role);
+        let pod = pods.iter().find(|p| p.name == name)?;
+        let ip: std::net::IpAddr = pod.ip.as_ref()?.parse().ok()?;
+        let addr = SocketAddr::new(ip, ctx.config.progress_port);
+        if pod.phase != PodPhase::Running {
+            return ctx.watchers.latest(&name);
+        }
+        let tls = || {
+            ctx.authority
+                .progress_client(&tid)
+                .map_err(|e| tracing::warn!("progress TLS for {tid}: {e}"))
+                .ok()
+        };
+        ctx.watchers
+            .latest_or_watch(&name, addr, tls, ObjectRef::from_obj(t))
+    };
+    let receiver_progress = progress(MoverRole::Receiver);
+    let sender_progress = progress(MoverRole::Sender);
+    let keep: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
+    ctx.watchers.retain(&pod_prefix(&uid), &keep);
+
+    Ok(Observed {
+        now: Timestamp::now(),
+        placement,
+        may_start: may_start(t, ctx),
+        pods,
+        secrets,
+        receiver_progress,
+        sender_progress,
+    })
+}
+
+/// Whether the cluster-wide limit leaves room for `t`'s movers.
+fn may_start(t: &Transfer, ctx: &Context) -> bool {
+    let limit = ctx.config.max_active;
+    if limit == 0 {
+        return true;
+    }
+    let active = ctx
+        .store
+        .state()
+        .iter()
+        .filter(|o| o.uid() != t.uid())
+        .filter(|o| {
+            o.status.as_ref().is_some_and(|s| {
+                matches!(s.phase, Phase::Running)
+                    || (s.phase == Phase::Pending && s.start_time.is_some())
+            })
+        })
+        .count();
+    active < limit
+}
+
+async fn side_facts(
+    t: &Transfer,
+    side: Side,
+    client: &Client,
+    ns: &str,
+) -> Result<SideFacts, Error> {
+    let ep = t.endpoint(side);
+    let mut facts = SideFacts::default();
+    if let Some(hp) = &ep.host_path {
+        let nodes: Api<Node> = Api::all(client.clone());
+        facts.node_exists = nodes.get_opt(&hp.node).await?.is_some();
+    }
+    if let Some(pvc) = &ep.pvc {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+        facts.claim_exists = claims.get_opt(&pvc.claim_name).await?.is_some();
+        if facts.claim_exists {
+            facts.claim_in_use_on = claim_user_node(client, ns, &pvc.claim_name).await?;
+        }
+    }
+    Ok(facts)
+}
+
+/// The node of a running pod (not one of ferry's) that mounts `claim`.
+async fn claim_user_node(client: &Client, ns: &str, claim: &str) -> Result<Option<String>, Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().fields("status.phase=Running");
+    for p in pods.list(&lp).await?.items {
+        let ours = p
+            .labels()
+            .get(LABEL_MANAGED_BY)
+            .is_some_and(|m| m == MANAGER);
+        let mounts = p.spec.as_ref().is_some_and(|s| {
+            s.volumes.iter().flatten().any(|v| {
+                v.persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| c.claim_name == claim)
+            })
+        });
+        if mounts && !ours {
+            return Ok(p.spec.and_then(|s| s.node_name));
+        }
+    }
+    Ok(None)
+}
+
+fn pod_view(p: &Pod) -> PodView {
+    let status = p.status.clone().unwrap_or_default();
+    let phase = match status.phase.as_deref() {
+        Some("Running") => PodPhase::Running,
+        Some("Succeeded") => PodPhase::Succeeded,
+        Some("Failed") => PodPhase::Failed,
+        _ => PodPhase::Pending,
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let message = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .next();
+    PodView {
+        name: p.name_any(),
+        phase,
+        ready,
+        ip: status.pod_ip.filter(|ip| !ip.is_empty()),
+        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        message,
+        deleting: p.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+fn ssa() -> PatchParams {
+    PatchParams::apply(MANAGER).force()
+}
+
+fn ignore_not_found(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+async fn apply(
+    t: &Transfer,
+    ctx: &Context,
+    obs: &Observed,
+    actions: &[Action],
+) -> Result<(), Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let placed = obs.placement.as_ref().ok();
+    for action in actions {
+        match action {
+            Action::CreateSecret { run, attempt } => {
+                let files = ctx
+                    .authority
+                    .attempt_files(&names::transfer_id(&uid, *run))?;
+                let secret = movers::attempt_secret(t, *run, *attempt, &files);
+                let name = names::secret_name(&uid, *run, *attempt);
+                secrets.patch(&name, &ssa(), &Patch::Apply(&secret)).await?;
+            }
+            Action::CreateReceiver { run, attempt } => {
+                let Some((_, dst)) = placed else { continue };
+                let pod = mover_pod(t, ctx, MoverRole::Receiver, *run, *attempt, dst, None);
+                let name = pod.name_any();
+                pods.patch(&name, &ssa(), &Patch::Apply(&pod)).await?;
+            }
+            Action::CreateSender {
+                run,
+                attempt,
+                receiver_ip,
+            } => {
+                let Some((src, _)) = placed else { continue };
+                let pod = mover_pod(
+                    t,
+                    ctx,
+                    MoverRole::Sender,
+                    *run,
+                    *attempt,
+                    src,
+                    Some(receiver_ip),
+                );
+                let name = pod.name_any();
+                pods.patch(&name, &ssa(), &Patch::Apply(&pod)).await?;
+            }
+            Action::DeletePod(name) => {
+                ignore_not_found(
+                    pods.delete(name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+            }
+            Action::DeleteSecret(name) => {
+                ignore_not_found(
+                    secrets
+                        .delete(name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+            }
+            Action::DeleteTransfer => {
+                let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+                ignore_not_found(
+                    api.delete(&t.name_any(), &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mover_pod(
+    t: &Transfer,
+    ctx: &Context,
+    role: MoverRole,
+    run: u32,
+    attempt: u32,
+    placement: &SidePlacement,
+    receiver_ip: Option<&str>,
+) -> Pod {
+    movers::mover_pod(&MoverPodInput {
+        transfer: t,
+        config: &ctx.config,
+        role,
+        run,
+        attempt,
+        placement,
+        receiver_ip,
+        use_cas: role == MoverRole::Receiver && t.spec.dedup && ctx.config.cas_root.is_some(),
+    })
+}
+
+/// Server-side apply of the status subresource, only when it changed.
+async fn write_status(
+    t: &Transfer,
+    ctx: &Context,
+    status: &crate::api::TransferStatus,
+) -> Result<(), Error> {
+    if t.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = serde_json::json!({
+        "apiVersion": Transfer::api_version(&()),
+        "kind": Transfer::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&t.name_any(), &ssa(), &Patch::Apply(&patch))
+        .await?;
+    ctx.metrics.status_patch();
+    Ok(())
+}
+
+async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
+    for n in notes {
+        let event = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.to_owned(),
+            note: Some(n.message.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &t.object_ref(&())).await {
+            tracing::debug!("failed to record an event: {e}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Prometheus metrics in the text exposition format, and the readiness flag, served with the
+//! health endpoints by `serve` (plain HTTP on the metrics address).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use kube::ResourceExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::api::{Phase, Transfer};
+
+#[derive(Default)]
+pub struct Metrics {
+    reconciles: AtomicU64,
+    status_patches: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Last phase seen per Transfer UID (for the gauges and the finished counters).
+    phases: Mutex<BTreeMap<String, Phase>>,
+    finished: Mutex<BTreeMap<&'static str, u64>>,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    pub fn reconcile(&self) {
+        self.reconciles.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn status_patch(&self) {
+        self.status_patches.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn reconcile_error(&self, category: &'static str) {
+        if let Ok(mut e) = self.errors.lock() {
+            *e.entry(category).or_default() += 1;
+        }
+    }
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+    pub fn observe_phase(&self, t: &Transfer, phase: Phase) {
+        let uid = t.uid().unwrap_or_default();
+        let Ok(mut phases) = self.phases.lock() else {
+            return;
+        };
+        let before = phases.insert(uid, phase);
+        if phase.is_finished()
+            && before.is_some_and(|b| !b.is_finished())
+            && let Ok(mut f) = self.finished.lock()
+        {
+            *f.entry(if phase == Phase::Succeeded {
+                "succeeded"
+            } else {
+                "failed"
+            })
+            .or_default() += 1;
+        }
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut line = |s: String| {
+            out.push_str(&s);
+            out.push('\n');
+        };
+        line("# TYPE ferry_reconciles_total counter".into());
+        line(format!(
+            "ferry_reconciles_total {}",
+            self.reconciles.load(Ordering::Relaxed)
+        ));
+        line("# TYPE ferry_status_patches_total counter".into());
+        line(format!(
+            "ferry_status_patches_total {}",
+            self.status_patches.load(Ordering::Relaxed)
+        ));
+        line("# TYPE ferry_reconcile_errors_total counter".into());
+        if let Ok(e) = self.errors.lock() {
+            for (cat, n) in e.iter() {
+                line(format!(
+                    "ferry_reconcile_errors_total{{category=\"{cat}\"}} {n}"
+                ));
+            }
+        }
+        line("# TYPE ferry_transfers_finished_total counter".into());
+        if let Ok(f) = self.finished.lock() {
+            for (outcome, n) in f.iter() {
+                line(format!(
+                    "ferry_transfers_finished_total{{outcome=\"{outcome}\"}} {n}"
+                ));
+            }
+        }
+        line("# TYPE ferry_transfers_active gauge".into());
+        let active = self
+            .phases
+            .lock()
+            .map(|p| p.values().filter(|p| !p.is_finished()).count())
+            .unwrap_or(0);
+        line(format!("ferry_transfers_active {active}"));
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (one short request per connection).
+pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let read =
+                tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await;
+            let Ok(Ok(n)) = read else { return };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (code, body) = match path {
+                "/metrics" => ("200 OK", metrics.render()),
+                "/healthz" => ("200 OK", "ok\n".to_owned()),
+                "/readyz" if metrics.is_ready() => ("200 OK", "ok\n".to_owned()),
+                "/readyz" => ("503 Service Unavailable", "starting\n".to_owned()),
+                _ => ("404 Not Found", "not found\n".to_owned()),
+            };
+            let response = format!(
+                "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(response.as_bytes()).await;
+        });
+    }
+}

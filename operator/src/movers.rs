@@ -1,0 +1,477 @@
+//! Builders for the mover pods and the certificate Secret of one attempt (pure: no API calls).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, TCPSocketAction, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::api::{Transfer, TransferSpec};
+use crate::config::Config;
+use crate::names::{self, LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
+use crate::placement::{SidePlacement, VolumeRef};
+
+/// Where a mover sees its volume, its certificates and the block store.
+const DATA_MOUNT: &str = "/ferry/data";
+const TLS_MOUNT: &str = "/ferry/tls";
+const CAS_MOUNT: &str = "/ferry/cas";
+const NODE_LABEL: &str = "kubernetes.io/hostname";
+
+/// What one attempt's mover pod needs besides the Transfer.
+#[derive(Debug, Clone)]
+pub struct MoverPodInput<'a> {
+    pub transfer: &'a Transfer,
+    pub config: &'a Config,
+    pub role: MoverRole,
+    pub run: u32,
+    pub attempt: u32,
+    /// Where the mover's volume is and which node it must run on.
+    pub placement: &'a SidePlacement,
+    /// The receiver's pod IP (sender only).
+    pub receiver_ip: Option<&'a str>,
+    /// Mount the node's block store (receiver with dedup on and a store configured).
+    pub use_cas: bool,
+}
+
+/// The owner reference every child carries: deleting the Transfer deletes them.
+pub fn owner_ref(t: &Transfer) -> Option<OwnerReference> {
+    t.controller_owner_ref(&())
+}
+
+/// Pod labels: the Transfer's plus role, attempt and the user's extra labels.
+fn pod_labels(input: &MoverPodInput<'_>, uid: &str) -> BTreeMap<String, String> {
+    let t = input.transfer;
+    let mut labels = BTreeMap::new();
+    labels.extend(input.config.extra_labels.clone());
+    if let Some(m) = &t.spec.mover {
+        labels.extend(m.labels.clone());
+    }
+    labels.extend(names::labels(
+        &t.metadata.name.clone().unwrap_or_default(),
+        uid,
+    ));
+    labels.insert(LABEL_ROLE.to_owned(), input.role.as_str().to_owned());
+    labels.insert(
+        LABEL_ATTEMPT.to_owned(),
+        format!("{}-{}", input.run, input.attempt),
+    );
+    labels
+}
+
+/// The mover's command line.
+fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
+    let spec: &TransferSpec = &input.transfer.spec;
+    let cfg = input.config;
+    let root = format!("{DATA_MOUNT}{}", input.placement.sub_path_suffix());
+    let mut args: Vec<String> = Vec::new();
+    let mut push = |a: &str| args.push(a.to_owned());
+    match input.role {
+        MoverRole::Receiver => {
+            push("receive");
+            push("--listen");
+            push(&format!("$(POD_IP):{}", cfg.data_port));
+            push("--once");
+            if input.use_cas {
+                push("--cas");
+                push(CAS_MOUNT);
+                if let Some(cap) = cfg.cas_cap_bytes {
+                    push("--cas-cap");
+                    push(&cap.to_string());
+                }
+            }
+        }
+        MoverRole::Sender => {
+            push("send");
+            push("--connect");
+            push(&format!(
+                "{}:{}",
+                input.receiver_ip.unwrap_or("0.0.0.0"),
+                cfg.data_port
+            ));
+            push("--streams");
+            push(&spec.streams.clamp(1, 16).to_string());
+            push("--compress");
+            push(spec.compression.flag());
+            if spec.delete_extraneous {
+                push("--delete");
+            }
+            if spec.checksum {
+                push("--checksum");
+            }
+            if let Some(limit) = crate::plan::bandwidth_bytes(spec).ok().flatten() {
+                push("--bandwidth-limit");
+                push(&limit.to_string());
+            }
+        }
+    }
+    push("--root");
+    push(&root);
+    push("--transfer");
+    push(&names::transfer_id(uid, input.run));
+    push("--ca");
+    push(&format!("{TLS_MOUNT}/ca.crt"));
+    push("--cert");
+    push(&format!("{TLS_MOUNT}/tls.crt"));
+    push("--key");
+    push(&format!("{TLS_MOUNT}/tls.key"));
+    push("--progress-listen");
+    push(&format!("$(POD_IP):{}", cfg.progress_port));
+    // The operator reads the final update within a second or two; the linger only covers an
+    // operator that is restarting at that moment.
+    push("--progress-linger");
+    push("30");
+    push("--json");
+    if spec.sync {
+        push("--sync");
+    }
+    args
+}
+
+fn volume_for(placement: &SidePlacement, role: MoverRole) -> Volume {
+    let read_only = role == MoverRole::Sender;
+    match &placement.volume {
+        VolumeRef::HostPath { path } => Volume {
+            name: "data".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: path.clone(),
+                // The source must exist; the destination is created on first use.
+                type_: Some(
+                    if read_only {
+                        "Directory"
+                    } else {
+                        "DirectoryOrCreate"
+                    }
+                    .into(),
+                ),
+            }),
+            ..Volume::default()
+        },
+        VolumeRef::Claim { claim } => Volume {
+            name: "data".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: Some(read_only),
+            }),
+            ..Volume::default()
+        },
+    }
+}
+
+/// The mover pod of `input.role` for one attempt.
+pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
+    let t = input.transfer;
+    let cfg = input.config;
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let name = names::pod_name(&uid, input.run, input.attempt, input.role);
+    let settings = t.spec.mover.clone().unwrap_or_default();
+    let root_mover = t.spec.preserve_ownership && cfg.allow_root_movers;
+    let uid_gid = if root_mover { 0 } else { cfg.mover_uid };
+
+    let mut volumes = vec![
+        volume_for(input.placement, input.role),
+        Volume {
+            name: "tls".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names::secret_name(&uid, input.run, input.attempt)),
+                // Each mover sees the CA and its own certificate and key only.
+                items: Some(vec![
+                    key_to_path("ca.crt", "ca.crt"),
+                    key_to_path(&format!("{}.crt", input.role.as_str()), "tls.crt"),
+                    key_to_path(&format!("{}.key", input.role.as_str()), "tls.key"),
+                ]),
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "data".into(),
+            mount_path: DATA_MOUNT.into(),
+            read_only: Some(input.role == MoverRole::Sender),
+            ..VolumeMount::default()
+        },
+        VolumeMount {
+            name: "tls".into(),
+            mount_path: TLS_MOUNT.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+    ];
+    if input.use_cas
+        && let Some(root) = &cfg.cas_root
+    {
+        volumes.push(Volume {
+            name: "cas".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: root.clone(),
+                type_: Some("DirectoryOrCreate".into()),
+            }),
+            ..Volume::default()
+        });
+        mounts.push(VolumeMount {
+            name: "cas".into(),
+            mount_path: CAS_MOUNT.into(),
+            ..VolumeMount::default()
+        });
+    }
+
+    let ports = vec![
+        ContainerPort {
+            name: Some("data".into()),
+            container_port: i32::from(cfg.data_port),
+            ..ContainerPort::default()
+        },
+        ContainerPort {
+            name: Some("progress".into()),
+            container_port: i32::from(cfg.progress_port),
+            ..ContainerPort::default()
+        },
+    ];
+    // The progress port opens after the data port is bound, so it answering means the receiver
+    // accepts connections.
+    let readiness = Probe {
+        tcp_socket: Some(TCPSocketAction {
+            port: IntOrString::Int(i32::from(cfg.progress_port)),
+            ..TCPSocketAction::default()
+        }),
+        period_seconds: Some(1),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    let container = Container {
+        name: "mover".into(),
+        image: Some(cfg.mover_image.clone()),
+        args: Some(mover_args(input, &uid)),
+        env: Some(vec![EnvVar {
+            name: "POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }]),
+        ports: Some(ports),
+        readiness_probe: (input.role == MoverRole::Receiver).then_some(readiness),
+        resources: settings
+            .resources
+            .clone()
+            .or_else(|| cfg.default_resources.clone()),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(!root_mover),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                // A root mover keeping owners needs to chown and to write into any directory.
+                add: root_mover
+                    .then(|| vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()]),
+            }),
+            ..SecurityContext::default()
+        }),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    };
+
+    let mut annotations = settings.annotations.clone();
+    annotations.insert(
+        "ferry.dev/transfer-id".into(),
+        names::transfer_id(&uid, input.run),
+    );
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: t.metadata.namespace.clone(),
+            labels: Some(pod_labels(input, &uid)),
+            annotations: Some(annotations),
+            owner_references: owner_ref(t).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            node_selector: input
+                .placement
+                .node
+                .as_ref()
+                .map(|n| BTreeMap::from([(NODE_LABEL.to_owned(), n.clone())])),
+            tolerations: settings
+                .tolerations
+                .clone()
+                .or_else(|| Some(cfg.default_tolerations.clone()).filter(|t| !t.is_empty())),
+            priority_class_name: settings
+                .priority_class_name
+                .clone()
+                .or_else(|| cfg.default_priority_class.clone()),
+            security_context: Some(PodSecurityContext {
+                run_as_user: Some(uid_gid),
+                run_as_group: Some(uid_gid),
+                fs_group: (!root_mover).then_some(cfg.mover_uid),
+                run_as_non_root: Some(!root_mover),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            termination_grace_period_seconds: Some(10),
+            containers: vec![container],
+            volumes: Some(volumes),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn key_to_path(key: &str, path: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.into(),
+        path: path.into(),
+        mode: None,
+    }
+}
+
+/// The Secret with the CA certificate and both movers' certificates and keys of one attempt.
+pub fn attempt_secret(
+    t: &Transfer,
+    run: u32,
+    attempt: u32,
+    files: &BTreeMap<String, String>,
+) -> Secret {
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let data = files
+        .iter()
+        .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
+        .collect();
+    let mut labels = names::labels(&t.metadata.name.clone().unwrap_or_default(), &uid);
+    labels.insert(LABEL_ATTEMPT.to_owned(), format!("{run}-{attempt}"));
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(names::secret_name(&uid, run, attempt)),
+            namespace: t.metadata.namespace.clone(),
+            labels: Some(labels),
+            owner_references: owner_ref(t).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Secret::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::transfer;
+
+    fn args_of(p: &Pod) -> Vec<String> {
+        p.spec.as_ref().expect("spec").containers[0]
+            .args
+            .clone()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn receiver_pod_is_locked_down_and_pinned_to_its_node() {
+        let t = transfer();
+        let cfg = Config::default();
+        let placement = SidePlacement {
+            volume: VolumeRef::HostPath {
+                path: "/data/dst".into(),
+            },
+            sub_path: String::new(),
+            node: Some("node-b".into()),
+        };
+        let pod = mover_pod(&MoverPodInput {
+            transfer: &t,
+            config: &cfg,
+            role: MoverRole::Receiver,
+            run: 1,
+            attempt: 2,
+            placement: &placement,
+            receiver_ip: None,
+            use_cas: true,
+        });
+        let spec = pod.spec.as_ref().expect("spec");
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(spec.node_name, None, "never bypass the scheduler");
+        assert_eq!(
+            spec.node_selector.as_ref().expect("selector")[NODE_LABEL],
+            "node-b"
+        );
+        let sc = spec.containers[0].security_context.as_ref().expect("sc");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        let psc = spec.security_context.as_ref().expect("psc");
+        assert_eq!(psc.run_as_user, Some(65532));
+        let args = args_of(&pod);
+        assert!(args.contains(&"$(POD_IP):7400".to_string()), "{args:?}");
+        assert!(args.contains(&"--cas".to_string()));
+        assert!(!args.iter().any(|a| a.contains("0.0.0.0")));
+        assert!(spec.containers[0].readiness_probe.is_some());
+        assert_eq!(
+            pod.metadata.owner_references.as_ref().expect("owner")[0].kind,
+            "Transfer"
+        );
+    }
+
+    #[test]
+    fn sender_pod_connects_to_the_receiver_with_the_spec_flags() {
+        let mut t = transfer();
+        t.spec.delete_extraneous = true;
+        t.spec.bandwidth_limit = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "10M".into(),
+        ));
+        let cfg = Config::default();
+        let placement = SidePlacement {
+            volume: VolumeRef::Claim {
+                claim: "data".into(),
+            },
+            sub_path: "sets/a".into(),
+            node: None,
+        };
+        let pod = mover_pod(&MoverPodInput {
+            transfer: &t,
+            config: &cfg,
+            role: MoverRole::Sender,
+            run: 1,
+            attempt: 1,
+            placement: &placement,
+            receiver_ip: Some("10.1.2.3"),
+            use_cas: false,
+        });
+        let args = args_of(&pod).join(" ");
+        assert!(args.contains("--connect 10.1.2.3:7400"), "{args}");
+        assert!(args.contains("--root /ferry/data/sets/a"), "{args}");
+        assert!(args.contains("--delete"), "{args}");
+        assert!(args.contains("--bandwidth-limit 10000000"), "{args}");
+        let vol = &pod
+            .spec
+            .as_ref()
+            .expect("spec")
+            .volumes
+            .as_ref()
+            .expect("vols")[0];
+        assert_eq!(
+            vol.persistent_volume_claim.as_ref().expect("pvc").read_only,
+            Some(true)
+        );
+    }
+}

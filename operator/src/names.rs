@@ -1,0 +1,99 @@
+//! Deterministic names and labels of everything the operator creates for a Transfer.
+//!
+//! Child names depend on the Transfer's UID, run and attempt only, so a restarted operator finds
+//! what it created, and a new attempt never collides with the pods of the last one.
+
+use std::collections::BTreeMap;
+
+/// Label carrying the Transfer's UID (names may exceed a label value's 63 characters).
+pub const LABEL_TRANSFER_UID: &str = "ferry.dev/transfer-uid";
+/// Label carrying the Transfer's name (truncated to 63 characters; informational).
+pub const LABEL_TRANSFER: &str = "ferry.dev/transfer";
+pub const LABEL_ROLE: &str = "ferry.dev/role";
+pub const LABEL_ATTEMPT: &str = "ferry.dev/attempt";
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const MANAGER: &str = "ferry-operator";
+/// The finalizer that removes staging data before a Transfer goes away.
+pub const FINALIZER: &str = "ferry.dev/cleanup";
+
+/// A mover's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MoverRole {
+    Sender,
+    Receiver,
+}
+
+impl MoverRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MoverRole::Sender => "sender",
+            MoverRole::Receiver => "receiver",
+        }
+    }
+    fn short(self) -> &'static str {
+        match self {
+            MoverRole::Sender => "send",
+            MoverRole::Receiver => "recv",
+        }
+    }
+}
+
+/// The first 12 hex digits of the UID without dashes: unique enough inside one namespace.
+fn uid_short(uid: &str) -> String {
+    uid.chars().filter(|c| *c != '-').take(12).collect()
+}
+
+/// Pod name of `role` in attempt `attempt` of run `run`.
+pub fn pod_name(uid: &str, run: u32, attempt: u32, role: MoverRole) -> String {
+    format!("ferry-{}-{run}-{attempt}-{}", uid_short(uid), role.short())
+}
+
+/// Secret holding the certificates of one attempt.
+pub fn secret_name(uid: &str, run: u32, attempt: u32) -> String {
+    format!("ferry-{}-{run}-{attempt}-tls", uid_short(uid))
+}
+
+/// Pod that removes the receiver's staging data when the Transfer is deleted.
+pub fn cleanup_pod_name(uid: &str) -> String {
+    format!("ferry-{}-cleanup", uid_short(uid))
+}
+
+/// The transfer id both movers carry in their certificates and key their staging by: one per
+/// run, so that every attempt of a run resumes from the same staging.
+pub fn transfer_id(uid: &str, run: u32) -> String {
+    format!("{uid}.{run}")
+}
+
+/// Labels on every child of a Transfer.
+pub fn labels(name: &str, uid: &str) -> BTreeMap<String, String> {
+    let mut l = BTreeMap::new();
+    l.insert(LABEL_TRANSFER_UID.to_owned(), uid.to_owned());
+    l.insert(
+        LABEL_TRANSFER.to_owned(),
+        name.chars()
+            .take(63)
+            .collect::<String>()
+            .trim_end_matches(['-', '.', '_'])
+            .to_owned(),
+    );
+    l.insert(LABEL_MANAGED_BY.to_owned(), MANAGER.to_owned());
+    l
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_short_deterministic_and_distinct() {
+        let uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        let r = pod_name(uid, 1, 2, MoverRole::Receiver);
+        assert_eq!(r, "ferry-0f1e2d3c4b5a-1-2-recv");
+        assert_ne!(r, pod_name(uid, 1, 3, MoverRole::Receiver));
+        assert_ne!(r, pod_name(uid, 1, 2, MoverRole::Sender));
+        assert!(r.len() <= 63);
+        assert_eq!(transfer_id(uid, 1), format!("{uid}.1"));
+        let long = "x".repeat(200);
+        assert_eq!(labels(&long, uid)[LABEL_TRANSFER].len(), 63);
+    }
+}

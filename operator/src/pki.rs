@@ -1,0 +1,216 @@
+//! The operator's certificate authority and the short-lived certificates it issues.
+//!
+//! The CA lives in a Secret in the operator's namespace (created on first start, reused after a
+//! restart or by another replica). Every attempt of a Transfer gets its own sender and receiver
+//! certificates, bound to the run's transfer id; the operator holds a third, in memory, for
+//! reading the movers' progress. The certificate and identity code is the mover's
+//! (`ferry_mover::net`), so both ends agree on one format.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ferry_mover::net::{Ca, CertsError, Identity, Role, TlsFiles};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Name of the Secret holding the operator's CA.
+pub const CA_SECRET: &str = "ferry-ca";
+/// Days the CA is valid; it is replaced by deleting the Secret and restarting the operator.
+const CA_DAYS: u32 = 3650;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("failed to read or create the CA Secret {namespace}/{CA_SECRET}")]
+    Api {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the CA Secret {0} lacks tls.crt or tls.key")]
+    Incomplete(String),
+    #[error(transparent)]
+    Certs(#[from] CertsError),
+    #[error("failed to build TLS settings for reading progress")]
+    Tls(String),
+}
+
+/// The CA, as loaded or created.
+pub struct Authority {
+    ca: Ca,
+    cluster: String,
+}
+
+fn label(cluster: &str) -> String {
+    format!("cluster {cluster}")
+}
+
+impl Authority {
+    /// Loads the CA from its Secret, creating both if missing (a concurrent creator wins and is
+    /// read back).
+    pub async fn load_or_create(
+        client: kube::Client,
+        namespace: &str,
+        cluster: &str,
+        leaf_days: u32,
+    ) -> Result<Authority, PkiError> {
+        let api: Api<Secret> = Api::namespaced(client, namespace);
+        let api_err = |source| PkiError::Api {
+            namespace: namespace.to_owned(),
+            source,
+        };
+        if let Some(s) = api.get_opt(CA_SECRET).await.map_err(api_err)? {
+            return Self::from_secret(&s, cluster, leaf_days);
+        }
+        let ca = Ca::new_valid_for(&label(cluster), CA_DAYS, leaf_days)?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(CA_SECRET.into()),
+                namespace: Some(namespace.into()),
+                labels: Some(BTreeMap::from([(
+                    crate::names::LABEL_MANAGED_BY.to_owned(),
+                    crate::names::MANAGER.to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(BTreeMap::from([
+                (
+                    "tls.crt".to_owned(),
+                    ByteString(ca.cert_pem().as_bytes().to_vec()),
+                ),
+                (
+                    "tls.key".to_owned(),
+                    ByteString(ca.key_pem().as_bytes().to_vec()),
+                ),
+            ])),
+            ..Secret::default()
+        };
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(Authority {
+                ca,
+                cluster: cluster.to_owned(),
+            }),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let s = api.get(CA_SECRET).await.map_err(api_err)?;
+                Self::from_secret(&s, cluster, leaf_days)
+            }
+            Err(e) => Err(api_err(e)),
+        }
+    }
+
+    fn from_secret(s: &Secret, cluster: &str, leaf_days: u32) -> Result<Authority, PkiError> {
+        let get = |k: &str| {
+            s.data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+                .ok_or_else(|| PkiError::Incomplete(CA_SECRET.into()))
+        };
+        let ca = Ca::from_pem(
+            &label(cluster),
+            &get("tls.crt")?,
+            &get("tls.key")?,
+            leaf_days,
+        )?;
+        Ok(Authority {
+            ca,
+            cluster: cluster.to_owned(),
+        })
+    }
+
+    /// A CA generated in memory (tests).
+    pub fn ephemeral(cluster: &str) -> Result<Authority, PkiError> {
+        Ok(Authority {
+            ca: Ca::new_valid_for(&label(cluster), 1, 1)?,
+            cluster: cluster.to_owned(),
+        })
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// The Secret data of one attempt: `ca.crt`, `sender.{crt,key}`, `receiver.{crt,key}`.
+    pub fn attempt_files(&self, transfer_id: &str) -> Result<BTreeMap<String, String>, PkiError> {
+        let mut files = BTreeMap::new();
+        files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
+        for role in [Role::Sender, Role::Receiver] {
+            let (cert, key) = self.ca.issue(transfer_id, role)?;
+            files.insert(format!("{role}.crt"), cert);
+            files.insert(format!("{role}.key"), key);
+        }
+        Ok(files)
+    }
+
+    /// Client TLS settings for reading the progress of `transfer_id`'s movers.
+    pub fn progress_client(
+        &self,
+        transfer_id: &str,
+    ) -> Result<Arc<rustls::ClientConfig>, PkiError> {
+        let (cert, key) = self.ca.issue(transfer_id, Role::Operator)?;
+        let tls = |e: &dyn std::fmt::Display| PkiError::Tls(e.to_string());
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(self.ca.cert_pem().as_bytes()) {
+            roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
+        }
+        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls(&e))?;
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| tls(&e))?;
+        let files = TlsFiles {
+            roots: Arc::new(roots),
+            chain,
+            key: Arc::new(key),
+            identity: Identity::new(transfer_id, Role::Operator).map_err(|e| tls(&e))?,
+        };
+        let cfg = ferry_mover::net::client_config(&files, &[Role::Sender, Role::Receiver])
+            .map_err(|e| tls(&e))?;
+        Ok(Arc::new(cfg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_ca_issues_leaves_that_chain_to_it() {
+        let a = Authority::ephemeral("test").expect("ca");
+        let stored =
+            Ca::from_pem(&label("test"), a.ca.cert_pem(), a.ca.key_pem(), 1).expect("load");
+        let (cert, _) = stored.issue("uid.1", Role::Sender).expect("issue");
+        // The mover's own loader checks the chain and the identity.
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = |n: &str| dir.path().join(n);
+        std::fs::write(p("ca.crt"), a.ca.cert_pem()).expect("write");
+        std::fs::write(p("s.crt"), &cert).expect("write");
+        let files = a.attempt_files("uid.1").expect("files");
+        assert_eq!(files.len(), 5);
+        std::fs::write(p("r.crt"), &files["receiver.crt"]).expect("write");
+        std::fs::write(p("r.key"), &files["receiver.key"]).expect("write");
+        ferry_mover::net::load_files(
+            &p("ca.crt"),
+            &p("r.crt"),
+            &p("r.key"),
+            "uid.1",
+            Role::Receiver,
+        )
+        .expect("receiver files load");
+        assert!(
+            ferry_mover::net::load_files(
+                &p("ca.crt"),
+                &p("r.crt"),
+                &p("r.key"),
+                "uid.2",
+                Role::Receiver
+            )
+            .is_err(),
+            "a certificate of another run is refused"
+        );
+        a.progress_client("uid.1").expect("progress tls");
+    }
+}

@@ -1,0 +1,246 @@
+//! Where each mover runs and what it mounts (pure: the facts come from `observe`).
+//!
+//! A hostPath side runs on its node (node selector). A claim side runs where its volume can be
+//! mounted: on the node of a running pod that already mounts the claim (an RWO volume cannot be
+//! attached twice elsewhere), otherwise wherever the scheduler puts it (it honours a local PV's
+//! node affinity by itself). `nodeName` is never set.
+
+use crate::api::{Endpoint, Reason, Side};
+use crate::config::Config;
+
+/// The volume a mover mounts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeRef {
+    HostPath { path: String },
+    Claim { claim: String },
+}
+
+/// Everything a mover pod needs to know about its side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidePlacement {
+    pub volume: VolumeRef,
+    /// Directory inside the volume, without leading or trailing `/` (empty: the volume root).
+    pub sub_path: String,
+    /// The node the mover must run on, if any.
+    pub node: Option<String>,
+}
+
+impl SidePlacement {
+    /// `""` or `"/sub/path"`, to append to the mount point.
+    pub fn sub_path_suffix(&self) -> String {
+        if self.sub_path.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", self.sub_path)
+        }
+    }
+}
+
+/// What the cluster says about one side's volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SideFacts {
+    /// For a claim side: whether the claim exists.
+    pub claim_exists: bool,
+    /// For a claim side: the node of a running pod (not ferry's) that mounts the claim.
+    pub claim_in_use_on: Option<String>,
+    /// For a hostPath side: whether the node exists.
+    pub node_exists: bool,
+}
+
+/// Why a side cannot be placed (a condition reason and a message a person can act on).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub reason: Reason,
+    pub message: String,
+}
+
+fn blocked(reason: Reason, message: String) -> Blocked {
+    Blocked { reason, message }
+}
+
+/// Normalises a path inside a volume; `None` if it tries to leave it.
+pub fn clean_sub_path(path: &str) -> Option<String> {
+    let mut parts = Vec::new();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => return None,
+            c => parts.push(c),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// Places one side, or says why it cannot be placed.
+pub fn place_side(
+    side: Side,
+    endpoint: &Endpoint,
+    namespace: &str,
+    config: &Config,
+    facts: &SideFacts,
+) -> Result<SidePlacement, Blocked> {
+    let which = side.as_str();
+    match (&endpoint.pvc, &endpoint.host_path, &endpoint.remote) {
+        (Some(pvc), None, None) => {
+            let sub_path = clean_sub_path(&pvc.path).ok_or_else(|| {
+                blocked(
+                    Reason::InvalidSpec,
+                    format!("{which}.pvc.path {:?} must not contain '..'", pvc.path),
+                )
+            })?;
+            if !facts.claim_exists {
+                let reason = match side {
+                    Side::Source => Reason::SourceClaimNotFound,
+                    Side::Destination => Reason::DestinationClaimNotFound,
+                };
+                return Err(blocked(
+                    reason,
+                    format!(
+                        "PersistentVolumeClaim {namespace}/{} does not exist; the Transfer starts once it does",
+                        pvc.claim_name
+                    ),
+                ));
+            }
+            Ok(SidePlacement {
+                volume: VolumeRef::Claim {
+                    claim: pvc.claim_name.clone(),
+                },
+                sub_path,
+                node: facts.claim_in_use_on.clone(),
+            })
+        }
+        (None, Some(hp), None) => {
+            if clean_sub_path(&hp.path).is_none() || !hp.path.starts_with('/') {
+                return Err(blocked(
+                    Reason::InvalidSpec,
+                    format!(
+                        "{which}.hostPath.path {:?} must be absolute without '..'",
+                        hp.path
+                    ),
+                ));
+            }
+            if !config.host_path_allowed(namespace, &hp.path) {
+                return Err(blocked(
+                    Reason::HostPathNotAllowed,
+                    format!(
+                        "{which}.hostPath.path {} is not under a host root granted to namespace {namespace} (ask the cluster admin to add one to the operator's hostRoots)",
+                        hp.path
+                    ),
+                ));
+            }
+            if !facts.node_exists {
+                return Err(blocked(
+                    Reason::NodeNotFound,
+                    format!(
+                        "{which}.hostPath.node {} is not a node of this cluster",
+                        hp.node
+                    ),
+                ));
+            }
+            Ok(SidePlacement {
+                volume: VolumeRef::HostPath {
+                    path: hp.path.clone(),
+                },
+                sub_path: String::new(),
+                node: Some(hp.node.clone()),
+            })
+        }
+        (None, None, Some(_)) => Err(blocked(
+            Reason::RemoteNotSupported,
+            format!("{which}.remote (another cluster) is not served by this operator version"),
+        )),
+        _ => Err(blocked(
+            Reason::InvalidSpec,
+            format!("{which} must set exactly one of pvc, hostPath or remote"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{HostPathEndpoint, PvcEndpoint};
+    use crate::config::HostRootGrant;
+
+    fn cfg() -> Config {
+        Config {
+            host_roots: vec![HostRootGrant::parse("ml=/data").expect("grant")],
+            ..Config::default()
+        }
+    }
+
+    fn host(node: &str, path: &str) -> Endpoint {
+        Endpoint {
+            host_path: Some(HostPathEndpoint {
+                node: node.into(),
+                path: path.into(),
+            }),
+            ..Endpoint::default()
+        }
+    }
+
+    #[test]
+    fn host_paths_need_a_grant_and_a_node() {
+        let facts = SideFacts {
+            node_exists: true,
+            ..SideFacts::default()
+        };
+        let ok =
+            place_side(Side::Source, &host("a", "/data/x"), "ml", &cfg(), &facts).expect("placed");
+        assert_eq!(ok.node.as_deref(), Some("a"));
+        let e = place_side(Side::Source, &host("a", "/etc"), "ml", &cfg(), &facts).unwrap_err();
+        assert_eq!(e.reason, Reason::HostPathNotAllowed);
+        let e = place_side(Side::Source, &host("a", "/data/x"), "web", &cfg(), &facts).unwrap_err();
+        assert_eq!(e.reason, Reason::HostPathNotAllowed);
+        let e = place_side(
+            Side::Source,
+            &host("a", "/data/../etc"),
+            "ml",
+            &cfg(),
+            &facts,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::InvalidSpec);
+        let e = place_side(
+            Side::Source,
+            &host("a", "/data/x"),
+            "ml",
+            &cfg(),
+            &SideFacts::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::NodeNotFound);
+    }
+
+    #[test]
+    fn claims_follow_the_pod_that_mounts_them() {
+        let ep = Endpoint {
+            pvc: Some(PvcEndpoint {
+                claim_name: "c".into(),
+                path: "/sets//a/".into(),
+            }),
+            ..Endpoint::default()
+        };
+        let e =
+            place_side(Side::Destination, &ep, "ml", &cfg(), &SideFacts::default()).unwrap_err();
+        assert_eq!(e.reason, Reason::DestinationClaimNotFound);
+        let facts = SideFacts {
+            claim_exists: true,
+            claim_in_use_on: Some("b".into()),
+            node_exists: false,
+        };
+        let p = place_side(Side::Destination, &ep, "ml", &cfg(), &facts).expect("placed");
+        assert_eq!(p.sub_path, "sets/a");
+        assert_eq!(p.node.as_deref(), Some("b"));
+        let both = Endpoint {
+            host_path: Some(HostPathEndpoint::default()),
+            ..ep.clone()
+        };
+        assert_eq!(
+            place_side(Side::Source, &both, "ml", &cfg(), &facts)
+                .unwrap_err()
+                .reason,
+            Reason::InvalidSpec
+        );
+    }
+}

@@ -1,0 +1,1048 @@
+//! The pure core of reconcile: from a Transfer and what `observe` saw, the next status and the
+//! actions that move the cluster toward it. No I/O; every rule here has a unit test.
+//!
+//! Lifecycle: a run (one per `spec.trigger` value) has attempts; an attempt is one receiver pod,
+//! then one sender pod, with certificates of their own. A failed attempt is replaced by the next
+//! after a backoff, which resumes from the receiver's staging (keyed by the run, not the attempt).
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::api::{
+    ConditionType, LastError, MoverRef, Phase, ProgressStatus, Reason, ThroughputStatus, Transfer,
+    TransferSpec, TransferStatus, WireStatus, set_condition,
+};
+use crate::names::{self, MoverRole};
+use crate::placement::{Blocked, SidePlacement};
+use ferry_proto::progress::v1::{Phase as MoverPhase, ProgressUpdate};
+
+/// First retry delay; each further failure doubles it, up to [`BACKOFF_MAX`].
+pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(120);
+/// How often a running Transfer is looked at even when nothing announces a change.
+pub const RESYNC_RUNNING: Duration = Duration::from_secs(15);
+/// How often a blocked Transfer (missing claim, missing node) checks whether the cause is gone.
+pub const RESYNC_BLOCKED: Duration = Duration::from_secs(10);
+
+/// A pod's state as far as the plan cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodPhase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub phase: PodPhase,
+    pub ready: bool,
+    pub ip: Option<String>,
+    pub node: Option<String>,
+    /// The container's termination message (the mover's last error lines).
+    pub message: Option<String>,
+    /// Being deleted already.
+    pub deleting: bool,
+}
+
+/// Everything reconcile observed, for one Transfer.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub now: Timestamp,
+    /// Source and destination placement, or why they cannot be placed.
+    pub placement: Result<(SidePlacement, SidePlacement), Blocked>,
+    /// Every pod and Secret of this Transfer (any run or attempt).
+    pub pods: Vec<PodView>,
+    pub secrets: Vec<String>,
+    /// The latest progress updates of the current attempt's movers.
+    pub receiver_progress: Option<ProgressUpdate>,
+    pub sender_progress: Option<ProgressUpdate>,
+    /// Whether the concurrency limits let this Transfer start movers now.
+    pub may_start: bool,
+}
+
+/// A change the apply step makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Issue certificates for (run, attempt) and store them in the attempt's Secret.
+    CreateSecret {
+        run: u32,
+        attempt: u32,
+    },
+    CreateReceiver {
+        run: u32,
+        attempt: u32,
+    },
+    CreateSender {
+        run: u32,
+        attempt: u32,
+        receiver_ip: String,
+    },
+    DeletePod(String),
+    DeleteSecret(String),
+    /// `ttlSecondsAfterFinished` ran out.
+    DeleteTransfer,
+}
+
+/// An Event to record (events.k8s.io).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub status: TransferStatus,
+    pub actions: Vec<Action>,
+    pub requeue: Option<Duration>,
+    pub notes: Vec<Note>,
+}
+
+/// The bandwidth limit in bytes per second; `Err` names what is wrong with the quantity.
+pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
+    match &spec.bandwidth_limit {
+        None => Ok(None),
+        Some(q) => parse_quantity(&q.0)
+            .map(|v| (v > 0).then_some(v))
+            .ok_or_else(|| {
+                format!(
+                    "bandwidthLimit {:?} is not a quantity of bytes per second (e.g. 50M, 1Gi)",
+                    q.0
+                )
+            }),
+    }
+}
+
+/// A Kubernetes quantity as a whole number (`10M` = 10^7, `1Gi` = 2^30, `1.5k` = 1500).
+pub fn parse_quantity(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let mult: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        _ => return None,
+    };
+    let v: f64 = num.parse().ok()?;
+    let bytes = (v * mult).round();
+    (bytes.is_finite() && (0.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
+}
+
+/// Spec fields this operator cannot honour yet, refused instead of silently ignored.
+fn unsupported(spec: &TransferSpec) -> Option<Blocked> {
+    let what = if !spec.exclude.is_empty() {
+        "spec.exclude"
+    } else if spec.preserve_ownership {
+        "spec.preserveOwnership"
+    } else {
+        return bandwidth_bytes(spec).err().map(|message| Blocked {
+            reason: Reason::InvalidSpec,
+            message,
+        });
+    };
+    Some(Blocked {
+        reason: Reason::Unsupported,
+        message: format!("{what} is not supported by this version of ferry's movers yet"),
+    })
+}
+
+fn backoff(failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(16);
+    (BACKOFF_BASE * (1u32 << shift)).min(BACKOFF_MAX)
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(t)
+}
+
+fn until(now: Timestamp, then: Timestamp) -> Duration {
+    Duration::try_from(then.duration_since(now)).unwrap_or(Duration::ZERO)
+}
+
+struct Ctx<'a> {
+    st: TransferStatus,
+    actions: Vec<Action>,
+    notes: Vec<Note>,
+    now: Time,
+    generation: Option<i64>,
+    obs: &'a Observed,
+}
+
+impl Ctx<'_> {
+    fn cond(&mut self, kind: ConditionType, status: bool, reason: Reason, message: &str) {
+        set_condition(
+            &mut self.st.conditions,
+            kind,
+            status,
+            reason,
+            message,
+            self.generation,
+            &self.now,
+        );
+    }
+
+    fn pod(&self, role: MoverRole, uid: &str) -> Option<&PodView> {
+        let name = names::pod_name(uid, self.st.run, self.st.attempts, role);
+        self.obs.pods.iter().find(|p| p.name == name)
+    }
+
+    /// Deletes every pod and Secret that is not of the current attempt (or all of them).
+    fn delete_children(&mut self, uid: &str, keep_current: bool) {
+        let (run, attempt) = (self.st.run, self.st.attempts);
+        let current = [
+            names::pod_name(uid, run, attempt, MoverRole::Receiver),
+            names::pod_name(uid, run, attempt, MoverRole::Sender),
+        ];
+        for p in &self.obs.pods {
+            if !(p.deleting || keep_current && current.contains(&p.name)) {
+                self.actions.push(Action::DeletePod(p.name.clone()));
+            }
+        }
+        let secret = names::secret_name(uid, run, attempt);
+        for s in &self.obs.secrets {
+            if !(keep_current && *s == secret) {
+                self.actions.push(Action::DeleteSecret(s.clone()));
+            }
+        }
+    }
+
+    fn finish(&mut self, phase: Phase, reason: Reason, message: &str) {
+        self.st.phase = phase;
+        self.st.completion_time = Some(self.now.clone());
+        self.st.retry_after = None;
+        self.st.eta = None;
+        let ok = phase == Phase::Succeeded;
+        self.cond(ConditionType::Succeeded, ok, reason, message);
+        self.cond(ConditionType::Failed, !ok, reason, message);
+        self.cond(ConditionType::Ready, ok, reason, message);
+        if !ok {
+            self.st.last_error = Some(LastError {
+                reason: reason.as_str().to_owned(),
+                message: message.to_owned(),
+            });
+        }
+        self.notes.push(Note {
+            warning: !ok,
+            reason: if ok { "Succeeded" } else { "Failed" },
+            message: message.to_owned(),
+        });
+    }
+}
+
+/// The next status and actions for `t` given what was observed.
+pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let before = t.status.clone().unwrap_or_default();
+    let mut cx = Ctx {
+        st: before.clone(),
+        actions: Vec::new(),
+        notes: Vec::new(),
+        now: Time(obs.now),
+        generation: t.metadata.generation,
+        obs,
+    };
+    cx.st.observed_generation = t.metadata.generation;
+    let requeue = step(t, &uid, &mut cx);
+    if cx.st.phase != before.phase {
+        let reason = cx
+            .st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        if !cx.st.phase.is_finished() {
+            cx.notes.push(Note {
+                warning: matches!(cx.st.phase, Phase::Retrying),
+                reason: phase_event_reason(cx.st.phase),
+                message: reason,
+            });
+        }
+    }
+    Plan {
+        status: cx.st,
+        actions: cx.actions,
+        requeue,
+        notes: cx.notes,
+    }
+}
+
+fn phase_event_reason(p: Phase) -> &'static str {
+    match p {
+        Phase::Pending => "Pending",
+        Phase::Running => "Started",
+        Phase::Retrying => "Retrying",
+        Phase::Suspended => "Suspended",
+        Phase::Succeeded => "Succeeded",
+        Phase::Failed => "Failed",
+    }
+}
+
+fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
+    let spec = &t.spec;
+    let now = cx.obs.now;
+
+    // A new run: the first one, or a finished Transfer whose trigger changed.
+    if cx.st.run == 0 || (cx.st.phase.is_finished() && spec.trigger != cx.st.observed_trigger) {
+        let run = cx.st.run + 1;
+        let conditions = std::mem::take(&mut cx.st.conditions);
+        cx.st = TransferStatus {
+            run,
+            attempts: 1,
+            observed_trigger: spec.trigger.clone(),
+            observed_generation: t.metadata.generation,
+            conditions,
+            ..TransferStatus::default()
+        };
+        cx.cond(
+            ConditionType::Succeeded,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        cx.cond(
+            ConditionType::Failed,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        if run > 1 {
+            cx.notes.push(Note {
+                warning: false,
+                reason: "Triggered",
+                message: format!("spec.trigger changed: run {run} starts"),
+            });
+        }
+    }
+
+    if cx.st.phase.is_finished() {
+        cx.delete_children(uid, true);
+        let secret = names::secret_name(uid, cx.st.run, cx.st.attempts);
+        if cx.obs.secrets.contains(&secret) {
+            cx.actions.push(Action::DeleteSecret(secret));
+        }
+        let (Some(ttl), Some(done)) = (spec.ttl_seconds_after_finished, &cx.st.completion_time)
+        else {
+            return None;
+        };
+        let expires = add(done.0, Duration::from_secs(ttl.max(0) as u64));
+        if now >= expires {
+            cx.actions.push(Action::DeleteTransfer);
+            return None;
+        }
+        return Some(until(now, expires));
+    }
+
+    let blocked = unsupported(spec).or_else(|| cx.obs.placement.clone().err());
+    if let Some(b) = blocked {
+        cx.st.phase = Phase::Pending;
+        cx.cond(ConditionType::Ready, false, b.reason, &b.message);
+        cx.st.last_error = Some(LastError {
+            reason: b.reason.as_str().to_owned(),
+            message: b.message.clone(),
+        });
+        cx.delete_children(uid, false);
+        return Some(RESYNC_BLOCKED);
+    }
+
+    if let (Some(limit), Some(start)) = (spec.active_deadline_seconds, &cx.st.start_time)
+        && now >= add(start.0, Duration::from_secs(limit.max(0) as u64))
+    {
+        cx.delete_children(uid, false);
+        cx.finish(
+            Phase::Failed,
+            Reason::DeadlineExceeded,
+            &format!("the Transfer ran longer than activeDeadlineSeconds ({limit} s)"),
+        );
+        return None;
+    }
+
+    if spec.suspend {
+        let running =
+            cx.pod(MoverRole::Receiver, uid).is_some() || cx.pod(MoverRole::Sender, uid).is_some();
+        if running {
+            // The next attempt gets new names and certificates; it resumes from staging.
+            cx.st.attempts += 1;
+        }
+        cx.st.phase = Phase::Suspended;
+        cx.st.throughput = None;
+        cx.st.eta = None;
+        cx.cond(
+            ConditionType::Ready,
+            false,
+            Reason::Suspended,
+            "spec.suspend is set: movers stopped; clear it to continue where the Transfer stopped",
+        );
+        cx.delete_children(uid, false);
+        return None;
+    }
+    if cx.st.phase == Phase::Suspended {
+        cx.st.phase = Phase::Pending;
+    }
+
+    if cx.st.phase == Phase::Retrying {
+        if let Some(at) = &cx.st.retry_after
+            && now < at.0
+        {
+            return Some(until(now, at.0));
+        }
+        cx.st.attempts += 1;
+        cx.st.retry_after = None;
+        cx.st.phase = Phase::Pending;
+        cx.st.sender = None;
+        cx.st.receiver = None;
+    }
+    cx.delete_children(uid, true);
+
+    let recv = cx.pod(MoverRole::Receiver, uid).cloned();
+    let send = cx.pod(MoverRole::Sender, uid).cloned();
+    let recv_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Receiver);
+    let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
+    fold_progress(&mut cx.st, cx.obs);
+
+    if let Some(message) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
+    {
+        cx.st.throughput = None;
+        cx.st.eta = None;
+        let failures = cx.st.failures + 1;
+        cx.st.failures = failures;
+        cx.delete_children(uid, false);
+        if failures > spec.backoff_limit {
+            cx.finish(
+                Phase::Failed,
+                Reason::BackoffLimitExceeded,
+                &format!(
+                    "attempt {} failed and backoffLimit ({}) is used up: {message}",
+                    cx.st.attempts, spec.backoff_limit
+                ),
+            );
+            return None;
+        }
+        let wait = backoff(failures);
+        cx.st.phase = Phase::Retrying;
+        cx.st.retry_after = Some(Time(add(now, wait)));
+        cx.st.last_error = Some(LastError {
+            reason: Reason::MoverFailed.as_str().to_owned(),
+            message: message.clone(),
+        });
+        cx.cond(
+            ConditionType::Ready,
+            false,
+            Reason::Retrying,
+            &format!(
+                "attempt {} failed ({message}); attempt {} starts in {} s and resumes",
+                cx.st.attempts,
+                cx.st.attempts + 1,
+                wait.as_secs()
+            ),
+        );
+        return Some(wait);
+    }
+
+    if let (Some(r), Some(s)) = (&recv, &send)
+        && r.phase == PodPhase::Succeeded
+        && s.phase == PodPhase::Succeeded
+    {
+        if let Some(p) = &mut cx.st.progress {
+            p.percent = 100;
+            p.display = "100%".into();
+            p.totals_final = true;
+        }
+        let message = match &cx.st.progress {
+            Some(p) => format!("{} files, {} bytes transferred", p.files_done, p.bytes_done),
+            None => "transfer complete".to_owned(),
+        };
+        cx.finish(Phase::Succeeded, Reason::Completed, &message);
+        let secret = names::secret_name(uid, cx.st.run, cx.st.attempts);
+        if cx.obs.secrets.contains(&secret) {
+            cx.actions.push(Action::DeleteSecret(secret));
+        }
+        return None;
+    }
+
+    if recv.is_none() && send.is_none() && !cx.obs.may_start {
+        cx.st.phase = Phase::Pending;
+        cx.cond(
+            ConditionType::Ready,
+            false,
+            Reason::Pending,
+            "queued: the operator's limit of concurrently running Transfers is reached",
+        );
+        return Some(RESYNC_BLOCKED);
+    }
+
+    if cx.st.start_time.is_none() {
+        cx.st.start_time = Some(cx.now.clone());
+    }
+    let (run, attempt) = (cx.st.run, cx.st.attempts);
+    if !cx
+        .obs
+        .secrets
+        .contains(&names::secret_name(uid, run, attempt))
+    {
+        cx.actions.push(Action::CreateSecret { run, attempt });
+    }
+    match &recv {
+        None => {
+            cx.actions.push(Action::CreateReceiver { run, attempt });
+            cx.st.phase = Phase::Pending;
+            cx.cond(
+                ConditionType::Ready,
+                false,
+                Reason::Pending,
+                &format!("attempt {attempt}: starting the receiver"),
+            );
+        }
+        Some(r) => {
+            cx.st.receiver = Some(MoverRef {
+                pod: r.name.clone(),
+                node: r.node.clone(),
+            });
+            match (&send, r.ready, &r.ip) {
+                (None, true, Some(ip)) => {
+                    cx.actions.push(Action::CreateSender {
+                        run,
+                        attempt,
+                        receiver_ip: ip.clone(),
+                    });
+                    cx.st.phase = Phase::Running;
+                    cx.cond(
+                        ConditionType::Ready,
+                        true,
+                        Reason::Running,
+                        &format!("attempt {attempt}: receiver ready, starting the sender"),
+                    );
+                }
+                (None, _, _) => {
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!("attempt {attempt}: waiting for the receiver to be ready"),
+                    );
+                }
+                (Some(s), _, _) => {
+                    cx.st.sender = Some(MoverRef {
+                        pod: s.name.clone(),
+                        node: s.node.clone(),
+                    });
+                    cx.st.phase = Phase::Running;
+                    cx.cond(
+                        ConditionType::Ready,
+                        true,
+                        Reason::Running,
+                        &format!("attempt {attempt}: moving data"),
+                    );
+                }
+            }
+        }
+    }
+    Some(RESYNC_RUNNING)
+}
+
+/// Why the current attempt failed, if it did: a mover exited non-zero, or a mover this attempt
+/// had is gone (its pod was deleted or its node lost it).
+fn attempt_failure(
+    cx: &Ctx<'_>,
+    recv: Option<&PodView>,
+    send: Option<&PodView>,
+    recv_name: &str,
+    send_name: &str,
+) -> Option<String> {
+    let had = |r: &Option<MoverRef>, name: &str| r.as_ref().is_some_and(|m| m.pod == name);
+    let text = |p: &PodView, role: &str, progress: &Option<ProgressUpdate>| {
+        let from_progress = progress
+            .as_ref()
+            .map(|u| u.last_error.trim().to_owned())
+            .filter(|e| !e.is_empty());
+        let detail = from_progress
+            .or_else(|| p.message.as_ref().map(|m| last_lines(m, 3)))
+            .unwrap_or_else(|| "no message".into());
+        format!("{role} {} failed: {detail}", p.name)
+    };
+    // Both sides usually fail together; the text of each helps (one names the cause, the
+    // other what it saw of it).
+    let failed: Vec<String> = [
+        recv.filter(|p| p.phase == PodPhase::Failed)
+            .map(|p| text(p, "receiver", &cx.obs.receiver_progress)),
+        send.filter(|p| p.phase == PodPhase::Failed)
+            .map(|p| text(p, "sender", &cx.obs.sender_progress)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !failed.is_empty() {
+        return Some(failed.join("; "));
+    }
+    if recv.is_none_or(|p| p.deleting) && had(&cx.st.receiver, recv_name) {
+        return Some(format!("receiver pod {recv_name} disappeared"));
+    }
+    if send.is_none_or(|p| p.deleting) && had(&cx.st.sender, send_name) {
+        return Some(format!("sender pod {send_name} disappeared"));
+    }
+    None
+}
+
+fn last_lines(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// Folds the movers' latest updates into status. The receiver's figures (what was written) are
+/// the truth; the totals come from the sender, which walks the source. Missing updates keep the
+/// previous figures, so a finished Transfer keeps its totals.
+pub fn fold_progress(st: &mut TransferStatus, obs: &Observed) {
+    let (recv, send) = (obs.receiver_progress.as_ref(), obs.sender_progress.as_ref());
+    if recv.is_none() && send.is_none() {
+        return;
+    }
+    let done = recv.or(send);
+    let mut p = st.progress.clone().unwrap_or_default();
+    if let Some(d) = done {
+        p.bytes_done = d.bytes_done;
+        p.files_done = d.files_done;
+        p.files_skipped = d.skipped;
+    }
+    if let Some(s) = send {
+        p.bytes_total = s.bytes_total.max(p.bytes_total);
+        p.files_total = s.files_total.max(p.files_total);
+        p.totals_final = s.totals_final;
+    }
+    p.bytes_total = p.bytes_total.max(p.bytes_done);
+    p.files_total = p.files_total.max(p.files_done + p.files_skipped);
+    p.percent = percent(&p);
+    p.display = format!("{}%", p.percent);
+    st.progress = Some(p.clone());
+
+    if let Some(d) = done {
+        let running = MoverPhase::try_from(d.phase).is_ok_and(|ph| {
+            matches!(
+                ph,
+                MoverPhase::Transferring | MoverPhase::Finishing | MoverPhase::Connecting
+            )
+        });
+        let avg = d.throughput_average.max(0.0) as u64;
+        let cur = if running {
+            d.throughput_current.max(0.0) as u64
+        } else {
+            0
+        };
+        st.throughput = Some(ThroughputStatus {
+            current_bytes_per_second: cur,
+            average_bytes_per_second: avg,
+            display: human_rate(if running { cur } else { avg }),
+        });
+        st.eta = (running && p.totals_final && avg > 0)
+            .then(|| human_duration(p.bytes_total.saturating_sub(p.bytes_done) / avg));
+    }
+    if let Some(r) = recv {
+        let ratio = if r.wire_bytes > 0 {
+            format!("{:.2}", r.bytes_done as f64 / r.wire_bytes as f64)
+        } else {
+            "0".into()
+        };
+        st.wire = Some(WireStatus {
+            bytes: r.wire_bytes,
+            compression_ratio: ratio,
+            dedup_blocks: r.dedup_blocks,
+            dedup_bytes: r.dedup_bytes,
+            resumed_bytes: r.resumed_bytes,
+        });
+    }
+}
+
+fn percent(p: &ProgressStatus) -> u32 {
+    let pct = (p.bytes_done.saturating_mul(100))
+        .checked_div(p.bytes_total)
+        .or_else(|| {
+            (p.files_done + p.files_skipped)
+                .saturating_mul(100)
+                .checked_div(p.files_total)
+        })
+        .unwrap_or(0);
+    // 100 % only once the totals are final and everything is in.
+    let complete = p.totals_final && p.bytes_done >= p.bytes_total;
+    (pct.min(if complete { 100 } else { 99 })) as u32
+}
+
+/// "48.0 MiB/s".
+pub fn human_rate(bytes_per_second: u64) -> String {
+    let v = bytes_per_second as f64;
+    let units = [
+        ("GiB/s", 1u64 << 30),
+        ("MiB/s", 1 << 20),
+        ("KiB/s", 1 << 10),
+    ];
+    for (unit, size) in units {
+        if bytes_per_second >= size {
+            return format!("{:.1} {unit}", v / size as f64);
+        }
+    }
+    format!("{bytes_per_second} B/s")
+}
+
+/// "1h2m3s", "4m5s", "6s".
+pub fn human_duration(secs: u64) -> String {
+    let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
+    if h > 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::api::{Endpoint, HostPathEndpoint, TransferSpec};
+    use crate::placement::VolumeRef;
+    use kube::api::ObjectMeta;
+
+    pub(crate) fn transfer() -> Transfer {
+        let host = |node: &str, path: &str| Endpoint {
+            host_path: Some(HostPathEndpoint {
+                node: node.into(),
+                path: path.into(),
+            }),
+            ..Endpoint::default()
+        };
+        let spec: TransferSpec = serde_json::from_value(serde_json::json!({
+            "source": {"hostPath": {"node": "a", "path": "/data/src"}},
+            "destination": {"hostPath": {"node": "b", "path": "/data/dst"}},
+        }))
+        .expect("spec");
+        assert_eq!(spec.source, host("a", "/data/src"));
+        let mut t = Transfer::new("t", spec);
+        t.metadata = ObjectMeta {
+            name: Some("t".into()),
+            namespace: Some("ml".into()),
+            uid: Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into()),
+            generation: Some(1),
+            ..ObjectMeta::default()
+        };
+        t
+    }
+
+    const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+    fn placed() -> (SidePlacement, SidePlacement) {
+        let side = |node: &str, path: &str| SidePlacement {
+            volume: VolumeRef::HostPath { path: path.into() },
+            sub_path: String::new(),
+            node: Some(node.into()),
+        };
+        (side("a", "/data/src"), side("b", "/data/dst"))
+    }
+
+    fn obs(secs: i64) -> Observed {
+        Observed {
+            now: Timestamp::from_second(1_800_000_000 + secs).expect("time"),
+            placement: Ok(placed()),
+            pods: Vec::new(),
+            secrets: Vec::new(),
+            receiver_progress: None,
+            sender_progress: None,
+            may_start: true,
+        }
+    }
+
+    fn pod(run: u32, attempt: u32, role: MoverRole, phase: PodPhase, ready: bool) -> PodView {
+        PodView {
+            name: names::pod_name(UID, run, attempt, role),
+            phase,
+            ready,
+            ip: Some("127.2.0.5".into()),
+            node: Some("b".into()),
+            message: None,
+            deleting: false,
+        }
+    }
+
+    /// Applies a plan's status to the Transfer, as the status patch would.
+    fn advance(t: &mut Transfer, o: &Observed) -> Plan {
+        let p = plan(t, o);
+        t.status = Some(p.status.clone());
+        p
+    }
+
+    fn cond<'a>(
+        p: &'a Plan,
+        kind: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        p.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .expect("condition")
+    }
+
+    #[test]
+    fn a_new_transfer_gets_a_secret_and_a_receiver_first() {
+        let mut t = transfer();
+        let p = advance(&mut t, &obs(0));
+        assert_eq!(p.status.run, 1);
+        assert_eq!(p.status.attempts, 1);
+        assert_eq!(
+            p.actions,
+            vec![
+                Action::CreateSecret { run: 1, attempt: 1 },
+                Action::CreateReceiver { run: 1, attempt: 1 }
+            ]
+        );
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert_eq!(cond(&p, "Succeeded").status, "False");
+    }
+
+    #[test]
+    fn the_sender_starts_only_when_the_receiver_is_ready_and_gets_its_ip() {
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let mut o = obs(1);
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, false)];
+        let p = advance(&mut t, &o);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        let p = advance(&mut t, &o);
+        assert_eq!(
+            p.actions,
+            vec![Action::CreateSender {
+                run: 1,
+                attempt: 1,
+                receiver_ip: "127.2.0.5".into()
+            }]
+        );
+        assert_eq!(p.status.phase, Phase::Running);
+        assert_eq!(cond(&p, "Ready").status, "True");
+    }
+
+    #[test]
+    fn both_movers_done_is_success_and_reapplying_is_a_no_op() {
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let mut o = obs(5);
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![
+            pod(1, 1, MoverRole::Receiver, PodPhase::Succeeded, false),
+            pod(1, 1, MoverRole::Sender, PodPhase::Succeeded, false),
+        ];
+        o.receiver_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Succeeded as i32,
+            files_done: 3,
+            bytes_done: 300,
+            wire_bytes: 150,
+            throughput_average: 100.0,
+            ..ProgressUpdate::default()
+        });
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        assert_eq!(cond(&p, "Succeeded").status, "True");
+        assert_eq!(p.status.progress.as_ref().map(|p| p.percent), Some(100));
+        assert_eq!(
+            p.status.wire.as_ref().map(|w| w.compression_ratio.as_str()),
+            Some("2.00")
+        );
+        assert!(
+            p.actions
+                .contains(&Action::DeleteSecret(names::secret_name(UID, 1, 1)))
+        );
+        assert!(p.notes.iter().any(|n| n.reason == "Succeeded"));
+        // A later reconcile (operator restart, re-sync) changes nothing.
+        let mut o2 = obs(500);
+        o2.pods = o.pods.clone();
+        let again = plan(&t, &o2);
+        assert_eq!(again.status, p.status);
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+    }
+
+    #[test]
+    fn a_changed_trigger_starts_a_new_run() {
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let mut o = obs(5);
+        o.pods = vec![
+            pod(1, 1, MoverRole::Receiver, PodPhase::Succeeded, false),
+            pod(1, 1, MoverRole::Sender, PodPhase::Succeeded, false),
+        ];
+        advance(&mut t, &o);
+        t.spec.trigger = Some("v2".into());
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.run, 2);
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 2, attempt: 1 })
+        );
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Sender
+        ))));
+    }
+
+    #[test]
+    fn a_failed_mover_retries_with_backoff_then_fails_past_the_limit() {
+        let mut t = transfer();
+        t.spec.backoff_limit = 1;
+        advance(&mut t, &obs(0));
+        let mut o = obs(1);
+        o.pods = vec![
+            pod(1, 1, MoverRole::Receiver, PodPhase::Running, true),
+            pod(1, 1, MoverRole::Sender, PodPhase::Failed, false),
+        ];
+        o.pods[1].message = Some("error: connection reset".into());
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Retrying);
+        assert_eq!(p.requeue, Some(BACKOFF_BASE));
+        assert!(
+            p.status
+                .last_error
+                .as_ref()
+                .is_some_and(|e| e.message.contains("connection reset"))
+        );
+        assert_eq!(p.actions.len(), 2, "both movers go: {:?}", p.actions);
+        // Before the backoff ran out nothing happens.
+        let p = advance(&mut t, &obs(2));
+        assert_eq!(p.status.phase, Phase::Retrying);
+        assert!(p.actions.is_empty());
+        // After it, attempt 2 starts with new names.
+        let p = advance(&mut t, &obs(4));
+        assert_eq!(p.status.attempts, 2);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 2 })
+        );
+        // Attempt 2 loses its receiver pod: past the limit.
+        let mut o = obs(5);
+        o.pods = vec![pod(1, 2, MoverRole::Receiver, PodPhase::Running, true)];
+        advance(&mut t, &o);
+        let p = advance(&mut t, &obs(6));
+        assert_eq!(p.status.phase, Phase::Failed);
+        assert_eq!(cond(&p, "Failed").reason, "BackoffLimitExceeded");
+        assert!(cond(&p, "Failed").message.contains("disappeared"));
+    }
+
+    #[test]
+    fn blocked_specs_create_nothing_and_say_why() {
+        let mut t = transfer();
+        let mut o = obs(0);
+        o.placement = Err(Blocked {
+            reason: Reason::HostPathNotAllowed,
+            message: "not granted".into(),
+        });
+        let p = advance(&mut t, &o);
+        assert!(p.actions.is_empty());
+        assert_eq!(cond(&p, "Ready").reason, "HostPathNotAllowed");
+        assert_eq!(p.requeue, Some(RESYNC_BLOCKED));
+        // Once the cause is gone the Transfer proceeds by itself.
+        let p = advance(&mut t, &obs(20));
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
+        );
+        t.spec.exclude = vec!["*.tmp".into()];
+        assert_eq!(cond(&plan(&t, &obs(21)), "Ready").reason, "Unsupported");
+    }
+
+    #[test]
+    fn suspend_stops_movers_and_resume_uses_a_new_attempt() {
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        t.spec.suspend = true;
+        let mut o = obs(1);
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Suspended);
+        assert_eq!(
+            p.actions,
+            vec![Action::DeletePod(names::pod_name(
+                UID,
+                1,
+                1,
+                MoverRole::Receiver
+            ))]
+        );
+        t.spec.suspend = false;
+        let p = advance(&mut t, &obs(2));
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 2 })
+        );
+    }
+
+    #[test]
+    fn queued_when_the_limit_is_reached() {
+        let mut t = transfer();
+        let mut o = obs(0);
+        o.may_start = false;
+        let p = advance(&mut t, &o);
+        assert!(p.actions.is_empty());
+        assert!(cond(&p, "Ready").message.contains("queued"));
+    }
+
+    #[test]
+    fn deadline_and_ttl() {
+        let mut t = transfer();
+        t.spec.active_deadline_seconds = Some(10);
+        t.spec.ttl_seconds_after_finished = Some(60);
+        advance(&mut t, &obs(0));
+        let p = advance(&mut t, &obs(11));
+        assert_eq!(p.status.phase, Phase::Failed);
+        assert_eq!(cond(&p, "Failed").reason, "DeadlineExceeded");
+        assert_eq!(plan(&t, &obs(30)).requeue, Some(Duration::from_secs(41)));
+        assert_eq!(plan(&t, &obs(71)).actions, vec![Action::DeleteTransfer]);
+    }
+
+    #[test]
+    fn progress_percent_eta_and_quantities() {
+        let mut st = TransferStatus::default();
+        let mut o = obs(0);
+        o.receiver_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Transferring as i32,
+            bytes_done: 50,
+            files_done: 1,
+            throughput_current: 10.0,
+            throughput_average: 10.0,
+            ..ProgressUpdate::default()
+        });
+        o.sender_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Transferring as i32,
+            bytes_total: 200,
+            files_total: 4,
+            totals_final: true,
+            ..ProgressUpdate::default()
+        });
+        fold_progress(&mut st, &o);
+        let p = st.progress.as_ref().expect("progress");
+        assert_eq!((p.percent, p.display.as_str()), (25, "25%"));
+        assert_eq!(st.eta.as_deref(), Some("15s"));
+        assert_eq!(parse_quantity("10M"), Some(10_000_000));
+        assert_eq!(parse_quantity("1Gi"), Some(1 << 30));
+        assert_eq!(parse_quantity("1.5k"), Some(1500));
+        assert_eq!(parse_quantity("12"), Some(12));
+        assert_eq!(parse_quantity("1X"), None);
+        assert_eq!(human_rate(3 << 20), "3.0 MiB/s");
+        assert_eq!(human_duration(3725), "1h2m5s");
+    }
+}

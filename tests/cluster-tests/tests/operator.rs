@@ -1,0 +1,561 @@
+//! The operator end to end on the local cluster: Transfers applied through the API, movers run
+//! as pods on the simulated nodes, data checked on the nodes' disks.
+//!
+//! One `ferry-operator` process serves every test of this file (as one operator serves a
+//! cluster); it runs on the host with the cluster's kubeconfig and dies with the test process.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use ferry_cluster_tests::{TestNamespace, cluster_dir, node_root, wait_until};
+use ferry_operator::api::{Phase, Transfer};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+/// Host roots the test operator grants (to every namespace).
+const HOST_ROOT: &str = "/ferry-e2e";
+/// The uid the operator runs movers as (its default).
+const MOVER_UID: u32 = 65532;
+const NODE_A: &str = "node-a";
+const NODE_B: &str = "node-b";
+
+fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
+    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test binary has no target directory")?;
+    let bin = dir.join(name);
+    if !bin.exists() {
+        bail!("{} is missing: run `make build` first", bin.display());
+    }
+    Ok(bin)
+}
+
+/// The k8s tools built by `make k8s-bin` (kubectl, helm).
+fn k8s_tool(name: &str) -> anyhow::Result<PathBuf> {
+    let cache = cluster_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .context("no cache dir")?;
+    for entry in std::fs::read_dir(&cache)? {
+        let p = entry?.path().join("bin").join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "{name} not found under {}/k8s-*/bin: run `make k8s-bin`",
+        cache.display()
+    )
+}
+
+fn kubectl(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(k8s_tool("kubectl")?)
+        .args(args)
+        .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
+        .output()
+        .context("failed to run kubectl")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+struct Operator {
+    _pid: u32,
+}
+
+static OPERATOR: OnceLock<Mutex<Option<anyhow::Result<Operator>>>> = OnceLock::new();
+
+/// Installs the CRD and starts the shared operator once per test process.
+fn ensure_operator() -> anyhow::Result<()> {
+    let cell = OPERATOR.get_or_init(|| Mutex::new(None));
+    let mut guard = cell
+        .lock()
+        .map_err(|_| anyhow::anyhow!("operator lock poisoned"))?;
+    if guard.is_none() {
+        *guard = Some(start_operator());
+    }
+    match guard.as_ref() {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => bail!("the test operator did not start: {e:#}"),
+        None => bail!("unreachable"),
+    }
+}
+
+fn start_operator() -> anyhow::Result<Operator> {
+    let crd = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../crds/ferry.dev_transfers.yaml"
+    );
+    kubectl(&["apply", "--server-side", "-f", crd])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/transfers.ferry.dev",
+        "--timeout=60s",
+    ])?;
+    let _ = kubectl(&["create", "namespace", "ferry-system"]);
+    // The block store and the host roots must be writable by the non-root movers.
+    for node in [NODE_A, NODE_B] {
+        for dir in ["ferry-e2e", "ferry-e2e/cas"] {
+            let p = node_root(node).join(dir);
+            std::fs::create_dir_all(&p)?;
+            std::os::unix::fs::chown(&p, Some(MOVER_UID), Some(MOVER_UID))?;
+        }
+    }
+    let log = std::fs::File::create(cluster_dir().join("logs").join("ferry-operator-e2e.log"))?;
+    let mut cmd = Command::new(workspace_bin("ferry-operator")?);
+    cmd.args([
+        "--namespace",
+        "ferry-system",
+        "--mover-image",
+        "ghcr.io/ferry-dev/ferry-mover:dev",
+        "--host-root",
+        &format!("*={HOST_ROOT}"),
+        "--cas-root",
+        &format!("{HOST_ROOT}/cas"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
+    .env("RUST_LOG", "info,ferry_operator=debug")
+    .stdin(Stdio::null())
+    .stdout(log.try_clone()?)
+    .stderr(log);
+    // SAFETY: prctl in the child before exec only sets the parent-death signal.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    // The parent-death signal fires when the spawning *thread* ends, so a thread that lives as
+    // long as the test process spawns the operator and waits on it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || match cmd.spawn() {
+        Ok(mut child) => {
+            let _ = tx.send(Ok(child.id()));
+            let _ = child.wait();
+        }
+        Err(e) => {
+            let _ = tx.send(Err(e));
+        }
+    });
+    let pid = rx.recv()?.context("failed to start ferry-operator")?;
+    Ok(Operator { _pid: pid })
+}
+
+/// A directory tree on a node under the granted host root, owned by the mover's uid.
+fn node_dir(node: &str, ns: &str, name: &str) -> anyhow::Result<(String, PathBuf)> {
+    let rel = format!("{HOST_ROOT}/{ns}/{name}");
+    let on_host = node_root(node).join(rel.trim_start_matches('/'));
+    std::fs::create_dir_all(&on_host)?;
+    for p in [on_host.parent().context("parent")?, &on_host] {
+        std::os::unix::fs::chown(p, Some(MOVER_UID), Some(MOVER_UID))?;
+    }
+    Ok((rel, on_host))
+}
+
+/// Small files in nested directories plus one large file with a deterministic pattern.
+/// `seed` makes the large file's content unique, so no test finds another's blocks in a node's
+/// block store unless it means to.
+fn make_tree(root: &Path, small: usize, large_mib: usize, seed: &str) -> anyhow::Result<()> {
+    for i in 0..small {
+        let dir = root.join(format!("d{:02}", i % 17));
+        std::fs::create_dir_all(&dir)?;
+        let body: Vec<u8> = (0..(i % 5000 + 1))
+            .map(|j| ((i * 31 + j) % 251) as u8)
+            .collect();
+        std::fs::write(dir.join(format!("f{i}.bin")), body)?;
+    }
+    if large_mib > 0 {
+        let mut big = Vec::with_capacity(large_mib << 20);
+        let mut x: u64 =
+            u64::from_le_bytes(blake3::hash(seed.as_bytes()).as_bytes()[..8].try_into()?) | 1;
+        while big.len() < large_mib << 20 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            big.extend_from_slice(&x.to_le_bytes());
+        }
+        std::fs::write(root.join("large.bin"), big)?;
+    }
+    // A private directory: its mode must arrive too. The data belongs to the movers' user.
+    std::fs::set_permissions(root.join("d00"), std::fs::Permissions::from_mode(0o750))?;
+    chown_tree(root)
+}
+
+fn chown_tree(root: &Path) -> anyhow::Result<()> {
+    std::os::unix::fs::lchown(root, Some(MOVER_UID), Some(MOVER_UID))?;
+    if std::fs::symlink_metadata(root)?.is_dir() {
+        for e in std::fs::read_dir(root)? {
+            chown_tree(&e?.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Every file of `src` is in `dst` with the same bytes, mode and mtime.
+fn assert_same_tree(src: &Path, dst: &Path) -> anyhow::Result<usize> {
+    let mut n = 0;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for e in std::fs::read_dir(src.join(&rel))? {
+            let e = e?;
+            let r = rel.join(e.file_name());
+            let (a, b) = (src.join(&r), dst.join(&r));
+            let (ma, mb) = (
+                std::fs::symlink_metadata(&a)?,
+                std::fs::symlink_metadata(&b)
+                    .with_context(|| format!("{} missing", b.display()))?,
+            );
+            if ma.is_dir() {
+                stack.push(r);
+                continue;
+            }
+            if std::fs::read(&a)? != std::fs::read(&b)? {
+                bail!("{} differs", r.display());
+            }
+            if ma.mode() & 0o777 != mb.mode() & 0o777 || ma.mtime() != mb.mtime() {
+                bail!("metadata of {} differs", r.display());
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn transfer(
+    name: &str,
+    src: (&str, &str),
+    dst: (&str, &str),
+    extra: serde_json::Value,
+) -> anyhow::Result<Transfer> {
+    let mut spec = serde_json::json!({
+        "source": {"hostPath": {"node": src.0, "path": src.1}},
+        "destination": {"hostPath": {"node": dst.0, "path": dst.1}},
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1",
+        "kind": "Transfer",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+}
+
+async fn wait_phase(
+    api: &Api<Transfer>,
+    name: &str,
+    timeout: Duration,
+    want: Phase,
+) -> anyhow::Result<Transfer> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let t = api.get(name).await?;
+        let phase = t.status.as_ref().map(|s| s.phase);
+        if phase == Some(want) {
+            return Ok(t);
+        }
+        if phase == Some(Phase::Failed) || tokio::time::Instant::now() >= deadline {
+            bail!("Transfer {name} is not {want:?}; status: {:?}", t.status);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn mover_pods(ns: &TestNamespace) -> anyhow::Result<Vec<Pod>> {
+    let pods: Api<Pod> = ns.api();
+    Ok(pods
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator"))
+        .await?
+        .items)
+}
+
+#[tokio::test]
+async fn host_path_to_host_path_on_two_nodes_succeeds_with_status_and_events() -> anyhow::Result<()>
+{
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-basic").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 600, 24, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "basic",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({"streams": 2}),
+        )?,
+    )
+    .await?;
+    // What a user runs: kubectl wait on the condition.
+    kubectl(&[
+        "wait",
+        "-n",
+        &ns.name,
+        "--for=condition=Succeeded",
+        "transfer/basic",
+        "--timeout=120s",
+    ])
+    .context("kubectl wait for Succeeded")?;
+    let t = api.get("basic").await?;
+    let st = t.status.clone().context("status")?;
+    assert_eq!(st.phase, Phase::Succeeded);
+    assert_eq!(st.attempts, 1);
+    let p = st.progress.clone().context("progress")?;
+    assert_eq!(p.percent, 100, "{p:?}");
+    assert_eq!(p.files_done, 601, "{p:?}");
+    assert!(p.bytes_done >= 24 << 20, "{p:?}");
+    assert!(
+        st.throughput
+            .as_ref()
+            .is_some_and(|t| t.average_bytes_per_second > 0),
+        "{st:?}"
+    );
+    assert!(st.wire.as_ref().is_some_and(|w| w.bytes > 0), "{st:?}");
+    assert!(st.completion_time.is_some() && st.start_time.is_some());
+    assert_eq!(
+        st.receiver.as_ref().and_then(|r| r.node.as_deref()),
+        Some(NODE_B)
+    );
+    assert_eq!(
+        st.sender.as_ref().and_then(|r| r.node.as_deref()),
+        Some(NODE_A)
+    );
+    assert_eq!(assert_same_tree(&src_host, &dst_host)?, 601);
+    assert!(
+        !dst_host.join(".ferry-staging").exists(),
+        "staging removed after success"
+    );
+    let table = kubectl(&["get", "xfer", "-n", &ns.name])?;
+    assert!(
+        table.contains("Succeeded") && table.contains("100%"),
+        "{table}"
+    );
+    let events: Api<Event> = ns.api();
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("basic"))
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "Succeeded"), "{reasons:?}");
+    // The certificates are gone once the Transfer finished.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = ns.api();
+    let left = secrets
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator"))
+        .await?;
+    assert!(left.items.is_empty(), "secrets left: {}", left.items.len());
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn bandwidth_limited_transfer_shows_live_progress() -> anyhow::Result<()> {
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-live").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 10, 24, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "live",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({"bandwidthLimit": "4Mi", "compression": "none", "dedup": false}),
+        )?,
+    )
+    .await?;
+    let mut seen: Vec<u64> = Vec::new();
+    let mut rate_seen = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let t = api.get("live").await?;
+        let st = t.status.unwrap_or_default();
+        if let Some(p) = &st.progress
+            && seen.last() != Some(&p.bytes_done)
+            && !st.phase.is_finished()
+        {
+            seen.push(p.bytes_done);
+        }
+        if st
+            .throughput
+            .as_ref()
+            .is_some_and(|t| t.current_bytes_per_second > 0)
+        {
+            rate_seen = true;
+        }
+        match st.phase {
+            Phase::Succeeded => break,
+            Phase::Failed => bail!("failed: {:?}", st.last_error),
+            _ if tokio::time::Instant::now() >= deadline => bail!("timed out: {st:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(
+        seen.len() >= 3,
+        "progress values seen while running: {seen:?}"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "not increasing: {seen:?}"
+    );
+    assert!(rate_seen, "no current throughput was reported");
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()> {
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-retry").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 20, 48, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "retry",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({"bandwidthLimit": "8Mi", "compression": "none", "dedup": false}),
+        )?,
+    )
+    .await?;
+    // Kill the sender once a third of the data is in.
+    wait_until(
+        Duration::from_secs(90),
+        "a third of the data written",
+        || {
+            let api = api.clone();
+            async move {
+                let t = api.get("retry").await?;
+                Ok(t.status
+                    .and_then(|s| s.progress)
+                    .is_some_and(|p| p.bytes_done > 16 << 20))
+            }
+        },
+    )
+    .await?;
+    let pods: Api<Pod> = ns.api();
+    let sender = mover_pods(&ns)
+        .await?
+        .into_iter()
+        .find(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with("-send"))
+        })
+        .context("no sender pod")?;
+    pods.delete(
+        sender.metadata.name.as_deref().unwrap_or_default(),
+        &DeleteParams::default().grace_period(0),
+    )
+    .await?;
+    let t = wait_phase(&api, "retry", Duration::from_secs(180), Phase::Succeeded).await?;
+    let st = t.status.context("status")?;
+    assert_eq!(st.attempts, 2, "{st:?}");
+    assert_eq!(st.failures, 1, "{st:?}");
+    let wire = st.wire.context("wire")?;
+    assert!(wire.resumed_bytes > 0, "the retry kept nothing: {wire:?}");
+    let total = st.progress.context("progress")?.bytes_total;
+    assert!(
+        wire.bytes < total,
+        "attempt 2 sent {} of {total} bytes",
+        wire.bytes
+    );
+    assert_same_tree(&src_host, &dst_host)?;
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-invalid").await?;
+    let api: Api<Transfer> = ns.api();
+    let cases = [
+        (
+            "outside-root",
+            (NODE_A, "/etc"),
+            (NODE_B, "/ferry-e2e/x"),
+            "HostPathNotAllowed",
+        ),
+        (
+            "no-node",
+            ("node-zz", "/ferry-e2e/a"),
+            (NODE_B, "/ferry-e2e/x"),
+            "NodeNotFound",
+        ),
+    ];
+    for (name, src, dst, _) in &cases {
+        api.create(
+            &PostParams::default(),
+            &transfer(name, *src, *dst, serde_json::json!({}))?,
+        )
+        .await?;
+    }
+    for (name, _, _, reason) in &cases {
+        wait_until(
+            Duration::from_secs(60),
+            &format!("{name} to report {reason}"),
+            || {
+                let api = api.clone();
+                async move {
+                    let t = api.get(name).await?;
+                    Ok(t.status.is_some_and(|s| {
+                        s.conditions.iter().any(|c| {
+                            c.type_ == "Ready" && c.status == "False" && c.reason == *reason
+                        })
+                    }))
+                }
+            },
+        )
+        .await?;
+    }
+    // The apiserver itself refuses what the schema forbids.
+    let both = ferry_cluster_tests::from_json::<Transfer>(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "both"},
+        "spec": {
+            "source": {"hostPath": {"node": NODE_A, "path": "/ferry-e2e/a"}, "pvc": {"claimName": "c"}},
+            "destination": {"hostPath": {"node": NODE_B, "path": "/ferry-e2e/b"}},
+            "streams": 0,
+        }
+    }))?;
+    let err = api
+        .create(&PostParams::default(), &both)
+        .await
+        .err()
+        .context("a spec with two source kinds and 0 streams was accepted")?;
+    let text = err.to_string();
+    assert!(
+        text.contains("exactly one of") || text.contains("streams"),
+        "{text}"
+    );
+    assert!(
+        mover_pods(&ns).await?.is_empty(),
+        "pods were created for invalid specs"
+    );
+    ns.delete().await
+}
