@@ -17,10 +17,11 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
 use crate::api::{Phase, Side, Transfer};
+use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput};
-use crate::names::{self, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
+use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
 use crate::pki::Authority;
 use crate::placement::{self, SideFacts, SidePlacement};
 use crate::plan::{self, Action, Observed, PodPhase, PodView};
@@ -119,10 +120,12 @@ fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
 pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconcile();
     if t.metadata.deletion_timestamp.is_some() {
-        // Owner references remove pods and Secrets; the watchers go now.
-        let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-        ctx.watchers.retain(&pod_prefix(&uid), &[]);
-        return Ok(Requeue::await_change());
+        return cleanup(&t, &ctx).await;
+    }
+    if !t.finalizers().iter().any(|f| f == FINALIZER) {
+        // The finalizer is there before anything is written, so a deletion always cleans up.
+        set_finalizer(&t, &ctx, true).await?;
+        return Ok(Requeue::requeue(Duration::ZERO));
     }
     let obs = observe(&t, &ctx).await?;
     let plan = plan::plan(&t, &obs);
@@ -134,6 +137,84 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
         Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
         None => Requeue::await_change(),
     })
+}
+
+/// Adds or removes our finalizer (a merge patch with the resourceVersion, so a concurrent
+/// change of the list is retried rather than overwritten).
+async fn set_finalizer(t: &Transfer, ctx: &Context, present: bool) -> Result<(), Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut list: Vec<String> = t
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        list.push(FINALIZER.to_owned());
+    }
+    let patch = serde_json::json!({
+        "metadata": {"finalizers": list, "resourceVersion": t.resource_version()}
+    });
+    api.patch(
+        &t.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A deleted Transfer: stop its movers, remove its staging data, then let it go.
+async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    ctx.watchers.retain(&pod_prefix(&uid), &[]);
+    if !t.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Requeue::await_change());
+    }
+    let obs = observe(t, ctx).await?;
+    let cleaner = names::cleanup_pod_name(&uid);
+    let deleting_for = t
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .and_then(|d| Duration::try_from(Timestamp::now().duration_since(d.0)).ok())
+        .unwrap_or_default();
+    let ran = t.status.as_ref().is_some_and(|s| s.start_time.is_some());
+    let dest = obs.placement.as_ref().ok().map(|(_, d)| d);
+    let plan = cleanup::plan_cleanup(ran, dest.is_some(), &obs.pods, &cleaner, deleting_for);
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    for action in &plan.actions {
+        match action {
+            CleanupAction::DeletePod(name) => {
+                let dp = DeleteParams::default().grace_period(1);
+                ignore_not_found(pods.delete(name, &dp).await.map(|_| ()))?;
+            }
+            CleanupAction::CreateCleanupPod => {
+                let Some(dest) = dest else { continue };
+                let pod = movers::cleanup_pod(&MoverPodInput {
+                    transfer: t,
+                    config: &ctx.config,
+                    role: MoverRole::Receiver,
+                    run: 0,
+                    attempt: 0,
+                    placement: dest,
+                    receiver_ip: None,
+                    use_cas: false,
+                });
+                pods.patch(&cleaner, &ssa(), &Patch::Apply(&pod)).await?;
+            }
+        }
+    }
+    if let Some(note) = &plan.note {
+        record(t, ctx, std::slice::from_ref(note)).await;
+    }
+    if plan.done {
+        set_finalizer(t, ctx, false).await?;
+        return Ok(Requeue::await_change());
+    }
+    Ok(Requeue::requeue(Duration::from_secs(1)))
 }
 
 fn pod_prefix(uid: &str) -> String {
@@ -156,13 +237,19 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .iter()
         .map(pod_view)
         .collect();
-    let secrets = secrets_api
-        .list_metadata(&lp)
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|s| s.metadata.name)
-        .collect();
+    // Secrets are looked up by their deterministic names (current and previous attempt), so
+    // the operator needs no right to list or watch Secrets.
+    let st = t.status.clone().unwrap_or_default();
+    let mut secrets = Vec::new();
+    for attempt in [st.attempts.saturating_sub(1), st.attempts, st.attempts + 1] {
+        if attempt == 0 {
+            continue;
+        }
+        let name = names::secret_name(&uid, st.run, attempt);
+        if secrets_api.get_metadata_opt(&name).await?.is_some() {
+            secrets.push(name);
+        }
+    }
 
     let source = side_facts(t, Side::Source, &ctx.client, &ns).await?;
     let destination = side_facts(t, Side::Destination, &ctx.client, &ns).await?;
@@ -179,7 +266,6 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         });
 
     // Progress of the current attempt's movers.
-    let st = t.status.clone().unwrap_or_default();
     let (run, attempt) = (st.run, st.attempts);
     let tid = names::transfer_id(&uid, run);
     let progress = |role: MoverRole| {

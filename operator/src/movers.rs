@@ -336,6 +336,47 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
     }
 }
 
+/// The pod that removes the staging data of every run of a deleted Transfer from its
+/// destination: the receiver's pod (same node, volume, user and lock-down) running
+/// `ferry-mover clean-staging` instead, without certificates or ports.
+pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
+    let mut pod = mover_pod(&MoverPodInput {
+        role: MoverRole::Receiver,
+        use_cas: false,
+        receiver_ip: None,
+        ..input.clone()
+    });
+    let uid = input.transfer.metadata.uid.clone().unwrap_or_default();
+    pod.metadata.name = Some(names::cleanup_pod_name(&uid));
+    if let Some(labels) = pod.metadata.labels.as_mut() {
+        labels.insert(LABEL_ROLE.to_owned(), "cleanup".to_owned());
+        labels.remove(LABEL_ATTEMPT);
+    }
+    // Owned by nobody: the Transfer is going away, and the operator deletes this pod itself.
+    pod.metadata.owner_references = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes
+            .get_or_insert_with(Vec::new)
+            .retain(|v| v.name == "data");
+        for c in &mut spec.containers {
+            c.args = Some(vec![
+                "clean-staging".into(),
+                "--root".into(),
+                format!("{DATA_MOUNT}{}", input.placement.sub_path_suffix()),
+                "--transfer-prefix".into(),
+                format!("{uid}."),
+            ]);
+            c.env = None;
+            c.ports = None;
+            c.readiness_probe = None;
+            if let Some(m) = c.volume_mounts.as_mut() {
+                m.retain(|m| m.name == "data");
+            }
+        }
+    }
+    pod
+}
+
 fn key_to_path(key: &str, path: &str) -> KeyToPath {
     KeyToPath {
         key: key.into(),

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub mod cas;
 pub mod copy;
 pub mod net;
+pub mod staging;
 
 /// ferry's data mover: copies directory trees locally or over parallel mutual-TLS streams.
 #[derive(Parser, Debug)]
@@ -32,6 +33,8 @@ pub enum Command {
     /// Inspect and maintain a block store.
     #[command(subcommand)]
     Cas(cas::CasCommand),
+    /// Remove a transfer's resume state from a destination (`.ferry-staging/`).
+    CleanStaging(staging::CleanStagingArgs),
 }
 
 /// Runs a parsed command line; the exit code reflects partial failures (for example files that
@@ -43,6 +46,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => net::run_send(args),
         Command::Receive(args) => net::run_receive(args),
         Command::Cas(cmd) => cas::run(cmd),
+        Command::CleanStaging(args) => staging::run(args),
     }
 }
 

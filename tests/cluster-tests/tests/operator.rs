@@ -559,3 +559,113 @@ async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
     );
     ns.delete().await
 }
+
+#[tokio::test]
+async fn deleting_a_running_transfer_removes_its_pods_secrets_and_staging() -> anyhow::Result<()> {
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-delete").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 5, 32, &ns.name)?;
+    // Something the Transfer must never touch, next to and inside the destination.
+    let outside = dst_host.parent().context("parent")?.join("keep.txt");
+    std::fs::write(&outside, b"keep")?;
+    std::fs::write(dst_host.join("mine.txt"), b"user data")?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "doomed",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({"bandwidthLimit": "4Mi", "compression": "none", "dedup": false}),
+        )?,
+    )
+    .await?;
+    wait_until(Duration::from_secs(60), "some data written", || {
+        let api = api.clone();
+        async move {
+            let t = api.get("doomed").await?;
+            Ok(t.status
+                .and_then(|s| s.progress)
+                .is_some_and(|p| p.bytes_done > 4 << 20))
+        }
+    })
+    .await?;
+    assert!(
+        dst_host.join(".ferry-staging").exists(),
+        "no staging while running"
+    );
+    api.delete("doomed", &DeleteParams::default()).await?;
+    wait_until(Duration::from_secs(60), "the Transfer to be gone", || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("doomed").await?.is_none()) }
+    })
+    .await?;
+    let pods: Api<Pod> = ns.api();
+    wait_until(Duration::from_secs(30), "its pods to be gone", || {
+        let pods = pods.clone();
+        async move { Ok(pods.list(&ListParams::default()).await?.items.is_empty()) }
+    })
+    .await?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = ns.api();
+    wait_until(Duration::from_secs(30), "its secrets to be gone", || {
+        let secrets = secrets.clone();
+        async move {
+            let left = secrets
+                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator"))
+                .await?;
+            Ok(left.items.is_empty())
+        }
+    })
+    .await?;
+    assert!(
+        !dst_host.join(".ferry-staging").exists(),
+        "staging data left behind"
+    );
+    assert_eq!(std::fs::read(&outside)?, b"keep");
+    assert_eq!(std::fs::read(dst_host.join("mine.txt"))?, b"user data");
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn twenty_small_transfers_at_once_all_succeed() -> anyhow::Result<()> {
+    ensure_operator()?;
+    let ns = TestNamespace::create("xfer-many").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    make_tree(&src_host, 30, 0, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    let mut dsts = Vec::new();
+    for i in 0..20 {
+        let (node, name) = if i % 2 == 0 {
+            (NODE_B, "b")
+        } else {
+            (NODE_A, "a")
+        };
+        let (dst, dst_host) = node_dir(node, &ns.name, &format!("dst-{name}{i}"))?;
+        api.create(
+            &PostParams::default(),
+            &transfer(
+                &format!("t{i}"),
+                (NODE_A, &src),
+                (node, &dst),
+                serde_json::json!({}),
+            )?,
+        )
+        .await?;
+        dsts.push(dst_host);
+    }
+    for i in 0..20 {
+        wait_phase(
+            &api,
+            &format!("t{i}"),
+            Duration::from_secs(180),
+            Phase::Succeeded,
+        )
+        .await?;
+    }
+    for d in &dsts {
+        assert_eq!(assert_same_tree(&src_host, d)?, 30);
+    }
+    ns.delete().await
+}
