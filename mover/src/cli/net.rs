@@ -146,7 +146,8 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
         eprintln!(
             "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
-             {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store",
+             {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store, \
+             {} deleted, {} failed",
             s.files,
             s.bytes,
             s.seconds,
@@ -155,11 +156,34 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
             s.resumed_bytes,
             s.streams,
             s.dedup_blocks,
-            s.dedup_bytes
+            s.dedup_bytes,
+            s.deleted,
+            s.failed
         );
     }
     out.flush()?;
     Ok(())
+}
+
+/// The receiver's first few failure messages on the sender's stderr (the receiver logged each
+/// one itself), with how many more there were.
+fn print_failures(role: &str, s: &Summary) {
+    for msg in &s.failures {
+        eprintln!("{role}: failed: {msg}");
+    }
+    let more = s.failed.saturating_sub(s.failures.len() as u64);
+    if more > 0 {
+        eprintln!("{role}: ... and {more} more failed entries (see the receiver's log)");
+    }
+}
+
+/// Exit status 1 when entries were left out, though the rest was transferred.
+fn exit_code(s: &Summary) -> ExitCode {
+    if s.failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 async fn start_progress_service(
@@ -191,6 +215,8 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
     }
 }
 
+/// Exit status 0 when everything was sent, 1 when the receiver left entries out (the first few
+/// reasons printed), 2 (an error) when the session failed.
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let files = net::load_files(
         &args.tls.ca,
@@ -228,9 +254,11 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         anyhow::Ok(s?)
     })?;
     print_summary(args.tls.json, "sent", &summary)?;
-    Ok(ExitCode::SUCCESS)
+    print_failures("sent", &summary);
+    Ok(exit_code(&summary))
 }
 
+/// Exit status 1 when a session failed or left entries out (each logged), else 0.
 pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let files = net::load_files(
         &args.tls.ca,
@@ -287,6 +315,9 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
                     Ok(s) => {
                         if let Err(e) = print_summary(json, "received", s) {
                             tracing::warn!("failed to print summary: {e}");
+                        }
+                        if s.failed > 0 {
+                            failed.set(true);
                         }
                     }
                     Err(_) => failed.set(true),

@@ -28,8 +28,8 @@ use std::time::Instant;
 use crate::report::{Progress, Summary};
 use crate::tree::dest::{ensure_dir_at, list_dir, lookup_at, remove_at};
 use crate::tree::{
-    CopyCaps, DestError, DestOptions, DestRoot, Kind, Resolve, ScanError, ScanEvent, Scanner,
-    is_temp_name,
+    CopyCaps, DestError, DestOptions, DestRoot, Kind, Placed, Replace, Resolve, ScanError,
+    ScanEvent, Scanner, is_temp_name,
 };
 
 use dirs::DirState;
@@ -121,6 +121,13 @@ impl Shared {
         self.progress.add_failed(1);
         tracing::error!("{}", chain(err));
     }
+
+    /// A non-empty directory replaced (only with `--delete`) counts as deleted.
+    pub fn count_placed(&self, placed: Placed) {
+        if placed == Placed::OverNonEmptyDir {
+            self.stats.deleted.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// "outer: inner: innermost" for an error and its sources.
@@ -165,6 +172,8 @@ pub fn copy_tree(
         DestOptions {
             allow_special_bits: true,
             resolve: opts.resolve,
+            // Without --delete a non-empty directory is never replaced by a non-directory.
+            replace: Replace::with_delete(opts.delete),
         },
     )
     .map_err(CopyError::Dest)?;

@@ -8,8 +8,10 @@ use rustix::fs::{Mode, OFlags, openat, readlinkat};
 use rustix::io::Errno;
 
 use crate::tree::data::BUFFER_SIZE;
-use crate::tree::dest::{hard_link_at, lookup_at, symlink_at};
-use crate::tree::{Entry, Kind, Meta, StagedFile};
+use crate::tree::dest::{LinkError, dir_is_empty_at, hard_link_at, lookup_at, symlink_at};
+use crate::tree::{
+    CommitError, Entry, Kind, Meta, NonEmptyDir, Placed, RelPath, Replace, StagedFile,
+};
 
 use super::Shared;
 use super::checksum::same_contents;
@@ -54,8 +56,19 @@ pub(crate) struct Worker<'a> {
 
 /// Outcome of one entry.
 enum Done {
-    Copied(u64),
+    /// Written: its bytes, and what it replaced.
+    Copied(u64, Placed),
     Unchanged,
+}
+
+/// Why one file or symlink was not copied.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Entry(#[from] EntryError),
+    /// A non-empty destination directory kept (no `--delete`).
+    #[error(transparent)]
+    Refused(#[from] NonEmptyDir),
 }
 
 impl<'a> Worker<'a> {
@@ -84,11 +97,13 @@ impl<'a> Worker<'a> {
         };
         let progress = &self.shared.progress;
         match result {
-            Ok(Done::Copied(bytes)) if job.entry.meta.kind == Kind::File => {
-                progress.add_done(1, bytes)
-            }
-            Ok(Done::Copied(_)) => {
-                self.shared.stats.symlinks.fetch_add(1, Ordering::Relaxed);
+            Ok(Done::Copied(bytes, placed)) => {
+                if job.entry.meta.kind == Kind::File {
+                    progress.add_done(1, bytes);
+                } else {
+                    self.shared.stats.symlinks.fetch_add(1, Ordering::Relaxed);
+                }
+                self.shared.count_placed(placed);
             }
             Ok(Done::Unchanged) => progress.add_skipped(1),
             Err(e) => self.shared.fail(&e),
@@ -114,7 +129,7 @@ impl<'a> Worker<'a> {
         openat(dir, name, flags, Mode::empty())
     }
 
-    fn file(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, EntryError> {
+    fn file(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, Failure> {
         let shared = self.shared;
         let entry = &job.entry;
         let meta = &entry.meta;
@@ -123,6 +138,10 @@ impl<'a> Worker<'a> {
         if !job.dir.fresh {
             let existing = lookup_at(dst, name)
                 .map_err(|e| EntryError::new("look up destination", path, e))?;
+            // Refused before any data is copied; the commit would refuse it too.
+            if existing.is_some_and(|m| m.kind == Kind::Dir) {
+                self.check_dir_in_the_way(dst, name, path)?;
+            }
             if let Some(old) = existing.filter(|m| m.kind == Kind::File && m.size == meta.size) {
                 let unchanged = if shared.opts.checksum {
                     let buf = self.buffer();
@@ -156,10 +175,36 @@ impl<'a> Worker<'a> {
             copy_user_xattrs(src.as_fd(), staged.fd())
                 .map_err(|e| EntryError::new("copy extended attributes of", path, e))?;
         }
-        staged
-            .commit(meta, shared.opts.sync)
-            .map_err(|e| EntryError::new("commit", path, e))?;
-        Ok(Done::Copied(bytes))
+        let placed = staged
+            .commit(meta, shared.opts.sync, shared.dest.replace())
+            .map_err(|e| match e {
+                CommitError::NonEmptyDir(refused) => Failure::Refused(refused.at(path)),
+                e => EntryError::new("commit", path, e).into(),
+            })?;
+        Ok(Done::Copied(bytes, placed))
+    }
+
+    /// The destination has a directory where the source has the file `path`: without
+    /// `--delete`, only an empty one may go.
+    fn check_dir_in_the_way(
+        &self,
+        dst: BorrowedFd<'_>,
+        name: &[u8],
+        path: &RelPath,
+    ) -> Result<(), Failure> {
+        if self.shared.dest.replace() == Replace::AnyDir {
+            return Ok(());
+        }
+        let empty = dir_is_empty_at(dst, name)
+            .map_err(|e| EntryError::new("look into destination directory", path, e))?;
+        if empty {
+            return Ok(());
+        }
+        Err(NonEmptyDir {
+            path: path.to_string(),
+            with: "a file",
+        }
+        .into())
     }
 
     /// An unchanged file whose mode, owner or times differ gets them updated in place.
@@ -186,7 +231,7 @@ impl<'a> Worker<'a> {
         Ok(())
     }
 
-    fn symlink(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, EntryError> {
+    fn symlink(&mut self, job: &Job, dst: BorrowedFd<'_>) -> Result<Done, Failure> {
         let entry = &job.entry;
         let path = &entry.rel;
         let name = entry.rel.file_name();
@@ -199,33 +244,61 @@ impl<'a> Worker<'a> {
         {
             return Ok(Done::Unchanged);
         }
-        symlink_at(dst, name, target, &entry.meta, self.shared.dest.policy())
-            .map_err(|e| EntryError::new("create symlink", path, e))?;
-        Ok(Done::Copied(0))
+        let shared = self.shared;
+        let placed = symlink_at(
+            dst,
+            name,
+            target,
+            &entry.meta,
+            shared.dest.policy(),
+            shared.dest.replace(),
+        )
+        .map_err(|e| link_failure(e, path, "create symlink"))?;
+        Ok(Done::Copied(0, placed))
     }
 
     /// Makes `entry` a hard link to the first path of its inode (called after all files exist).
     pub fn hard_link(&mut self, entry: &Entry, dir: &Arc<DirState>) {
         let shared = self.shared;
+        let path = &entry.rel;
         let result = (|| {
-            let first = entry.hardlink_of.as_ref().ok_or("not a hard link")?;
-            let dst = dir.dst.as_ref().ok_or("no destination directory")?;
-            let (first_dir, first_name) = shared.dest.open_parent(first)?;
-            let linked = hard_link_at(
+            let fail =
+                |e: Box<dyn std::error::Error + Send + Sync>| EntryError::new("hard-link", path, e);
+            let first = entry
+                .hardlink_of
+                .as_ref()
+                .ok_or_else(|| fail("not a hard link".into()))?;
+            let dst = dir
+                .dst
+                .as_ref()
+                .ok_or_else(|| fail("no destination directory".into()))?;
+            let (first_dir, first_name) =
+                shared.dest.open_parent(first).map_err(|e| fail(e.into()))?;
+            hard_link_at(
                 first_dir.as_fd(),
                 first_name,
                 dst.as_fd(),
-                entry.rel.file_name(),
-            )?;
-            Ok::<bool, Box<dyn std::error::Error + Send + Sync>>(linked)
+                path.file_name(),
+                shared.dest.replace(),
+            )
+            .map_err(|e| link_failure(e, path, "hard-link"))
         })();
         match result {
-            Ok(true) => {
+            Ok(Some(placed)) => {
                 shared.stats.hardlinks.fetch_add(1, Ordering::Relaxed);
+                shared.count_placed(placed);
             }
-            Ok(false) => shared.progress.add_skipped(1),
-            Err(e) => shared.fail(&EntryError::new("hard-link", &entry.rel.to_string(), e)),
+            Ok(None) => shared.progress.add_skipped(1),
+            Err(e) => shared.fail(&e),
         }
         dir.release(shared);
+    }
+}
+
+/// A refusal names the whole path; any other failure says what was being done.
+fn link_failure(e: LinkError, path: &RelPath, op: &'static str) -> Failure {
+    match e {
+        LinkError::NonEmptyDir(refused) => Failure::Refused(refused.at(path)),
+        e => EntryError::new(op, path, e).into(),
     }
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::dircache::{CachedDir, DirCache};
 use super::relpath::{PeerPath, STAGING_DIR};
-use crate::tree::{self, DirFd, FileOpen, Kind, Meta, RelPath, StagedFile};
+use crate::tree::{self, DirFd, FileOpen, Kind, Meta, Placed, RelPath, Replace, StagedFile};
 
 pub use crate::tree::DestError;
 
@@ -37,11 +37,14 @@ fn rel(s: &str) -> Result<RelPath, DestError> {
 
 impl DestRoot {
     /// Opens (creating if missing) the root directory; setuid/setgid/sticky never applied.
-    pub fn open(path: &Path) -> Result<Self, DestError> {
+    /// `replace` says whether a non-empty directory may give way to a non-directory (only when
+    /// the sender asked for `--delete`).
+    pub fn open(path: &Path, replace: Replace) -> Result<Self, DestError> {
         let tree = tree::DestRoot::open_with(
             path,
             tree::DestOptions {
                 allow_special_bits: false,
+                replace,
                 ..Default::default()
             },
         )?;
@@ -53,6 +56,11 @@ impl DestRoot {
 
     pub fn tree(&self) -> &tree::DestRoot {
         &self.tree
+    }
+
+    /// What a file, symlink or hard link may replace (pass it to [`StagedFile::commit`]).
+    pub fn replace(&self) -> Replace {
+        self.tree.replace()
     }
 
     /// Metadata for a peer-described entry, owned by whoever runs the receiver.
@@ -144,6 +152,24 @@ impl DestRoot {
         Ok(existing_of(found))
     }
 
+    /// True when the directory at `path` has no entries (checked before a non-directory is put
+    /// there: only an empty directory is replaced without `--delete`).
+    pub fn is_empty_dir(&self, path: &PeerPath) -> Result<bool, DestError> {
+        let (dir, name) = self.parent(path)?;
+        tree::dest::dir_is_empty_at(dir.fd.as_fd(), name.as_bytes()).map_err(|source| {
+            DestError::Io {
+                op: "look into directory",
+                path: path.to_string(),
+                source: source.into(),
+            }
+        })
+    }
+
+    /// Drops cached handles of `path` and beneath it (a directory there was replaced).
+    pub fn forget_under(&self, path: &PeerPath) {
+        self.dirs.forget_under(path.as_str());
+    }
+
     /// Opens an existing regular file beneath the root (no symlinks followed).
     pub fn open_file(&self, path: &str) -> Result<File, DestError> {
         self.tree.open_file(&rel(path)?, FileOpen::Existing)
@@ -168,20 +194,22 @@ impl DestRoot {
         )
     }
 
-    /// Renames a file from our staging area over `path` (parents created first).
-    pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<(), DestError> {
+    /// Renames a file from our staging area over `path` (parents created first; a directory
+    /// there replaced per [`DestRoot::replace`]).
+    pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
         self.dirs.forget_under(path.as_str());
         self.tree.rename(&rel(staged)?, &rel(path.as_str())?)
     }
 
-    /// Creates an inert symlink at `path` (replacing what was there).
+    /// Creates an inert symlink at `path` (replacing what was there; a directory per
+    /// [`DestRoot::replace`]).
     pub fn symlink(
         &self,
         path: &PeerPath,
         target: &str,
         mtime: (i64, u32),
-    ) -> Result<(), DestError> {
+    ) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
         self.dirs.forget_under(path.as_str());
         let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
@@ -189,8 +217,13 @@ impl DestRoot {
             .symlink(&rel(path.as_str())?, target.as_bytes(), &meta)
     }
 
-    /// Hard-links `path` to the regular file `target`, both beneath the root.
-    pub fn hardlink(&self, path: &PeerPath, target: &PeerPath) -> Result<(), DestError> {
+    /// Hard-links `path` to the regular file `target`, both beneath the root (a directory at
+    /// `path` replaced per [`DestRoot::replace`]). `None` when both already are one inode.
+    pub fn hardlink(
+        &self,
+        path: &PeerPath,
+        target: &PeerPath,
+    ) -> Result<Option<Placed>, DestError> {
         match self.existing(target)? {
             Existing::File { .. } => {}
             _ => {

@@ -22,12 +22,15 @@ pub mod staging;
 
 use std::time::Duration;
 
+use crate::progress::{Phase, Progress};
+
 pub use compress::Compress;
 pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
 pub use listen::{ListenError, anyhow_chain, serve};
 pub use receiver::{
-    Accepted, BlockSource, ReceiveError, ReceiverConfig, accept_stream, receive_session,
+    Accepted, BlockSource, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
+    receive_session,
 };
 pub use sender::{SendError, SenderConfig, send_session};
 
@@ -70,4 +73,39 @@ pub struct Summary {
     pub resumed_bytes: u64,
     pub dedup_blocks: u64,
     pub dedup_bytes: u64,
+    /// Destination entries removed: not in the source (`--delete`), or a non-empty directory
+    /// where the source has a non-directory (only with `--delete`).
+    pub deleted: u64,
+    /// Entries the receiver left out while the rest was transferred (for example a non-empty
+    /// directory it would not replace without `--delete`).
+    pub failed: u64,
+    /// The first few of those failures' messages (at most [`MAX_REPORTED_FAILURES`]).
+    pub failures: Vec<String>,
+}
+
+impl Summary {
+    /// Records the outcome in `progress`: entries left out make the session a failure (exit
+    /// status 1) even though everything else was transferred.
+    pub fn set_outcome(&self, progress: &Progress) {
+        match self.failure_line() {
+            Some(line) => {
+                progress.set_error(&line);
+                progress.set_phase(Phase::Failed);
+            }
+            None => progress.set_phase(Phase::Succeeded),
+        }
+    }
+
+    /// "N entries failed, e.g. <first message>", or `None` when nothing failed.
+    pub fn failure_line(&self) -> Option<String> {
+        if self.failed == 0 {
+            return None;
+        }
+        let mut line = format!("{} entries failed", self.failed);
+        if let Some(first) = self.failures.first() {
+            line.push_str(", e.g. ");
+            line.push_str(first);
+        }
+        Some(line)
+    }
 }

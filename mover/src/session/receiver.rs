@@ -23,7 +23,7 @@ use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
 use crate::progress::{Phase, Progress};
-use crate::tree::{CommitError, Kind};
+use crate::tree::{CommitError, Kind, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
@@ -34,6 +34,10 @@ use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
 const MAX_IN_FLIGHT: usize = MAX_STREAMS as usize * (OFFER_WINDOW + 2) * MAX_OFFER_ENTRIES;
 /// Most blocks one BlockAnnounce may list (256 GiB of a file; the sender splits larger files).
 pub const MAX_ANNOUNCE_BLOCKS: usize = 65536;
+/// Failure messages the receiver keeps for its Summary (all are counted and logged).
+pub const MAX_REPORTED_FAILURES: usize = 8;
+/// Longest failure message carried in the Summary (a path alone may take 4 KiB).
+const MAX_FAILURE_MESSAGE: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiveError {
@@ -213,6 +217,62 @@ struct Shared {
     root_meta: Mutex<Option<(u32, (i64, u32))>>,
     /// Threads that write the files of one large Batch (the machine's CPUs, at most 4).
     write_threads: usize,
+    /// Entries removed: by `--delete` listings, and non-empty directories replaced by a
+    /// non-directory (only with `--delete`).
+    deleted: AtomicU64,
+    /// The first [`MAX_REPORTED_FAILURES`] messages of entries left out (counted in
+    /// `progress.failed`).
+    failures: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    /// Records one entry left out while the session goes on: logged, counted in `failed`, and
+    /// among the first few messages kept for the Summary that the sender reports too.
+    fn fail_entry(&self, err: &dyn std::error::Error) {
+        let msg = super::anyhow_chain(err);
+        tracing::error!("{msg}");
+        self.progress.add_failed(1);
+        if let Ok(mut kept) = self.failures.lock()
+            && kept.len() < MAX_REPORTED_FAILURES
+        {
+            kept.push(truncate_message(msg));
+        }
+    }
+
+    /// A non-empty directory replaced by a non-directory (only with `--delete`) counts as
+    /// deleted, and handles cached beneath it are stale.
+    fn count_placed(&self, path: &PeerPath, placed: Placed) {
+        if placed == Placed::OverNonEmptyDir {
+            self.deleted.fetch_add(1, Ordering::Relaxed);
+            self.dest.forget_under(path);
+        }
+    }
+
+    fn failures(&self) -> Vec<String> {
+        self.failures.lock().map(|f| f.clone()).unwrap_or_default()
+    }
+}
+
+/// `msg` cut to [`MAX_FAILURE_MESSAGE`] bytes at a character boundary.
+fn truncate_message(mut msg: String) -> String {
+    if msg.len() > MAX_FAILURE_MESSAGE {
+        let mut end = MAX_FAILURE_MESSAGE;
+        while !msg.is_char_boundary(end) {
+            end -= 1;
+        }
+        msg.truncate(end);
+        msg.push_str("...");
+    }
+    msg
+}
+
+/// A hard link whose target is not a regular file at the destination (for example because
+/// that file was refused): the link is left out.
+#[derive(Debug, thiserror::Error)]
+#[error("not hard-linking {path} to {target}: {target} is not a regular file at the destination")]
+struct LinkTargetNotFile {
+    path: String,
+    target: String,
 }
 
 #[derive(Default)]
@@ -251,8 +311,10 @@ where
     let root = cfg.root.clone();
     let tid = cfg.transfer_id.clone();
     let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
+    // Only a sender that asked for --delete may have non-empty directories replaced.
+    let replace = Replace::with_delete(caps & caps::DELETE != 0);
     let (dest, staging, dedup) = tokio::task::spawn_blocking(move || {
-        let dest = DestRoot::open(&root)?;
+        let dest = DestRoot::open(&root, replace)?;
         let staging = Staging::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
         Ok::<_, ReceiveError>((dest, staging, dedup))
@@ -269,6 +331,8 @@ where
         dedup,
         root_meta: Mutex::new(None),
         write_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+        deleted: AtomicU64::new(0),
+        failures: Mutex::new(Vec::new()),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -290,14 +354,13 @@ where
                 Ok::<(), ReceiveError>(())
             })
             .await??;
-            progress.set_phase(Phase::Succeeded);
             let p = progress.snapshot();
             let d = shared
                 .dedup
                 .as_ref()
                 .map(|d| d.counters())
                 .unwrap_or_default();
-            Ok(Summary {
+            let summary = Summary {
                 files: p.files_done,
                 bytes: p.bytes_done,
                 wire_bytes: p.wire_bytes,
@@ -307,7 +370,12 @@ where
                 resumed_bytes: p.resumed_bytes,
                 dedup_blocks: d.dedup_blocks,
                 dedup_bytes: d.dedup_bytes,
-            })
+                deleted: shared.deleted.load(Ordering::Relaxed),
+                failed: p.failed,
+                failures: shared.failures(),
+            };
+            summary.set_outcome(&progress);
+            Ok(summary)
         }
         Err(e) => {
             progress.set_error(&e.to_string());
@@ -484,6 +552,9 @@ where
             wire_bytes: p.wire_bytes,
             dedup_blocks: d.dedup_blocks,
             dedup_bytes: d.dedup_bytes,
+            deleted: shared.deleted.load(Ordering::Relaxed),
+            failed: p.failed,
+            failures: shared.failures(),
         }))
         .await?;
     writer.flush().await?;
@@ -537,12 +608,19 @@ fn handle_entry(
             if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
-            sh.dest.symlink(&path, &e.target, mtime_of(&e))?;
+            let existing = sh.dest.existing_before_write(&path)?;
+            if refuse_over_dir(sh, &path, existing, "a symlink")? {
+                return Ok(skip());
+            }
+            let made = sh.dest.symlink(&path, &e.target, mtime_of(&e));
+            if let Some(placed) = tolerate_refusal(sh, made)? {
+                sh.count_placed(&path, placed);
+            }
             Ok(skip())
         }
         pb::EntryKind::Hardlink => {
             let target = PeerPath::parse(&e.target)?;
-            sh.dest.hardlink(&path, &target)?;
+            hard_link(sh, &path, &target)?;
             Ok(skip())
         }
         pb::EntryKind::File => {
@@ -554,6 +632,62 @@ fn handle_entry(
             offer_file(sh, path, &e)
         }
         pb::EntryKind::Unspecified => Err(proto(format!("entry {path} has no kind"))),
+    }
+}
+
+/// Makes the hard link `path` to `target`, or leaves it out as a failed entry when a non-empty
+/// directory is in its way (no `--delete`) or its target is not a regular file here.
+fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), ReceiveError> {
+    if !matches!(sh.dest.existing(target)?, Existing::File { .. }) {
+        sh.fail_entry(&LinkTargetNotFile {
+            path: path.to_string(),
+            target: target.to_string(),
+        });
+        return Ok(());
+    }
+    let existing = sh.dest.existing_before_write(path)?;
+    if refuse_over_dir(sh, path, existing, "a hard link")? {
+        return Ok(());
+    }
+    let linked = sh.dest.hardlink(path, target);
+    if let Some(Some(placed)) = tolerate_refusal(sh, linked)? {
+        sh.count_placed(path, placed);
+    }
+    Ok(())
+}
+
+/// Whether the non-directory offered at `path` must be left out: a non-empty directory stands
+/// there and the sender did not ask for `--delete`, so replacing it would lose entries the
+/// source does not replace one for one. A refusal is recorded as a failed entry.
+fn refuse_over_dir(
+    sh: &Shared,
+    path: &PeerPath,
+    existing: Existing,
+    with: &'static str,
+) -> Result<bool, ReceiveError> {
+    if existing != Existing::Dir
+        || sh.dest.replace() == Replace::AnyDir
+        || sh.dest.is_empty_dir(path)?
+    {
+        return Ok(false);
+    }
+    sh.fail_entry(&NonEmptyDir {
+        path: path.to_string(),
+        with,
+    });
+    Ok(true)
+}
+
+/// The tree layer's own refusal (a directory filled after the offer was answered) leaves the
+/// entry out like [`refuse_over_dir`]; any other error ends the session.
+fn tolerate_refusal<T>(sh: &Shared, r: Result<T, DestError>) -> Result<Option<T>, ReceiveError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(DestError::NonEmptyDir(refused)) => {
+            sh.fail_entry(&refused);
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -574,6 +708,9 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
         }
     }
     let existing = sh.dest.existing_before_write(&path)?;
+    if refuse_over_dir(sh, &path, existing, "a file")? {
+        return Ok(skip());
+    }
     if let Existing::File { size, mtime } = existing
         && size == e.size
     {
@@ -632,9 +769,10 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
     });
     if remaining == 0 {
         // Everything was already verified by an earlier run: publish now.
-        commit_large(sh, &lf)?;
-        sh.progress.add(&sh.progress.files_done, 1);
-        sh.progress.add(&sh.progress.bytes_done, lf.meta.size);
+        if commit_large(sh, &lf)? {
+            sh.progress.add(&sh.progress.files_done, 1);
+            sh.progress.add(&sh.progress.bytes_done, lf.meta.size);
+        }
         return Ok(skip());
     }
     register(sh, id, InFlight::Large(lf))?;
@@ -778,12 +916,21 @@ fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), Recei
         })?;
     let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
     // Dropping an uncommitted StagedFile removes its temporary file.
-    staged
-        .commit(&m, sh.sync)
-        .map_err(|source| ReceiveError::Commit {
-            path: meta.path.to_string(),
-            source,
-        })?;
+    let placed = match staged.commit(&m, sh.sync, sh.dest.replace()) {
+        Ok(placed) => placed,
+        // Checked when offered; the directory was filled since. Leave the file out.
+        Err(CommitError::NonEmptyDir(refused)) => {
+            sh.fail_entry(&refused.at(&meta.path));
+            return Ok(());
+        }
+        Err(source) => {
+            return Err(ReceiveError::Commit {
+                path: meta.path.to_string(),
+                source,
+            });
+        }
+    };
+    sh.count_placed(&meta.path, placed);
     sh.progress.add(&sh.progress.files_done, 1);
     sh.progress.add(&sh.progress.bytes_done, meta.size);
     Ok(())
@@ -891,8 +1038,9 @@ fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), Recei
         t.files.remove(&file_id);
         t.paths.remove(lf.meta.path.as_str());
     }
-    commit_large(sh, lf)?;
-    sh.progress.add(&sh.progress.files_done, 1);
+    if commit_large(sh, lf)? {
+        sh.progress.add(&sh.progress.files_done, 1);
+    }
     Ok(())
 }
 
@@ -998,7 +1146,9 @@ fn handle_announce(
     })
 }
 
-fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {
+/// Publishes a verified large file; false when it was left out (a non-empty directory filled
+/// its path after the offer was answered).
+fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
     let st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
     let path = lf.meta.path.as_str();
     let staged = format!("{}/{}", sh.staging.rel, st.staging.part_name);
@@ -1015,9 +1165,14 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<(), ReceiveError> {
                 source,
             })?;
     }
-    sh.dest.publish_from_staging(&staged, &lf.meta.path)?;
+    let published = sh.dest.publish_from_staging(&staged, &lf.meta.path);
+    let Some(placed) = tolerate_refusal(sh, published)? else {
+        // Its staging files go with the staging directory at the end of the session.
+        return Ok(false);
+    };
+    sh.count_placed(&lf.meta.path, placed);
     sh.staging.finish_large(&st.staging);
-    Ok(())
+    Ok(true)
 }
 
 fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
@@ -1042,8 +1197,10 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
             }
             keep.insert(name);
         }
-        sh.dest
+        let removed = sh
+            .dest
             .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep)?;
+        sh.deleted.fetch_add(removed, Ordering::Relaxed);
     }
     let mtime = mtime_of(&dir);
     match rel {

@@ -114,7 +114,7 @@ where
 {
     let r = run(cfg, streams, progress.clone()).await;
     match &r {
-        Ok(_) => progress.set_phase(Phase::Succeeded),
+        Ok(summary) => summary.set_outcome(&progress),
         Err(e) => {
             progress.set_error(&e.to_string());
             progress.set_phase(Phase::Failed);
@@ -236,6 +236,7 @@ where
     progress
         .resumed_bytes
         .store(summary.resumed_bytes, Ordering::Relaxed);
+    progress.failed.store(summary.failed, Ordering::Relaxed);
     Ok(Summary {
         files: summary.files,
         bytes: summary.bytes,
@@ -246,6 +247,14 @@ where
         resumed_bytes: summary.resumed_bytes,
         dedup_blocks: summary.dedup_blocks,
         dedup_bytes: summary.dedup_bytes,
+        deleted: summary.deleted,
+        failed: summary.failed,
+        // Shown to the user; a receiver is trusted with no more than a few lines of it.
+        failures: summary
+            .failures
+            .into_iter()
+            .take(super::MAX_REPORTED_FAILURES)
+            .collect(),
     })
 }
 

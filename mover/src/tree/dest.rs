@@ -53,6 +53,8 @@ pub enum DestError {
     },
     #[error("invalid destination path")]
     Path(#[from] PathError),
+    #[error(transparent)]
+    NonEmptyDir(#[from] NonEmptyDir),
 }
 
 impl DestError {
@@ -76,6 +78,69 @@ impl DestError {
     }
 }
 
+/// What a file, symlink or hard link may displace when a directory stands at its name.
+///
+/// Replacing a directory by a non-directory is one for one only when the directory is empty;
+/// a non-empty one holds entries the source does not replace, so removing it needs the user's
+/// consent (`--delete`), like rsync and unlike a silent `rm -r`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Replace {
+    /// An empty directory is replaced; a non-empty one is refused with [`NonEmptyDir`].
+    #[default]
+    EmptyDirOnly,
+    /// Any directory is replaced, everything in it removed (`--delete`).
+    AnyDir,
+}
+
+impl Replace {
+    /// The policy for a run with or without `--delete`.
+    pub fn with_delete(delete: bool) -> Replace {
+        if delete {
+            Replace::AnyDir
+        } else {
+            Replace::EmptyDirOnly
+        }
+    }
+}
+
+/// How an entry was put at its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// Created, or replaced a file, a link, a special file or an empty directory one for one.
+    Plain,
+    /// Replaced a non-empty directory and everything in it ([`Replace::AnyDir`]); callers count
+    /// it as deleted.
+    OverNonEmptyDir,
+}
+
+/// A non-directory was not put in place: a non-empty directory stands at its name and the policy
+/// is [`Replace::EmptyDirOnly`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refusing to replace non-empty directory {path} with {with}; pass --delete to allow it")]
+pub struct NonEmptyDir {
+    /// The directory, relative to the destination root (only its name where the `*_at`
+    /// functions report it; callers that know the whole path set it with [`NonEmptyDir::at`]).
+    pub path: String,
+    /// What the source has there ("a file", "a symlink", "a hard link").
+    pub with: &'static str,
+}
+
+impl NonEmptyDir {
+    fn named(name: &[u8], with: &'static str) -> NonEmptyDir {
+        NonEmptyDir {
+            path: String::from_utf8_lossy(name).into_owned(),
+            with,
+        }
+    }
+    /// The same refusal naming the whole path `path`.
+    pub fn at(self, path: &(impl ToString + ?Sized)) -> NonEmptyDir {
+        NonEmptyDir {
+            path: path.to_string(),
+            ..self
+        }
+    }
+}
+
 /// Destination policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DestOptions {
@@ -84,15 +149,18 @@ pub struct DestOptions {
     pub allow_special_bits: bool,
     /// Directory resolution strategy (tests force the fallback walk).
     pub resolve: Resolve,
+    /// What [`DestRoot::symlink`], [`DestRoot::hard_link`] and [`DestRoot::rename`] may replace.
+    pub replace: Replace,
 }
 
-/// The destination root: a directory handle plus the metadata policy.
+/// The destination root: a directory handle plus the metadata and replacement policies.
 #[derive(Debug, Clone)]
 pub struct DestRoot {
     root: DirFd,
     path: PathBuf,
     policy: MetaPolicy,
     resolve: Resolve,
+    replace: Replace,
 }
 
 /// How [`DestRoot::open_file`] treats an existing file.
@@ -129,6 +197,7 @@ impl DestRoot {
             path: path.to_path_buf(),
             policy: MetaPolicy::current(opts.allow_special_bits),
             resolve: opts.resolve,
+            replace: opts.replace,
         })
     }
 
@@ -142,6 +211,10 @@ impl DestRoot {
     }
     pub fn policy(&self) -> &MetaPolicy {
         &self.policy
+    }
+    /// What a non-directory may replace (pass it to [`StagedFile::commit`] too).
+    pub fn replace(&self) -> Replace {
+        self.replace
     }
 
     /// Opens the directory `rel` (`None` = the root) without following symlinks.
@@ -188,19 +261,31 @@ impl DestRoot {
             .map_err(|e| DestError::io("create a temporary file for", rel, e))
     }
 
-    /// Creates or replaces the symlink `rel` with `target` (stored verbatim, never followed).
-    pub fn symlink(&self, rel: &RelPath, target: &[u8], meta: &Meta) -> Result<(), DestError> {
+    /// Creates or replaces the symlink `rel` with `target` (stored verbatim, never followed); a
+    /// directory there is replaced per [`DestOptions::replace`].
+    pub fn symlink(&self, rel: &RelPath, target: &[u8], meta: &Meta) -> Result<Placed, DestError> {
         let (dir, name) = self.open_parent(rel)?;
-        symlink_at(dir.as_fd(), name, target, meta, &self.policy).map_err(|e| e.at(rel))
+        symlink_at(dir.as_fd(), name, target, meta, &self.policy, self.replace)
+            .map_err(|e| e.at(rel))
     }
 
-    /// Makes `new` a hard link to the existing file `existing`, replacing what `new` held.
-    pub fn hard_link(&self, existing: &RelPath, new: &RelPath) -> Result<(), DestError> {
+    /// Makes `new` a hard link to the existing file `existing`, replacing what `new` held (a
+    /// directory per [`DestOptions::replace`]). `None` when both already were the same inode.
+    pub fn hard_link(
+        &self,
+        existing: &RelPath,
+        new: &RelPath,
+    ) -> Result<Option<Placed>, DestError> {
         let (old_dir, old_name) = self.open_parent(existing)?;
         let (new_dir, new_name) = self.open_parent(new)?;
-        hard_link_at(old_dir.as_fd(), old_name, new_dir.as_fd(), new_name)
-            .map(|_| ())
-            .map_err(|e| DestError::io("hard-link", new, e))
+        hard_link_at(
+            old_dir.as_fd(),
+            old_name,
+            new_dir.as_fd(),
+            new_name,
+            self.replace,
+        )
+        .map_err(|e| e.at(new))
     }
 
     /// Removes `rel`, whatever it is (a directory with everything in it).
@@ -263,13 +348,22 @@ impl DestRoot {
             })
     }
 
-    /// Renames `from` to `to` (both beneath the root), replacing `to` unless it is a non-empty
-    /// directory of which the caller must first dispose.
-    pub fn rename(&self, from: &RelPath, to: &RelPath) -> Result<(), DestError> {
+    /// Renames the file `from` to `to` (both beneath the root), replacing what `to` held: a
+    /// file or link, or a directory per [`DestOptions::replace`].
+    pub fn rename(&self, from: &RelPath, to: &RelPath) -> Result<Placed, DestError> {
         let (from_dir, from_name) = self.open_parent(from)?;
         let (to_dir, to_name) = self.open_parent(to)?;
-        renameat(from_dir.as_fd(), from_name, to_dir.as_fd(), to_name)
-            .map_err(|e| DestError::io("rename", from, e))
+        rename_replacing(
+            from_dir.as_fd(),
+            from_name,
+            to_dir.as_fd(),
+            to_name,
+            self.replace,
+        )
+        .map_err(|e| match e {
+            PlaceError::NonEmptyDir => NonEmptyDir::named(to_name, "a file").at(to).into(),
+            PlaceError::Io(e) => DestError::io("rename", from, e),
+        })
     }
 
     /// Removes leftover temporary files (`.ferry-tmp.*`) directly inside `dir`; returns how many.
@@ -325,6 +419,18 @@ pub fn ensure_dir_at(
         }
         Err(e) => Err(e),
     }
+}
+
+/// True when `name` in `parent` is a directory with no entries (never following a symlink).
+pub fn dir_is_empty_at(parent: BorrowedFd<'_>, name: &[u8]) -> Result<bool, Errno> {
+    let dir = openat(parent, name, DIR_FLAGS, Mode::empty())?;
+    for entry in list_dir(dir.as_fd())? {
+        let name = entry?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Removes `name` in `dir`: a file or link with unlink, a directory with everything beneath it.
@@ -401,29 +507,72 @@ fn create_temp(dir: BorrowedFd<'_>, perm: u32, flags: OFlags) -> Result<(CString
     }
 }
 
-/// Renames `from` over `to` in `dir`; if `to` is a directory (the source has a file there now),
-/// removes that directory first.
-fn rename_replacing(dir: BorrowedFd<'_>, from: &std::ffi::CStr, to: &[u8]) -> Result<(), Errno> {
-    match renameat(dir, from, dir, to) {
+/// Why a non-directory could not be put at its name.
+#[derive(Debug)]
+enum PlaceError {
+    /// A non-empty directory is there and [`Replace::EmptyDirOnly`] keeps it.
+    NonEmptyDir,
+    Io(Errno),
+}
+
+/// Renames the non-directory `from` over `to_name` in `to_dir`. A file, link or special file
+/// there is replaced by the rename itself; a directory there (the source has a non-directory
+/// there now) is removed first as `replace` allows.
+fn rename_replacing(
+    from_dir: BorrowedFd<'_>,
+    from: impl rustix::path::Arg + Copy,
+    to_dir: BorrowedFd<'_>,
+    to_name: &[u8],
+    replace: Replace,
+) -> Result<Placed, PlaceError> {
+    match renameat(from_dir, from, to_dir, to_name) {
+        Ok(()) => Ok(Placed::Plain),
+        // A non-directory cannot be renamed over a directory.
         Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
-            remove_at(dir, to)?;
-            renameat(dir, from, dir, to)
+            let placed = clear_dir_in_the_way(to_dir, to_name, replace)?;
+            renameat(from_dir, from, to_dir, to_name).map_err(PlaceError::Io)?;
+            Ok(placed)
         }
-        other => other,
+        Err(e) => Err(PlaceError::Io(e)),
     }
 }
 
-/// Failure of a symlink operation before the path is known to the caller.
+/// Removes the directory `name` in `dir` where a non-directory goes: an empty one always (one
+/// entry replaced by one), a non-empty one only with [`Replace::AnyDir`]. `rmdir` decides
+/// atomically, so an entry created in it meanwhile is never lost.
+fn clear_dir_in_the_way(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    replace: Replace,
+) -> Result<Placed, PlaceError> {
+    match unlinkat(dir, name, AtFlags::REMOVEDIR) {
+        // Gone or no longer a directory: the retried rename replaces whatever is there.
+        Ok(()) | Err(Errno::NOENT | Errno::NOTDIR) => Ok(Placed::Plain),
+        Err(Errno::NOTEMPTY | Errno::EXIST) => match replace {
+            Replace::EmptyDirOnly => Err(PlaceError::NonEmptyDir),
+            Replace::AnyDir => {
+                remove_at(dir, name).map_err(PlaceError::Io)?;
+                Ok(Placed::OverNonEmptyDir)
+            }
+        },
+        Err(e) => Err(PlaceError::Io(e)),
+    }
+}
+
+/// Failure of a symlink or hard-link operation before the path is known to the caller.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
     #[error("failed to {0}")]
     Io(&'static str, #[source] std::io::Error),
     #[error(transparent)]
     Meta(#[from] MetaError),
+    #[error(transparent)]
+    NonEmptyDir(NonEmptyDir),
 }
 
 impl LinkError {
-    fn at(self, rel: &RelPath) -> DestError {
+    /// The same failure naming the whole path `rel`.
+    pub fn at(self, rel: &(impl ToString + ?Sized)) -> DestError {
         match self {
             LinkError::Io(op, source) => DestError::Io {
                 op,
@@ -434,19 +583,22 @@ impl LinkError {
                 path: rel.to_string(),
                 source,
             },
+            LinkError::NonEmptyDir(e) => DestError::NonEmptyDir(e.at(rel)),
         }
     }
 }
 
 /// Creates the symlink `name` → `target` in `dir` atomically (temp name, then rename over
-/// whatever was there). The target is stored verbatim and never followed.
+/// whatever was there; a directory as `replace` allows). The target is stored verbatim and never
+/// followed.
 pub fn symlink_at(
     dir: BorrowedFd<'_>,
     name: &[u8],
     target: &[u8],
     meta: &Meta,
     policy: &MetaPolicy,
-) -> Result<(), LinkError> {
+    replace: Replace,
+) -> Result<Placed, LinkError> {
     let temp = loop {
         let temp = temp_name();
         match symlinkat(target, dir, temp.as_c_str()) {
@@ -459,8 +611,12 @@ pub fn symlink_at(
         .apply_link(dir, temp.as_bytes(), meta)
         .map_err(LinkError::Meta)
         .and_then(|()| {
-            rename_replacing(dir, &temp, name)
-                .map_err(|e| LinkError::Io("rename symlink into place", e.into()))
+            rename_replacing(dir, temp.as_c_str(), dir, name, replace).map_err(|e| match e {
+                PlaceError::NonEmptyDir => {
+                    LinkError::NonEmptyDir(NonEmptyDir::named(name, "a symlink"))
+                }
+                PlaceError::Io(e) => LinkError::Io("rename symlink into place", e.into()),
+            })
         });
     if finish.is_err() {
         let _ = unlinkat(dir, temp.as_c_str(), AtFlags::empty());
@@ -469,18 +625,23 @@ pub fn symlink_at(
 }
 
 /// Makes `new_name` in `new_dir` a hard link to `old_name` in `old_dir` (atomically replacing
-/// `new_name`). Returns false, doing nothing, if both already name the same inode.
+/// `new_name`; a directory as `replace` allows). Returns `None`, doing nothing, if both already
+/// name the same inode.
 pub fn hard_link_at(
     old_dir: BorrowedFd<'_>,
     old_name: &[u8],
     new_dir: BorrowedFd<'_>,
     new_name: &[u8],
-) -> Result<bool, Errno> {
-    if let (Some(a), Some(b)) = (lookup_at(old_dir, old_name)?, lookup_at(new_dir, new_name)?)
-        && a.dev == b.dev
+    replace: Replace,
+) -> Result<Option<Placed>, LinkError> {
+    let io = |e: Errno| LinkError::Io("hard-link", e.into());
+    if let (Some(a), Some(b)) = (
+        lookup_at(old_dir, old_name).map_err(io)?,
+        lookup_at(new_dir, new_name).map_err(io)?,
+    ) && a.dev == b.dev
         && a.ino == b.ino
     {
-        return Ok(false);
+        return Ok(None);
     }
     loop {
         let temp = temp_name();
@@ -493,14 +654,20 @@ pub fn hard_link_at(
             AtFlags::empty(),
         ) {
             Ok(()) => {
-                let r = rename_replacing(new_dir, &temp, new_name);
+                let r = rename_replacing(new_dir, temp.as_c_str(), new_dir, new_name, replace);
                 if r.is_err() {
                     let _ = unlinkat(new_dir, temp.as_c_str(), AtFlags::empty());
                 }
-                return r.map(|()| true);
+                return match r {
+                    Ok(placed) => Ok(Some(placed)),
+                    Err(PlaceError::NonEmptyDir) => Err(LinkError::NonEmptyDir(
+                        NonEmptyDir::named(new_name, "a hard link"),
+                    )),
+                    Err(PlaceError::Io(e)) => Err(io(e)),
+                };
             }
             Err(Errno::EXIST) => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(io(e)),
         }
     }
 }
@@ -690,47 +857,68 @@ impl StagedFile {
     }
 
     /// Applies `meta` (mode per policy, owner when root, times), optionally fsyncs, puts the file
-    /// in place (replacing a file, link or directory there) and, with `sync`, fsyncs the directory.
-    pub fn commit(mut self, meta: &Meta, sync: bool) -> Result<(), CommitError> {
+    /// in place (replacing a file or link there, or a directory as `replace` allows) and, with
+    /// `sync`, fsyncs the directory.
+    pub fn commit(
+        mut self,
+        meta: &Meta,
+        sync: bool,
+        replace: Replace,
+    ) -> Result<Placed, CommitError> {
         self.policy
             .apply_fd(self.file.as_fd(), meta, Some(self.perm))?;
         if sync {
             rustix::fs::fsync(&self.file).map_err(|e| CommitError::Io("fsync", e.into()))?;
         }
-        let dir = self.dir.as_fd();
-        match &self.staging {
-            Staging::Named(temp) => rename_replacing(dir, temp, &self.name)
-                .map_err(|e| CommitError::Io("rename into place", e.into()))?,
-            Staging::Anonymous { link_mode } => {
-                let name = CString::new(&*self.name)
-                    .map_err(|_| CommitError::Io("link into place", Errno::INVAL.into()))?;
-                match link_anonymous(self.file.as_fd(), dir, &name, *link_mode) {
-                    Ok(()) => {}
-                    // Something is there already: link under a temp name, rename over it.
-                    Err(Errno::EXIST) => {
-                        let temp = loop {
-                            let temp = temp_name();
-                            match link_anonymous(self.file.as_fd(), dir, &temp, *link_mode) {
-                                Ok(()) => break temp,
-                                Err(Errno::EXIST) => continue,
-                                Err(e) => return Err(CommitError::Io("link into place", e.into())),
-                            }
-                        };
-                        if let Err(e) = rename_replacing(dir, &temp, &self.name) {
-                            let _ = unlinkat(dir, temp.as_c_str(), AtFlags::empty());
-                            return Err(CommitError::Io("rename into place", e.into()));
-                        }
-                    }
-                    Err(e) => return Err(CommitError::Io("link into place", e.into())),
-                }
+        let placed = match &self.staging {
+            Staging::Named(temp) => {
+                let dir = self.dir.as_fd();
+                rename_replacing(dir, temp.as_c_str(), dir, &self.name, replace)
+                    .map_err(|e| self.place_error(e))?
             }
-        }
+            Staging::Anonymous { link_mode } => self.link_into_place(*link_mode, replace)?,
+        };
         self.committed = true;
         if sync {
             rustix::fs::fsync(&*self.dir)
                 .map_err(|e| CommitError::Io("fsync the directory of", e.into()))?;
         }
-        Ok(())
+        Ok(placed)
+    }
+
+    /// Names the anonymous file: linked at its name if that is free, else under a temporary
+    /// name renamed over what is there.
+    fn link_into_place(&self, link_mode: u8, replace: Replace) -> Result<Placed, CommitError> {
+        let dir = self.dir.as_fd();
+        let fd = self.file.as_fd();
+        let name = CString::new(&*self.name)
+            .map_err(|_| CommitError::Io("link into place", Errno::INVAL.into()))?;
+        match link_anonymous(fd, dir, &name, link_mode) {
+            Ok(()) => return Ok(Placed::Plain),
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(CommitError::Io("link into place", e.into())),
+        }
+        let temp = loop {
+            let temp = temp_name();
+            match link_anonymous(fd, dir, &temp, link_mode) {
+                Ok(()) => break temp,
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(CommitError::Io("link into place", e.into())),
+            }
+        };
+        rename_replacing(dir, temp.as_c_str(), dir, &self.name, replace).map_err(|e| {
+            let _ = unlinkat(dir, temp.as_c_str(), AtFlags::empty());
+            self.place_error(e)
+        })
+    }
+
+    fn place_error(&self, e: PlaceError) -> CommitError {
+        match e {
+            PlaceError::NonEmptyDir => {
+                CommitError::NonEmptyDir(NonEmptyDir::named(&self.name, "a file"))
+            }
+            PlaceError::Io(e) => CommitError::Io("rename into place", e.into()),
+        }
     }
 }
 
@@ -751,6 +939,9 @@ pub enum CommitError {
     Io(&'static str, #[source] std::io::Error),
     #[error(transparent)]
     Meta(#[from] MetaError),
+    /// Names only the file's last component; see [`NonEmptyDir::at`].
+    #[error(transparent)]
+    NonEmptyDir(NonEmptyDir),
 }
 
 #[cfg(test)]
@@ -904,7 +1095,9 @@ mod tests {
 
         let staged = root.stage_file(&rel("f"), 0o600).expect("stage");
         staged.write_at(0, b"new").expect("write");
-        staged.commit(&file_meta(0o640, 3), false).expect("commit");
+        staged
+            .commit(&file_meta(0o640, 3), false, Replace::EmptyDirOnly)
+            .expect("commit");
         assert_eq!(std::fs::read(dst.path().join("f")).expect("read"), b"new");
         let md = std::fs::metadata(dst.path().join("f")).expect("stat");
         assert_eq!(md.permissions().mode() & 0o7777, 0o640);
@@ -941,7 +1134,9 @@ mod tests {
         assert!(listing().is_empty());
         let staged = root.stage_file(&rel("g"), 0o644).expect("stage");
         staged.write_at(0, b"whole").expect("write");
-        staged.commit(&file_meta(0o644, 5), false).expect("commit");
+        staged
+            .commit(&file_meta(0o644, 5), false, Replace::EmptyDirOnly)
+            .expect("commit");
         assert_eq!(listing(), vec!["g".to_owned()]);
         assert_eq!(std::fs::read(dst.path().join("g")).expect("read"), b"whole");
     }
@@ -951,7 +1146,8 @@ mod tests {
         let dst = tempfile::tempdir().expect("tempdir");
         let strict = DestRoot::open(dst.path()).expect("open");
         let s = strict.stage_file(&rel("a"), 0o755).expect("stage");
-        s.commit(&file_meta(0o4755, 0), false).expect("commit");
+        s.commit(&file_meta(0o4755, 0), false, Replace::EmptyDirOnly)
+            .expect("commit");
         let mode = std::fs::metadata(dst.path().join("a"))
             .expect("stat")
             .permissions()
@@ -966,7 +1162,8 @@ mod tests {
         )
         .expect("open");
         let s = lax.stage_file(&rel("b"), 0o755).expect("stage");
-        s.commit(&file_meta(0o4755, 0), false).expect("commit");
+        s.commit(&file_meta(0o4755, 0), false, Replace::EmptyDirOnly)
+            .expect("commit");
         let mode = std::fs::metadata(dst.path().join("b"))
             .expect("stat")
             .permissions()
@@ -1004,5 +1201,166 @@ mod tests {
         assert_eq!(DestRoot::clean_temps_in(d.as_fd()).expect("clean"), 1);
         assert!(!dst.path().join("d/.ferry-tmp.dead.1").exists());
         assert!(root.lookup(&rel("d/missing/x")).expect("lookup").is_none());
+    }
+
+    /// What stands at the name before a non-directory is put there.
+    #[derive(Debug, Clone, Copy)]
+    enum InTheWay {
+        EmptyDir,
+        NonEmptyDir,
+    }
+
+    /// A commit names only the last component; callers name the whole path.
+    fn commit_message(e: CommitError, rel_path: &RelPath) -> String {
+        match e {
+            CommitError::NonEmptyDir(refused) => refused.at(rel_path).to_string(),
+            e => e.to_string(),
+        }
+    }
+
+    /// Puts a non-directory at `rel` in one of the five ways the tree layer can; returns what
+    /// `Placed` said or the error.
+    fn place(
+        root: &DestRoot,
+        how: &str,
+        rel_path: &RelPath,
+        replace: Replace,
+    ) -> Result<Placed, String> {
+        let meta = file_meta(0o644, 1);
+        let dir = root.open_dir(rel_path.parent().as_ref()).expect("parent");
+        let name = rel_path.file_name();
+        match how {
+            "anonymous file" => {
+                let staged =
+                    StagedFile::create_in(&dir, name, 0o644, *root.policy()).expect("stage");
+                staged.write_at(0, b"n").expect("write");
+                staged
+                    .commit(&meta, false, replace)
+                    .map_err(|e| commit_message(e, rel_path))
+            }
+            "named file" => {
+                let staged =
+                    StagedFile::create_named_in(&dir, name, 0o644, *root.policy()).expect("stage");
+                staged.write_at(0, b"n").expect("write");
+                staged
+                    .commit(&meta, false, replace)
+                    .map_err(|e| commit_message(e, rel_path))
+            }
+            "symlink" => symlink_at(dir.as_fd(), name, b"t", &meta, root.policy(), replace)
+                .map_err(|e| e.at(rel_path).to_string()),
+            "hard link" => {
+                std::fs::write(root.path().join("source-of-link"), b"n").expect("write");
+                let source = rel("source-of-link");
+                let (old_dir, old_name) = root.open_parent(&source).expect("parent");
+                hard_link_at(old_dir.as_fd(), old_name, dir.as_fd(), name, replace)
+                    .map(|p| p.expect("not the same inode"))
+                    .map_err(|e| e.at(rel_path).to_string())
+            }
+            "rename" => {
+                std::fs::write(root.path().join("staged"), b"n").expect("write");
+                let opened = DestRoot::open_with(
+                    root.path(),
+                    DestOptions {
+                        replace,
+                        ..Default::default()
+                    },
+                )
+                .expect("open");
+                opened
+                    .rename(&rel("staged"), rel_path)
+                    .map_err(|e| e.to_string())
+            }
+            other => panic!("unknown way {other}"),
+        }
+    }
+
+    /// A non-empty directory is never replaced by a non-directory unless the policy allows it
+    /// (`--delete`); an empty one always is (one entry for one). Every way of putting a
+    /// non-directory in place follows the rule.
+    #[test]
+    fn a_non_empty_directory_is_replaced_only_when_allowed() {
+        let ways = [
+            "anonymous file",
+            "named file",
+            "symlink",
+            "hard link",
+            "rename",
+        ];
+        let cases = [
+            (InTheWay::NonEmptyDir, Replace::EmptyDirOnly, None),
+            (
+                InTheWay::EmptyDir,
+                Replace::EmptyDirOnly,
+                Some(Placed::Plain),
+            ),
+            (InTheWay::EmptyDir, Replace::AnyDir, Some(Placed::Plain)),
+            (
+                InTheWay::NonEmptyDir,
+                Replace::AnyDir,
+                Some(Placed::OverNonEmptyDir),
+            ),
+        ];
+        for way in ways {
+            for (in_the_way, replace, expected) in cases {
+                let label = format!("{way} over {in_the_way:?} with {replace:?}");
+                let dst = tempfile::tempdir().expect("tempdir");
+                let root = DestRoot::open(dst.path()).expect("open");
+                let target = dst.path().join("sub/f");
+                std::fs::create_dir_all(&target).expect("mkdir");
+                if let InTheWay::NonEmptyDir = in_the_way {
+                    std::fs::create_dir(target.join("deeper")).expect("mkdir");
+                    std::fs::write(target.join("deeper/inner"), b"z").expect("write");
+                }
+                let got = place(&root, way, &rel("sub/f"), replace);
+                let md = std::fs::symlink_metadata(&target).expect("lstat");
+                match expected {
+                    None => {
+                        let err = got.expect_err(&label);
+                        assert!(
+                            err.contains("refusing to replace non-empty directory sub/f")
+                                && err.contains("--delete"),
+                            "{label}: {err}"
+                        );
+                        assert!(md.is_dir(), "{label}: directory kept");
+                        assert_eq!(
+                            std::fs::read(target.join("deeper/inner")).expect("read"),
+                            b"z",
+                            "{label}: contents kept"
+                        );
+                    }
+                    Some(placed) => {
+                        assert_eq!(got, Ok(placed), "{label}");
+                        assert!(!md.is_dir(), "{label}: replaced");
+                    }
+                }
+                let temps: Vec<_> = std::fs::read_dir(dst.path().join("sub"))
+                    .expect("read_dir")
+                    .filter_map(|e| e.ok())
+                    .filter(|e| is_temp_name(e.file_name().as_encoded_bytes()))
+                    .collect();
+                assert!(temps.is_empty(), "{label}: temporary left behind");
+            }
+        }
+    }
+
+    #[test]
+    fn replacing_a_file_or_link_is_plain_and_emptiness_is_seen() {
+        let dst = tempfile::tempdir().expect("tempdir");
+        let root = DestRoot::open(dst.path()).expect("open");
+        std::fs::write(dst.path().join("f"), b"old").expect("write");
+        std::os::unix::fs::symlink("f", dst.path().join("l")).expect("symlink");
+        for name in ["f", "l"] {
+            let staged = root.stage_file(&rel(name), 0o644).expect("stage");
+            let placed = staged
+                .commit(&file_meta(0o644, 0), false, Replace::EmptyDirOnly)
+                .expect("commit");
+            assert_eq!(placed, Placed::Plain, "{name}");
+        }
+        std::fs::create_dir_all(dst.path().join("e")).expect("mkdir");
+        std::fs::create_dir_all(dst.path().join("n/x")).expect("mkdir");
+        let fd = root.root().as_fd();
+        assert_eq!(dir_is_empty_at(fd, b"e"), Ok(true));
+        assert_eq!(dir_is_empty_at(fd, b"n"), Ok(false));
+        assert_eq!(dir_is_empty_at(fd, b"f"), Err(Errno::NOTDIR));
     }
 }

@@ -19,8 +19,8 @@ pub mod scan;
 pub use confine::Resolve;
 pub use data::{CopyCaps, Method};
 pub use dest::{
-    CommitError, DestError, DestOptions, DestRoot, DirFd, FileOpen, StagedFile, TEMP_PREFIX,
-    is_temp_name,
+    CommitError, DestError, DestOptions, DestRoot, DirFd, FileOpen, NonEmptyDir, Placed, Replace,
+    StagedFile, TEMP_PREFIX, is_temp_name,
 };
 pub use meta::{Kind, Meta};
 pub use policy::{MetaError, MetaPolicy};
