@@ -39,7 +39,8 @@ fn killed_copy_leaves_only_temp_names_and_next_run_finishes() {
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if dst.is_dir()
+            // Only once `small` is in place is the file being staged surely `zz-big`.
+            if dst.join("small").exists()
                 && (!temp_names(&dst).is_empty() || writing_staged_file(child.id(), &dst))
             {
                 child.kill().unwrap(); // SIGKILL

@@ -52,6 +52,9 @@ struct Cli {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
+    /// Name of the leader-election Lease in the operator's namespace.
+    #[arg(long, default_value = "ferry-operator")]
+    leader_election_id: String,
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
@@ -96,18 +99,51 @@ fn main() -> anyhow::Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("failed to configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
-        let shutdown = async {
+        // Say who this process is to the apiserver: a stray kubeconfig must not pass for the
+        // operator's own, least-privilege identity.
+        let who = ferry_operator::whoami(&client).await?;
+        tracing::info!(user = %who, "authenticated");
+        let identity = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
+        let elector = ferry_operator::leader::Elector::new(
+            client.clone(),
+            &config.namespace,
+            &cli.leader_election_id,
+            &identity,
+        );
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
             let mut term =
                 match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
                     Ok(s) => s,
-                    Err(_) => return std::future::pending().await,
+                    Err(_) => return,
                 };
             tokio::select! {
                 _ = term.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
             }
             tracing::info!("shutting down");
+            let _ = stop_tx.send(true);
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
         };
-        ferry_operator::controller::run(client, config, metrics, shutdown).await
+        tokio::select! {
+            r = elector.acquire() => r.context("leader election failed")?,
+            _ = stopped(stop_rx.clone()) => return Ok(()),
+        }
+        let shutdown = stopped(stop_rx.clone());
+        let result = tokio::select! {
+            r = ferry_operator::controller::run(client, config, metrics, shutdown) => r,
+            _ = elector.hold() => Err(anyhow::anyhow!("lost the leader-election Lease")),
+        };
+        elector.release().await;
+        result
     })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "ferry-operator".into())
 }

@@ -1,6 +1,7 @@
 //! The gRPC `ferry.progress.v1.Progress` service over mutual TLS, and a client for it (used by
 //! the operator and by tests).
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -68,6 +69,29 @@ struct Service {
     progress: Arc<Progress>,
 }
 
+/// The window "current throughput" is measured over. Bytes are counted per verified block
+/// (up to 4 MiB), so a window shorter than a few blocks' time would swing between zero and
+/// double the real rate.
+const RATE_WINDOW: Duration = Duration::from_secs(3);
+
+/// Adds a sample and returns bytes per second since the oldest sample within [`RATE_WINDOW`].
+fn current_rate(window: &mut VecDeque<(u64, Instant)>, bytes: u64, now: Instant) -> f64 {
+    window.push_back((bytes, now));
+    while window.len() > 2
+        && window
+            .get(1)
+            .is_some_and(|(_, t)| now.duration_since(*t) >= RATE_WINDOW)
+    {
+        window.pop_front();
+    }
+    match window.front() {
+        Some(&(b, t)) if now > t => {
+            bytes.saturating_sub(b) as f64 / now.duration_since(t).as_secs_f64().max(1e-3)
+        }
+        _ => 0.0,
+    }
+}
+
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::ProgressUpdate, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -81,9 +105,9 @@ impl ProgressApi for Service {
         let interval =
             Duration::from_millis(u64::from(req.get_ref().interval_ms.clamp(100, 60_000)));
         let progress = self.progress.clone();
-        // State: (last bytes, last instant, finished).
-        let init = (None::<(u64, Instant)>, false);
-        let stream = futures::stream::unfold(init, move |(last, finished)| {
+        // State: recent (bytes, instant) samples, finished.
+        let init = (VecDeque::<(u64, Instant)>::new(), false);
+        let stream = futures::stream::unfold(init, move |(mut window, finished)| {
             let progress = progress.clone();
             async move {
                 if finished {
@@ -91,7 +115,7 @@ impl ProgressApi for Service {
                     progress.mark_outcome_delivered();
                     return None;
                 }
-                if last.is_some() {
+                if !window.is_empty() {
                     // The final update goes out at once, not at the next tick.
                     tokio::select! {
                         () = tokio::time::sleep(interval) => {}
@@ -100,16 +124,10 @@ impl ProgressApi for Service {
                 }
                 let s = progress.snapshot();
                 let now = Instant::now();
-                let current = match last {
-                    Some((b, t)) => {
-                        s.bytes_done.saturating_sub(b) as f64
-                            / now.duration_since(t).as_secs_f64().max(1e-3)
-                    }
-                    None => 0.0,
-                };
+                let current = current_rate(&mut window, s.bytes_done, now);
                 let done = matches!(s.phase, Phase::Succeeded | Phase::Failed);
                 let update = to_pb(&progress, &s, current);
-                Some((Ok(update), (Some((s.bytes_done, now)), done)))
+                Some((Ok(update), (window, done)))
             }
         });
         Ok(Response::new(Box::pin(stream)))
@@ -221,4 +239,28 @@ pub async fn connect_progress(
         .await
         .map_err(|source| ProgressServiceError::Connect { addr, source })?;
     Ok(ProgressClient::new(channel))
+}
+
+#[cfg(test)]
+mod rate_tests {
+    use super::*;
+
+    #[test]
+    fn current_rate_spans_block_sized_steps() {
+        let t0 = Instant::now();
+        let mut w = VecDeque::new();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert_eq!(current_rate(&mut w, 0, at(0)), 0.0);
+        // 4 MiB arrive once a second; samples every 500 ms see steps, not a zero rate.
+        let mut last = 0.0;
+        for i in 1..=8u64 {
+            let bytes = (i / 2) * (4 << 20);
+            last = current_rate(&mut w, bytes, at(i * 500));
+            if i >= 2 {
+                assert!(last > 1e6, "sample {i}: {last}");
+            }
+        }
+        assert!((2.5e6..6e6).contains(&last), "{last}");
+        assert!(w.len() <= 8, "the window stays bounded: {}", w.len());
+    }
 }

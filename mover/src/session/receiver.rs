@@ -1115,6 +1115,7 @@ fn handle_announce(
     let needed = dedup.materialize_announced(key, &lf.data, &announced)?;
     let mut bitmap = vec![0u8; n.div_ceil(8)];
     let mut taken = 0u64;
+    let mut taken_blocks = 0u64;
     let finished = {
         let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
         for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
@@ -1131,12 +1132,16 @@ fn handle_announce(
                         source,
                     })?;
                 st.remaining -= 1;
-                taken += BLOCK_SIZE as u64;
+                taken += block_len(lf.meta.size, b.index);
+                taken_blocks += 1;
             }
         }
         st.remaining == 0
     };
     sh.progress.add(&sh.progress.bytes_done, taken);
+    // Reported live, so the operator can show block-store hits while the transfer runs.
+    sh.progress.add(&sh.progress.dedup_blocks, taken_blocks);
+    sh.progress.add(&sh.progress.dedup_bytes, taken);
     if finished {
         complete_large(sh, a.file_id, &lf)?;
     }

@@ -13,6 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
+pub mod operator;
+
 /// The image name that the node agent maps to this crate's `ferry-cluster-probe` binary.
 pub const PROBE_IMAGE: &str = "ferry.dev/test/ferry-cluster-probe:dev";
 /// An image with no local binary: the node agent runs its command from the host's userland.

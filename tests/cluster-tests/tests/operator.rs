@@ -6,12 +6,13 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use ferry_cluster_tests::{TestNamespace, cluster_dir, node_root, wait_until};
+use ferry_cluster_tests::operator::{
+    OperatorProcess, install_crd_and_rbac, kubectl, prepare_nodes,
+};
+use ferry_cluster_tests::{TestNamespace, node_root, wait_until};
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -24,137 +25,26 @@ const MOVER_UID: u32 = 65532;
 const NODE_A: &str = "node-a";
 const NODE_B: &str = "node-b";
 
-fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
-    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("test binary has no target directory")?;
-    let bin = dir.join(name);
-    if !bin.exists() {
-        bail!("{} is missing: run `make build` first", bin.display());
-    }
-    Ok(bin)
-}
+/// The operator every test of this file shares, started once by the first test that needs it.
+static OPERATOR: tokio::sync::OnceCell<Result<OperatorProcess, String>> =
+    tokio::sync::OnceCell::const_new();
 
-/// The k8s tools built by `make k8s-bin` (kubectl, helm).
-fn k8s_tool(name: &str) -> anyhow::Result<PathBuf> {
-    let cache = cluster_dir()
-        .parent()
-        .map(Path::to_path_buf)
-        .context("no cache dir")?;
-    for entry in std::fs::read_dir(&cache)? {
-        let p = entry?.path().join("bin").join(name);
-        if p.is_file() {
-            return Ok(p);
-        }
+async fn ensure_operator() -> anyhow::Result<()> {
+    let started = OPERATOR
+        .get_or_init(|| async {
+            async {
+                install_crd_and_rbac()?;
+                prepare_nodes(HOST_ROOT, MOVER_UID, &[NODE_A, NODE_B])?;
+                OperatorProcess::start("ferry-operator-e2e", HOST_ROOT, "ferry-operator-e2e").await
+            }
+            .await
+            .map_err(|e| format!("{e:#}"))
+        })
+        .await;
+    match started {
+        Ok(_) => Ok(()),
+        Err(e) => bail!("the test operator did not start: {e}"),
     }
-    bail!(
-        "{name} not found under {}/k8s-*/bin: run `make k8s-bin`",
-        cache.display()
-    )
-}
-
-fn kubectl(args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(k8s_tool("kubectl")?)
-        .args(args)
-        .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
-        .output()
-        .context("failed to run kubectl")?;
-    if !out.status.success() {
-        bail!(
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-struct Operator {
-    _pid: u32,
-}
-
-static OPERATOR: OnceLock<Mutex<Option<anyhow::Result<Operator>>>> = OnceLock::new();
-
-/// Installs the CRD and starts the shared operator once per test process.
-fn ensure_operator() -> anyhow::Result<()> {
-    let cell = OPERATOR.get_or_init(|| Mutex::new(None));
-    let mut guard = cell
-        .lock()
-        .map_err(|_| anyhow::anyhow!("operator lock poisoned"))?;
-    if guard.is_none() {
-        *guard = Some(start_operator());
-    }
-    match guard.as_ref() {
-        Some(Ok(_)) => Ok(()),
-        Some(Err(e)) => bail!("the test operator did not start: {e:#}"),
-        None => bail!("unreachable"),
-    }
-}
-
-fn start_operator() -> anyhow::Result<Operator> {
-    let crd = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../crds/ferry.dev_transfers.yaml"
-    );
-    kubectl(&["apply", "--server-side", "-f", crd])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/transfers.ferry.dev",
-        "--timeout=60s",
-    ])?;
-    let _ = kubectl(&["create", "namespace", "ferry-system"]);
-    // The block store and the host roots must be writable by the non-root movers.
-    for node in [NODE_A, NODE_B] {
-        for dir in ["ferry-e2e", "ferry-e2e/cas"] {
-            let p = node_root(node).join(dir);
-            std::fs::create_dir_all(&p)?;
-            std::os::unix::fs::chown(&p, Some(MOVER_UID), Some(MOVER_UID))?;
-        }
-    }
-    let log = std::fs::File::create(cluster_dir().join("logs").join("ferry-operator-e2e.log"))?;
-    let mut cmd = Command::new(workspace_bin("ferry-operator")?);
-    cmd.args([
-        "--namespace",
-        "ferry-system",
-        "--mover-image",
-        "ghcr.io/ferry-dev/ferry-mover:dev",
-        "--host-root",
-        &format!("*={HOST_ROOT}"),
-        "--cas-root",
-        &format!("{HOST_ROOT}/cas"),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ])
-    .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
-    .env("RUST_LOG", "info,ferry_operator=debug")
-    .stdin(Stdio::null())
-    .stdout(log.try_clone()?)
-    .stderr(log);
-    // SAFETY: prctl in the child before exec only sets the parent-death signal.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    // The parent-death signal fires when the spawning *thread* ends, so a thread that lives as
-    // long as the test process spawns the operator and waits on it.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || match cmd.spawn() {
-        Ok(mut child) => {
-            let _ = tx.send(Ok(child.id()));
-            let _ = child.wait();
-        }
-        Err(e) => {
-            let _ = tx.send(Err(e));
-        }
-    });
-    let pid = rx.recv()?.context("failed to start ferry-operator")?;
-    Ok(Operator { _pid: pid })
 }
 
 /// A directory tree on a node under the granted host root, owned by the mover's uid.
@@ -289,7 +179,7 @@ async fn mover_pods(ns: &TestNamespace) -> anyhow::Result<Vec<Pod>> {
 #[tokio::test]
 async fn host_path_to_host_path_on_two_nodes_succeeds_with_status_and_events() -> anyhow::Result<()>
 {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-basic").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
@@ -370,7 +260,7 @@ async fn host_path_to_host_path_on_two_nodes_succeeds_with_status_and_events() -
 
 #[tokio::test]
 async fn bandwidth_limited_transfer_shows_live_progress() -> anyhow::Result<()> {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-live").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
@@ -426,7 +316,7 @@ async fn bandwidth_limited_transfer_shows_live_progress() -> anyhow::Result<()> 
 
 #[tokio::test]
 async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()> {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-retry").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
@@ -491,7 +381,7 @@ async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()
 
 #[tokio::test]
 async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-invalid").await?;
     let api: Api<Transfer> = ns.api();
     let cases = [
@@ -562,7 +452,7 @@ async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn deleting_a_running_transfer_removes_its_pods_secrets_and_staging() -> anyhow::Result<()> {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-delete").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
@@ -630,7 +520,7 @@ async fn deleting_a_running_transfer_removes_its_pods_secrets_and_staging() -> a
 
 #[tokio::test]
 async fn twenty_small_transfers_at_once_all_succeed() -> anyhow::Result<()> {
-    ensure_operator()?;
+    ensure_operator().await?;
     let ns = TestNamespace::create("xfer-many").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     make_tree(&src_host, 30, 0, &ns.name)?;
@@ -667,5 +557,38 @@ async fn twenty_small_transfers_at_once_all_succeed() -> anyhow::Result<()> {
     for d in &dsts {
         assert_eq!(assert_same_tree(&src_host, d)?, 30);
     }
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() -> anyhow::Result<()>
+{
+    ensure_operator().await?;
+    let ns = TestNamespace::create("xfer-dedup").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    make_tree(&src_host, 3, 32, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    let mut wires = Vec::new();
+    for name in ["first", "second"] {
+        let (dst, dst_host) = node_dir(NODE_B, &ns.name, name)?;
+        api.create(
+            &PostParams::default(),
+            &transfer(name, (NODE_A, &src), (NODE_B, &dst), serde_json::json!({}))?,
+        )
+        .await?;
+        let t = wait_phase(&api, name, Duration::from_secs(120), Phase::Succeeded).await?;
+        assert_same_tree(&src_host, &dst_host)?;
+        wires.push(t.status.and_then(|s| s.wire).context("wire")?);
+    }
+    let (first, second) = (&wires[0], &wires[1]);
+    assert_eq!(first.dedup_blocks, 0, "{first:?}");
+    assert_eq!(second.dedup_blocks, 8, "32 MiB in 4 MiB blocks: {second:?}");
+    assert_eq!(second.dedup_bytes, 32 << 20, "{second:?}");
+    assert!(
+        second.bytes < first.bytes / 20,
+        "second transfer still moved {} of {} bytes over the wire",
+        second.bytes,
+        first.bytes
+    );
     ns.delete().await
 }

@@ -1,0 +1,228 @@
+//! Running `ferry-operator` against the local cluster as a user would: CRD and RBAC applied from
+//! the repository, the operator started as a process under its own service account (a token
+//! kubeconfig, so a permission missing from `deploy/rbac.yaml` fails the tests), its identity
+//! checked through the apiserver.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::{cluster_dir, node_root, wait_until};
+
+/// The operator's service account, as `deploy/rbac.yaml` creates it.
+pub const OPERATOR_USER: &str = "system:serviceaccount:ferry-system:ferry-operator";
+
+/// A binary of the workspace build (`make build`).
+pub fn workspace_bin(name: &str) -> anyhow::Result<PathBuf> {
+    // target/<profile>/deps/<test binary> -> target/<profile>/<name>
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("test binary has no target directory")?;
+    let bin = dir.join(name);
+    if !bin.exists() {
+        bail!("{} is missing: run `make build` first", bin.display());
+    }
+    Ok(bin)
+}
+
+/// A tool built by `make k8s-bin` (kubectl, helm).
+pub fn k8s_tool(name: &str) -> anyhow::Result<PathBuf> {
+    let cache = cluster_dir()
+        .parent()
+        .map(Path::to_path_buf)
+        .context("no cache dir")?;
+    for entry in std::fs::read_dir(&cache)? {
+        let p = entry?.path().join("bin").join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "{name} not found under {}/k8s-*/bin: run `make k8s-bin`",
+        cache.display()
+    )
+}
+
+/// Runs kubectl as the cluster admin; fails with its output unless it succeeds.
+pub fn kubectl(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(k8s_tool("kubectl")?)
+        .args(args)
+        .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
+        .output()
+        .context("failed to run kubectl")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn repo_file(rel: &str) -> String {
+    format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Applies the CRD and the RBAC from the repository and waits until the CRD is served.
+pub fn install_crd_and_rbac() -> anyhow::Result<()> {
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo_file("crds/ferry.dev_transfers.yaml"),
+    ])?;
+    kubectl(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &repo_file("deploy/rbac.yaml"),
+    ])?;
+    kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/transfers.ferry.dev",
+        "--timeout=60s",
+    ])?;
+    Ok(())
+}
+
+/// A kubeconfig that authenticates as the operator's service account (a bound token).
+fn operator_kubeconfig(path: &Path) -> anyhow::Result<()> {
+    let token = kubectl(&[
+        "create",
+        "token",
+        "ferry-operator",
+        "-n",
+        "ferry-system",
+        "--duration=4h",
+    ])?;
+    let server = kubectl(&[
+        "config",
+        "view",
+        "--raw",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ])?;
+    let ca = kubectl(&[
+        "config",
+        "view",
+        "--raw",
+        "-o",
+        "jsonpath={.clusters[0].cluster.certificate-authority-data}",
+    ])?;
+    let config = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: ferry-operator\n  user:\n    token: {}\ncontexts:\n- name: ferry-operator\n  context: {{cluster: local, user: ferry-operator}}\ncurrent-context: ferry-operator\n",
+        token.trim()
+    );
+    std::fs::write(path, config)?;
+    Ok(())
+}
+
+/// Host directories the operator's movers write: under `host_root` on every node, owned by
+/// the movers' uid (as an admin prepares them on a real node).
+pub fn prepare_nodes(host_root: &str, uid: u32, nodes: &[&str]) -> anyhow::Result<()> {
+    for node in nodes {
+        for dir in ["", "cas"] {
+            let p = node_root(node)
+                .join(host_root.trim_start_matches('/'))
+                .join(dir);
+            std::fs::create_dir_all(&p)?;
+            std::os::unix::fs::chown(&p, Some(uid), Some(uid))?;
+        }
+    }
+    Ok(())
+}
+
+/// A running operator process; it dies with the test process.
+pub struct OperatorProcess {
+    pub pid: u32,
+    pub log: PathBuf,
+}
+
+impl OperatorProcess {
+    /// Starts the operator under its service account, granting `host_root` to every namespace,
+    /// with leader-election Lease `lease`; returns once it authenticated as that account.
+    pub async fn start(name: &str, host_root: &str, lease: &str) -> anyhow::Result<Self> {
+        let kubeconfig = cluster_dir().join(format!("{name}.kubeconfig"));
+        operator_kubeconfig(&kubeconfig)?;
+        let log = cluster_dir().join("logs").join(format!("{name}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let mut cmd = Command::new(workspace_bin("ferry-operator")?);
+        cmd.args([
+            "--namespace",
+            "ferry-system",
+            "--mover-image",
+            "ghcr.io/ferry-dev/ferry-mover:dev",
+            "--host-root",
+            &format!("*={host_root}"),
+            "--cas-root",
+            &format!("{host_root}/cas"),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--leader-election-id",
+            lease,
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info,ferry_operator=debug")
+        .env("POD_NAME", format!("{name}-{}", std::process::id()))
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file);
+        // SAFETY: prctl in the child before exec only sets the parent-death signal.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        // The parent-death signal fires when the spawning *thread* ends, so a thread that lives
+        // as long as the operator spawns it and waits on it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || match cmd.spawn() {
+            Ok(mut child) => {
+                let _ = tx.send(Ok(child.id()));
+                let _ = child.wait();
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        });
+        let pid = rx.recv()?.context("failed to start ferry-operator")?;
+        let op = OperatorProcess { pid, log };
+        let expected = format!("user={OPERATOR_USER}");
+        wait_until(
+            Duration::from_secs(30),
+            "the operator to authenticate",
+            || {
+                let found = std::fs::read_to_string(&op.log)
+                    .unwrap_or_default()
+                    .contains(&expected);
+                async move { Ok(found) }
+            },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "operator log:\n{}",
+                std::fs::read_to_string(&op.log).unwrap_or_default()
+            )
+        })?;
+        Ok(op)
+    }
+
+    /// SIGKILL, as a node failure or an OOM kill would end it.
+    pub fn kill(&self) {
+        // SAFETY: kill(2) with a pid this test started.
+        unsafe {
+            libc::kill(self.pid as i32, libc::SIGKILL);
+        }
+    }
+}
