@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster bench bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster demo crds bench bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
@@ -22,6 +22,15 @@ test: deps lint build k8s-bin
 	exit $$rc
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-selftest
+
+# The README's first command: a real Transfer end to end on the local cluster, with live progress.
+# The cluster stays up afterwards (`make cluster-down` stops it).
+demo: deps build k8s-bin
+	tests/demo/run.sh
+
+# The Transfer CRD generated from the Rust types (a unit test fails when crds/ drifts).
+crds:
+	$(CARGO) run -q -p ferry-operator --bin crdgen > crds/ferry.dev_transfers.yaml
 
 lint:
 	$(CARGO) fmt --all --check

@@ -23,7 +23,7 @@ stop_pid() {
 
 if [[ -d "$pid_dir" ]]; then
   # Reverse start order: node agent first (it stops its pods), etcd last.
-  for name in node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  for name in ferry-operator node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do
     f="$pid_dir/$name.pid"
     [[ -f "$f" ]] && stop_pid "$(cat "$f")" "$name"
   done
