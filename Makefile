@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster demo crds bench bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster demo crds bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
@@ -63,6 +63,12 @@ bench-build:
 ifeq ($(FERRY_BUILD)$(FERRY_BIN),1)
 	$(CARGO) build --release -p ferry-mover
 endif
+
+# The operator's overhead on the local cluster (release build): fixed apply-to-Succeeded time, a
+# large file through the operator against the bare mover pair, COUNT Transfers at once with the
+# operator's peak RSS and status-patch rate. Knobs: ROUNDS=5 LARGE_MIB=1024 COUNT=100 WRITE_DOCS=1.
+bench-operator: deps k8s-bin
+	python3 tests/bench/operator_bench.py
 
 bench-local: deps bench-build
 	tests/bench/bench.py local

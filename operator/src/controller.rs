@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -23,9 +23,12 @@ use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput};
 use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
 use crate::pki::Authority;
-use crate::placement::{self, SideFacts, SidePlacement};
+use crate::placement::{self, SideFacts};
 use crate::plan::{self, Action, Observed, PodPhase, PodView};
 use crate::progress::Watchers;
+
+/// The Pod Security admission label that decides whether hostPath volumes are allowed.
+const PSA_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
 /// What went wrong in one reconcile, by category (metric label and requeue policy).
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +132,7 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
     }
     let obs = observe(&t, &ctx).await?;
     let plan = plan::plan(&t, &obs);
-    apply(&t, &ctx, &obs, &plan.actions).await?;
+    apply(&t, &ctx, &obs, &plan).await?;
     write_status(&t, &ctx, &plan.status).await?;
     record(&t, &ctx, &plan.notes).await;
     ctx.metrics.observe_phase(&t, plan.status.phase);
@@ -180,7 +183,11 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
         .as_ref()
         .and_then(|d| Duration::try_from(Timestamp::now().duration_since(d.0)).ok())
         .unwrap_or_default();
-    let ran = t.status.as_ref().is_some_and(|s| s.start_time.is_some());
+    // Any run that started may have left staging data (an earlier run's, too).
+    let ran = t
+        .status
+        .as_ref()
+        .is_some_and(|s| s.start_time.is_some() || s.run > 1);
     let dest = obs.placement.as_ref().ok().map(|(_, d)| d);
     let plan = cleanup::plan_cleanup(ran, dest.is_some(), &obs.pods, &cleaner, deleting_for);
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
@@ -212,6 +219,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
     }
     if plan.done {
         set_finalizer(t, ctx, false).await?;
+        ctx.metrics.forget(&uid);
         return Ok(Requeue::await_change());
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
@@ -290,8 +298,17 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     let keep: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
     ctx.watchers.retain(&pod_prefix(&uid), &keep);
 
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let host_path_forbidden = namespaces
+        .get_opt(&ns)
+        .await?
+        .and_then(|n| n.metadata.labels)
+        .and_then(|l| l.get(PSA_ENFORCE).cloned())
+        .is_some_and(|level| level == "baseline" || level == "restricted");
+
     Ok(Observed {
         now: Timestamp::now(),
+        host_path_forbidden,
         placement,
         may_start: may_start(t, ctx),
         pods,
@@ -412,8 +429,9 @@ async fn apply(
     t: &Transfer,
     ctx: &Context,
     obs: &Observed,
-    actions: &[Action],
+    plan: &plan::Plan,
 ) -> Result<(), Error> {
+    let actions = &plan.actions;
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -431,9 +449,18 @@ async fn apply(
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };
-                let pod = mover_pod(t, ctx, MoverRole::Receiver, *run, *attempt, dst, None);
-                let name = pod.name_any();
-                pods.patch(&name, &ssa(), &Patch::Apply(&pod)).await?;
+                let pod = movers::mover_pod(&MoverPodInput {
+                    transfer: t,
+                    config: &ctx.config,
+                    role: MoverRole::Receiver,
+                    run: *run,
+                    attempt: *attempt,
+                    placement: dst,
+                    receiver_ip: None,
+                    use_cas: plan.dedup && ctx.config.cas_root.is_some(),
+                });
+                pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
+                    .await?;
             }
             Action::CreateSender {
                 run,
@@ -441,17 +468,18 @@ async fn apply(
                 receiver_ip,
             } => {
                 let Some((src, _)) = placed else { continue };
-                let pod = mover_pod(
-                    t,
-                    ctx,
-                    MoverRole::Sender,
-                    *run,
-                    *attempt,
-                    src,
-                    Some(receiver_ip),
-                );
-                let name = pod.name_any();
-                pods.patch(&name, &ssa(), &Patch::Apply(&pod)).await?;
+                let pod = movers::mover_pod(&MoverPodInput {
+                    transfer: t,
+                    config: &ctx.config,
+                    role: MoverRole::Sender,
+                    run: *run,
+                    attempt: *attempt,
+                    placement: src,
+                    receiver_ip: Some(receiver_ip),
+                    use_cas: false,
+                });
+                pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
+                    .await?;
             }
             Action::DeletePod(name) => {
                 ignore_not_found(
@@ -479,27 +507,6 @@ async fn apply(
         }
     }
     Ok(())
-}
-
-fn mover_pod(
-    t: &Transfer,
-    ctx: &Context,
-    role: MoverRole,
-    run: u32,
-    attempt: u32,
-    placement: &SidePlacement,
-    receiver_ip: Option<&str>,
-) -> Pod {
-    movers::mover_pod(&MoverPodInput {
-        transfer: t,
-        config: &ctx.config,
-        role,
-        run,
-        attempt,
-        placement,
-        receiver_ip,
-        use_cas: role == MoverRole::Receiver && t.spec.dedup && ctx.config.cas_root.is_some(),
-    })
 }
 
 /// Server-side apply of the status subresource, only when it changed.

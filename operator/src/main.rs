@@ -103,6 +103,8 @@ fn main() -> anyhow::Result<()> {
         // operator's own, least-privilege identity.
         let who = ferry_operator::whoami(&client).await?;
         tracing::info!(user = %who, "authenticated");
+        // Ready means able to serve: a standby replica is ready to take over the Lease.
+        metrics.set_ready(true);
         let identity = std::env::var("POD_NAME")
             .unwrap_or_else(|_| format!("{}-{}", hostname(), std::process::id()));
         let elector = ferry_operator::leader::Elector::new(

@@ -59,6 +59,13 @@ impl Metrics {
         }
     }
 
+    /// A deleted Transfer leaves the gauges.
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut phases) = self.phases.lock() {
+            phases.remove(uid);
+        }
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -19,6 +19,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// Name of the Secret holding the operator's CA.
 pub const CA_SECRET: &str = "ferry-ca";
+/// Annotation of the CA Secret naming the cluster the CA was created for.
+const CLUSTER_ANNOTATION: &str = "ferry.dev/cluster-name";
 /// Days the CA is valid; it is replaced by deleting the Secret and restarting the operator.
 const CA_DAYS: u32 = 3650;
 
@@ -65,6 +67,8 @@ impl Authority {
         if let Some(s) = api.get_opt(CA_SECRET).await.map_err(api_err)? {
             return Self::from_secret(&s, cluster, leaf_days);
         }
+        let mut annotations = BTreeMap::new();
+        annotations.insert(CLUSTER_ANNOTATION.to_owned(), cluster.to_owned());
         let ca = Ca::new_valid_for(&label(cluster), CA_DAYS, leaf_days)?;
         let secret = Secret {
             metadata: ObjectMeta {
@@ -74,6 +78,7 @@ impl Authority {
                     crate::names::LABEL_MANAGED_BY.to_owned(),
                     crate::names::MANAGER.to_owned(),
                 )])),
+                annotations: Some(annotations),
                 ..ObjectMeta::default()
             },
             type_: Some("kubernetes.io/tls".into()),
@@ -102,7 +107,27 @@ impl Authority {
         }
     }
 
+    /// The CA's name includes the cluster it was created for; a later `--cluster-name` must not
+    /// rename it (leaves would no longer chain to the stored certificate), so the stored name wins.
     fn from_secret(s: &Secret, cluster: &str, leaf_days: u32) -> Result<Authority, PkiError> {
+        let stored = s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLUSTER_ANNOTATION))
+            .cloned();
+        let cluster = match stored {
+            Some(c) if c != cluster => {
+                tracing::warn!(
+                    stored = %c, flag = %cluster,
+                    "the CA was created for another cluster name; keeping the stored one"
+                );
+                c
+            }
+            Some(c) => c,
+            None => cluster.to_owned(),
+        };
+        let cluster = cluster.as_str();
         let get = |k: &str| {
             s.data
                 .as_ref()

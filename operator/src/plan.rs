@@ -62,6 +62,8 @@ pub struct Observed {
     pub sender_progress: Option<ProgressUpdate>,
     /// Whether the concurrency limits let this Transfer start movers now.
     pub may_start: bool,
+    /// The namespace's Pod Security level forbids hostPath volumes (baseline or restricted).
+    pub host_path_forbidden: bool,
 }
 
 /// A change the apply step makes.
@@ -99,6 +101,8 @@ pub struct Note {
 pub struct Plan {
     pub status: TransferStatus,
     pub actions: Vec<Action>,
+    /// Whether the receiver may use the node's block store (a hostPath volume).
+    pub dedup: bool,
     pub requeue: Option<Duration>,
     pub notes: Vec<Note>,
 }
@@ -223,6 +227,23 @@ impl Ctx<'_> {
         }
     }
 
+    /// Stops the current attempt without counting it as failed (suspend, a spec that became
+    /// invalid): its movers go, and the next attempt gets new names and certificates and
+    /// resumes from the staging data. A Retrying attempt's movers are gone already.
+    fn stop_attempt(&mut self, uid: &str) {
+        let running = self.pod(MoverRole::Receiver, uid).is_some()
+            || self.pod(MoverRole::Sender, uid).is_some();
+        if running || self.st.phase == Phase::Retrying {
+            self.st.attempts += 1;
+        }
+        self.st.receiver = None;
+        self.st.sender = None;
+        self.st.retry_after = None;
+        self.st.throughput = None;
+        self.st.eta = None;
+        self.delete_children(uid, false);
+    }
+
     fn finish(&mut self, phase: Phase, reason: Reason, message: &str) {
         self.st.phase = phase;
         self.st.completion_time = Some(self.now.clone());
@@ -279,6 +300,7 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
     Plan {
         status: cx.st,
         actions: cx.actions,
+        dedup: t.spec.dedup && !obs.host_path_forbidden,
         requeue,
         notes: cx.notes,
     }
@@ -350,15 +372,34 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         return Some(until(now, expires));
     }
 
-    let blocked = unsupported(spec).or_else(|| cx.obs.placement.clone().err());
+    let uses_host_path = spec.source.host_path.is_some() || spec.destination.host_path.is_some();
+    let psa = (cx.obs.host_path_forbidden && uses_host_path).then(|| Blocked {
+        reason: Reason::PodSecurityForbidsHostPath,
+        message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use claims here, or a namespace at the privileged level".into(),
+    });
+    let blocked = unsupported(spec)
+        .or(psa)
+        .or_else(|| cx.obs.placement.clone().err());
     if let Some(b) = blocked {
+        let reported = cx
+            .st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str());
+        if !reported {
+            cx.notes.push(Note {
+                warning: true,
+                reason: b.reason.as_str(),
+                message: b.message.clone(),
+            });
+        }
+        cx.stop_attempt(uid);
         cx.st.phase = Phase::Pending;
         cx.cond(ConditionType::Ready, false, b.reason, &b.message);
         cx.st.last_error = Some(LastError {
             reason: b.reason.as_str().to_owned(),
             message: b.message.clone(),
         });
-        cx.delete_children(uid, false);
         return Some(RESYNC_BLOCKED);
     }
 
@@ -375,23 +416,20 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     }
 
     if spec.suspend {
-        let running =
-            cx.pod(MoverRole::Receiver, uid).is_some() || cx.pod(MoverRole::Sender, uid).is_some();
-        if running {
-            // The next attempt gets new names and certificates; it resumes from staging.
-            cx.st.attempts += 1;
+        if cx.st.phase != Phase::Suspended {
+            cx.stop_attempt(uid);
+        } else {
+            cx.delete_children(uid, false);
         }
         cx.st.phase = Phase::Suspended;
-        cx.st.throughput = None;
-        cx.st.eta = None;
         cx.cond(
             ConditionType::Ready,
             false,
             Reason::Suspended,
             "spec.suspend is set: movers stopped; clear it to continue where the Transfer stopped",
         );
-        cx.delete_children(uid, false);
-        return None;
+        // The deadline keeps running while suspended.
+        return spec.active_deadline_seconds.map(|_| RESYNC_BLOCKED);
     }
     if cx.st.phase == Phase::Suspended {
         cx.st.phase = Phase::Pending;
@@ -490,6 +528,14 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
 
     if cx.st.start_time.is_none() {
         cx.st.start_time = Some(cx.now.clone());
+    }
+    if spec.dedup && cx.obs.host_path_forbidden {
+        cx.cond(
+            ConditionType::Dedup,
+            false,
+            Reason::PodSecurityForbidsHostPath,
+            "running without the node's block store: the namespace's Pod Security level forbids the hostPath volume it lives on",
+        );
     }
     let (run, attempt) = (cx.st.run, cx.st.attempts);
     if !cx
@@ -763,6 +809,7 @@ pub(crate) mod tests {
             receiver_progress: None,
             sender_progress: None,
             may_start: true,
+            host_path_forbidden: false,
         }
     }
 
@@ -955,6 +1002,13 @@ pub(crate) mod tests {
         assert!(p.actions.is_empty());
         assert_eq!(cond(&p, "Ready").reason, "HostPathNotAllowed");
         assert_eq!(p.requeue, Some(RESYNC_BLOCKED));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.warning && n.reason == "HostPathNotAllowed")
+        );
+        // Reported once, not on every resync.
+        assert!(plan(&t, &o).notes.is_empty());
         // Once the cause is gone the Transfer proceeds by itself.
         let p = advance(&mut t, &obs(20));
         assert!(
@@ -989,6 +1043,70 @@ pub(crate) mod tests {
             p.actions
                 .contains(&Action::CreateReceiver { run: 1, attempt: 2 })
         );
+    }
+
+    #[test]
+    fn suspending_a_retrying_transfer_or_blocking_a_running_one_is_no_failure() {
+        let mut t = transfer();
+        t.spec.backoff_limit = 1;
+        advance(&mut t, &obs(0));
+        let mut o = obs(1);
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        advance(&mut t, &o);
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Failed, false)];
+        let p = advance(&mut t, &o);
+        assert_eq!((p.status.phase, p.status.failures), (Phase::Retrying, 1));
+        t.spec.suspend = true;
+        advance(&mut t, &obs(2));
+        t.spec.suspend = false;
+        let p = advance(&mut t, &obs(3));
+        assert_eq!(p.status.failures, 1, "{:?}", p.status);
+        assert_eq!(p.status.attempts, 2);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 2 })
+        );
+        // Running attempt 2, then the spec becomes unserviceable and later fine again.
+        let mut o = obs(4);
+        o.pods = vec![pod(1, 2, MoverRole::Receiver, PodPhase::Running, true)];
+        advance(&mut t, &o);
+        o.placement = Err(Blocked {
+            reason: Reason::NodeNotFound,
+            message: "gone".into(),
+        });
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Pending);
+        let p = advance(&mut t, &obs(5));
+        assert_ne!(p.status.phase, Phase::Failed, "{:?}", p.status);
+        assert_eq!(p.status.failures, 1);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 3 })
+        );
+    }
+
+    #[test]
+    fn pod_security_turns_dedup_off_and_refuses_host_paths() {
+        let mut t = transfer();
+        let mut o = obs(0);
+        o.host_path_forbidden = true;
+        let p = plan(&t, &o);
+        assert_eq!(cond(&p, "Ready").reason, "PodSecurityForbidsHostPath");
+        assert!(p.actions.is_empty());
+        t.spec = serde_json::from_value(serde_json::json!({
+            "source": {"pvc": {"claimName": "a"}},
+            "destination": {"pvc": {"claimName": "b"}},
+        }))
+        .expect("spec");
+        let p = plan(&t, &o);
+        assert!(!p.dedup);
+        assert_eq!(cond(&p, "Dedup").reason, "PodSecurityForbidsHostPath");
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
+        );
+        o.host_path_forbidden = false;
+        assert!(plan(&t, &o).dedup);
     }
 
     #[test]

@@ -10,6 +10,8 @@ pub enum ConditionType {
     Ready,
     Succeeded,
     Failed,
+    /// Set (False) only when dedup was asked for but cannot be used.
+    Dedup,
 }
 
 impl ConditionType {
@@ -18,6 +20,7 @@ impl ConditionType {
             ConditionType::Ready => "Ready",
             ConditionType::Succeeded => "Succeeded",
             ConditionType::Failed => "Failed",
+            ConditionType::Dedup => "Dedup",
         }
     }
 }
@@ -40,6 +43,7 @@ pub enum Reason {
     NodeNotFound,
     RemoteNotSupported,
     Unsupported,
+    PodSecurityForbidsHostPath,
 }
 
 impl Reason {
@@ -60,6 +64,7 @@ impl Reason {
             Reason::NodeNotFound => "NodeNotFound",
             Reason::RemoteNotSupported => "RemoteNotSupported",
             Reason::Unsupported => "Unsupported",
+            Reason::PodSecurityForbidsHostPath => "PodSecurityForbidsHostPath",
         }
     }
 }

@@ -592,3 +592,157 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
     );
     ns.delete().await
 }
+
+/// A local PersistentVolume on `node` with its StorageClass, named after the namespace.
+async fn local_pv(
+    ns: &TestNamespace,
+    which: &str,
+    node: &str,
+) -> anyhow::Result<(String, PathBuf)> {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let class = format!("local-{}-{which}", ns.name);
+    let disk = format!("/mnt/disks/{}-{which}", ns.name);
+    let classes: Api<StorageClass> = Api::all(ns.client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &ferry_cluster_tests::from_json(serde_json::json!({
+                "metadata": {"name": class}, "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "WaitForFirstConsumer"
+            }))?,
+        )
+        .await?;
+    let pvs: Api<PersistentVolume> = Api::all(ns.client.clone());
+    pvs.create(
+        &PostParams::default(),
+        &ferry_cluster_tests::from_json(serde_json::json!({
+            "metadata": {"name": format!("pv-{}-{which}", ns.name)},
+            "spec": {
+                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain", "storageClassName": class,
+                "local": {"path": disk},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                ]}]}},
+            }
+        }))?,
+    )
+    .await?;
+    let on_host = node_root(node).join(disk.trim_start_matches('/'));
+    std::fs::create_dir_all(&on_host)?;
+    Ok((class, on_host))
+}
+
+async fn claim(ns: &TestNamespace, name: &str, class: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    ns.api::<PersistentVolumeClaim>()
+        .create(
+            &PostParams::default(),
+            &ferry_cluster_tests::from_json(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                         "resources": {"requests": {"storage": "1Gi"}}}
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -> anyhow::Result<()>
+{
+    ensure_operator().await?;
+    let ns = TestNamespace::create("xfer-pvc").await?;
+    // The strictest Pod Security level: the movers must comply, and without the hostPath block
+    // store the Transfer runs without dedup and says so.
+    kubectl(&[
+        "label",
+        "namespace",
+        &ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])?;
+    let (src_class, src_disk) = local_pv(&ns, "src", NODE_A).await?;
+    let (dst_class, dst_disk) = local_pv(&ns, "dst", NODE_B).await?;
+    let src_host = src_disk.join("sets/a");
+    std::fs::create_dir_all(&src_host)?;
+    make_tree(&src_host, 200, 8, &ns.name)?;
+    claim(&ns, "source", &src_class).await?;
+    // An application pod already uses the (ReadWriteOnce) source claim.
+    let pods: Api<Pod> = ns.api();
+    pods.create(
+        &PostParams::default(),
+        &ferry_cluster_tests::from_json(serde_json::json!({
+            "metadata": {"name": "app"},
+            "spec": {
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{"name": "main", "image": ferry_cluster_tests::SHELL_IMAGE,
+                    "command": ["sh", "-c", "sleep 3600"],
+                    "securityContext": {"allowPrivilegeEscalation": false,
+                        "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "source"}}],
+            }
+        }))?,
+    )
+    .await?;
+    ferry_cluster_tests::wait_for_pod(&pods, "app", Duration::from_secs(60), "running", |p| {
+        ferry_cluster_tests::phase(p) == "Running"
+    })
+    .await?;
+    let api: Api<Transfer> = ns.api();
+    let t: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "claims"},
+        "spec": {
+            "source": {"pvc": {"claimName": "source", "path": "/sets/a"}},
+            "destination": {"pvc": {"claimName": "target", "path": "copy"}},
+        }
+    }))?;
+    api.create(&PostParams::default(), &t).await?;
+    // The destination claim does not exist yet: a reason, and no movers.
+    wait_until(Duration::from_secs(60), "DestinationClaimNotFound", || {
+        let api = api.clone();
+        async move {
+            let t = api.get("claims").await?;
+            Ok(t.status.is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "DestinationClaimNotFound")
+            }))
+        }
+    })
+    .await?;
+    assert!(
+        mover_pods(&ns).await?.is_empty(),
+        "movers started without a destination claim"
+    );
+    claim(&ns, "target", &dst_class).await?;
+    let t = wait_phase(&api, "claims", Duration::from_secs(120), Phase::Succeeded).await?;
+    let st = t.status.context("status")?;
+    assert_eq!(st.sender.and_then(|s| s.node).as_deref(), Some(NODE_A));
+    assert_eq!(st.receiver.and_then(|s| s.node).as_deref(), Some(NODE_B));
+    assert!(
+        st.conditions
+            .iter()
+            .any(|c| c.type_ == "Dedup" && c.reason == "PodSecurityForbidsHostPath"),
+        "{:?}",
+        st.conditions
+    );
+    assert_eq!(assert_same_tree(&src_host, &dst_disk.join("copy"))?, 201);
+    let name = ns.name.clone();
+    let client = ns.client.clone();
+    ns.delete().await?;
+    // The cluster-scoped volumes and classes of this test.
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(client);
+    for which in ["src", "dst"] {
+        pvs.delete(&format!("pv-{name}-{which}"), &DeleteParams::default())
+            .await?;
+        classes
+            .delete(&format!("local-{name}-{which}"), &DeleteParams::default())
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Reconcile against a fake apiserver (an in-process HTTP service): which requests one reconcile
+//! makes for a Transfer in a given state. In addition to the end-to-end tests on the real local
+//! cluster, these pin the apply/status/events traffic without a cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use ferry_operator::api::Transfer;
+use ferry_operator::config::{Config, HostRootGrant};
+use ferry_operator::controller::{Context, reconcile};
+use ferry_operator::metrics::Metrics;
+use ferry_operator::pki::Authority;
+use ferry_operator::progress::Watchers;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+/// One request the operator made.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+fn transfer(finalized: bool) -> Value {
+    json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {
+            "name": "t", "namespace": "ml", "uid": UID, "generation": 1, "resourceVersion": "7",
+            "finalizers": if finalized { json!(["ferry.dev/cleanup"]) } else { json!([]) },
+        },
+        "spec": {
+            "source": {"hostPath": {"node": "node-a", "path": "/data/src"}},
+            "destination": {"hostPath": {"node": "node-b", "path": "/data/dst"}},
+        }
+    })
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// The fake apiserver's answers: the objects this test's cluster holds.
+fn route(method: &str, path: &str, body: &Value) -> (StatusCode, Value) {
+    let list = |kind: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": []});
+    match (method, path) {
+        ("GET", "/api/v1/namespaces/ml/pods") => (StatusCode::OK, list("PodList")),
+        ("GET", p) if p.starts_with("/api/v1/namespaces/ml/secrets/") => not_found(),
+        ("GET", "/api/v1/nodes/node-a" | "/api/v1/nodes/node-b") => {
+            let name = path.rsplit('/').next().unwrap();
+            (
+                StatusCode::OK,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+            )
+        }
+        ("GET", "/api/v1/namespaces/ml") => (
+            StatusCode::OK,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}}),
+        ),
+        // Patches and creates echo the object back, as the apiserver returns what it stored.
+        ("PATCH" | "POST", _) => {
+            let mut obj = body.clone();
+            if path.contains("/transfers/") {
+                obj = transfer(true);
+            }
+            (StatusCode::OK, obj)
+        }
+        _ => not_found(),
+    }
+}
+
+fn fake_client(log: Log) -> kube::Client {
+    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let log = log.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let bytes = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
+            let (status, answer) = route(&method, &path, &body);
+            log.lock().unwrap().push(Seen {
+                method,
+                path,
+                query: parts.uri.query().unwrap_or_default().to_owned(),
+                body,
+            });
+            let response = Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(answer.to_string())))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    kube::Client::new(service, "default")
+}
+
+fn context(client: kube::Client, config: Config) -> Arc<Context> {
+    let (wake, _) = tokio::sync::mpsc::channel(8);
+    Arc::new(Context {
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "ferry-operator".into(),
+                instance: None,
+            },
+        ),
+        client,
+        config,
+        authority: Authority::ephemeral("test").unwrap(),
+        watchers: Watchers::new(wake),
+        metrics: Arc::new(Metrics::default()),
+        store: kube::runtime::reflector::store().0,
+    })
+}
+
+fn granted() -> Config {
+    Config {
+        host_roots: vec![HostRootGrant::parse("ml=/data").unwrap()],
+        ..Config::default()
+    }
+}
+
+async fn run(t: Value, config: Config) -> Vec<Seen> {
+    let log: Log = Arc::default();
+    let ctx = context(fake_client(log.clone()), config);
+    let t: Transfer = serde_json::from_value(t).unwrap();
+    reconcile(Arc::new(t), ctx).await.unwrap();
+    let seen = log.lock().unwrap().clone();
+    seen
+}
+
+fn writes(seen: &[Seen]) -> Vec<&Seen> {
+    seen.iter().filter(|s| s.method != "GET").collect()
+}
+
+#[tokio::test]
+async fn a_new_transfer_first_gets_the_finalizer_and_nothing_else() {
+    let seen = run(transfer(false), granted()).await;
+    let w = writes(&seen);
+    assert_eq!(w.len(), 1, "{w:#?}");
+    assert_eq!(
+        w[0].path,
+        "/apis/ferry.dev/v1alpha1/namespaces/ml/transfers/t"
+    );
+    assert_eq!(
+        w[0].body["metadata"]["finalizers"],
+        json!(["ferry.dev/cleanup"])
+    );
+    assert_eq!(w[0].body["metadata"]["resourceVersion"], "7");
+}
+
+#[tokio::test]
+async fn a_host_path_outside_the_grants_gets_a_reason_in_status_and_no_pods() {
+    let seen = run(transfer(true), Config::default()).await;
+    let w = writes(&seen);
+    assert!(
+        !w.iter()
+            .any(|s| s.path.contains("/pods") || s.path.contains("/secrets")),
+        "{w:#?}"
+    );
+    let status = w
+        .iter()
+        .find(|s| s.path.ends_with("/transfers/t/status"))
+        .expect("a status patch");
+    assert!(
+        status.query.contains("fieldManager=ferry-operator"),
+        "{}",
+        status.query
+    );
+    let ready = status.body["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "HostPathNotAllowed");
+    assert!(
+        seen.iter()
+            .any(|s| s.method == "POST" && s.path.contains("/events")),
+        "an Event is recorded: {seen:#?}"
+    );
+}
+
+#[tokio::test]
+async fn an_admitted_transfer_applies_its_secret_then_its_receiver() {
+    let seen = run(transfer(true), granted()).await;
+    let w = writes(&seen);
+    let secret = w
+        .iter()
+        .position(|s| s.path.starts_with("/api/v1/namespaces/ml/secrets/"))
+        .expect("secret applied");
+    let pod = w
+        .iter()
+        .position(|s| s.path.starts_with("/api/v1/namespaces/ml/pods/"))
+        .expect("receiver applied");
+    assert!(secret < pod, "certificates before the pod that mounts them");
+    let pod = w[pod];
+    assert!(pod.path.ends_with("-1-1-recv"), "{}", pod.path);
+    assert!(pod.query.contains("fieldManager=ferry-operator") && pod.query.contains("force=true"));
+    assert_eq!(
+        pod.body["spec"]["nodeSelector"]["kubernetes.io/hostname"],
+        "node-b"
+    );
+    assert_eq!(pod.body["metadata"]["ownerReferences"][0]["uid"], UID);
+    let secret_body = &w[secret].body;
+    let keys: Vec<&str> = secret_body["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ca.crt",
+            "receiver.crt",
+            "receiver.key",
+            "sender.crt",
+            "sender.key"
+        ]
+    );
+    assert!(
+        !w.iter().any(|s| s.path.ends_with("-send")),
+        "no sender before the receiver is ready"
+    );
+}

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""`make bench-operator`: what the operator costs on top of the movers, on the local cluster.
+
+1. Fixed overhead: apply-to-Succeeded of a one-file Transfer (scheduling, readiness, certificates,
+   status), median of ROUNDS.
+2. A large file through the operator against the bare `ferry-mover send`/`receive` pair on the
+   same machine and the same disk, interleaved rounds: the data phase (the receiver's own
+   `seconds`) and apply-to-Succeeded against the bare pair's wall time.
+3. COUNT Transfers at once: all must succeed; the operator's peak RSS (VmHWM) and its status
+   patches per running Transfer per second (from its /metrics).
+
+The cluster runs the release build (FERRY_PROFILE=release) and is started fresh. Python 3 stdlib.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("FERRY_CACHE") or Path.home() / ".cache/ferry")
+CLUSTER = Path(os.environ.get("FERRY_CLUSTER_DIR") or CACHE / "cluster")
+KUBECONFIG = CLUSTER / "kubeconfig"
+ROUNDS = int(os.environ.get("ROUNDS") or 5)
+LARGE_MIB = int(os.environ.get("LARGE_MIB") or 1024)
+COUNT = int(os.environ.get("COUNT") or 100)
+ROOT = "/ferry-bench"
+UID = 65532
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- operator-bench:begin -->", "<!-- operator-bench:end -->"
+
+
+def sh(*args: str, env: dict | None = None, check: bool = True) -> str:
+    r = subprocess.run(args, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if check and r.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def kubectl(*args: str, check: bool = True) -> str:
+    return sh(str(KUBECTL), *args, env={"KUBECONFIG": str(KUBECONFIG)}, check=check)
+
+
+def node_path(node: str, path: str) -> Path:
+    return CLUSTER / "nodes" / node / path.lstrip("/")
+
+
+def owned_dir(p: Path) -> Path:
+    p.mkdir(parents=True, exist_ok=True)
+    os.chown(p, UID, UID)
+    return p
+
+
+def transfer_yaml(ns: str, name: str, src: str, dst: str, extra: str = "") -> str:
+    return f"""apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  source: {{hostPath: {{node: node-a, path: {src}}}}}
+  destination: {{hostPath: {{node: node-b, path: {dst}}}}}
+  dedup: false
+{extra}"""
+
+
+def apply(yaml: str) -> None:
+    r = subprocess.run([str(KUBECTL), "apply", "-f", "-"], input=yaml, capture_output=True, text=True,
+                       env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
+    if r.returncode != 0:
+        raise SystemExit(f"kubectl apply failed: {r.stderr}")
+
+
+def wait_succeeded(ns: str, name: str, timeout: int = 600) -> dict:
+    kubectl("wait", "-n", ns, "--for=condition=Succeeded", f"transfer/{name}", f"--timeout={timeout}s")
+    return json.loads(kubectl("get", "transfer", "-n", ns, name, "-o", "json"))
+
+
+def start_operator() -> tuple[subprocess.Popen, str]:
+    kubectl("apply", "--server-side", "-f", str(REPO / "crds/ferry.dev_transfers.yaml"))
+    kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"))
+    kubectl("wait", "--for=condition=Established", "crd/transfers.ferry.dev", "--timeout=60s")
+    token = kubectl("create", "token", "ferry-operator", "-n", "ferry-system", "--duration=8h").strip()
+    server = kubectl("config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.server}")
+    ca = kubectl("config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
+    kc = CLUSTER / "ferry-operator-bench.kubeconfig"
+    kc.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: local, cluster: {{server: "{server}", certificate-authority-data: "{ca}"}}}}]
+users: [{{name: op, user: {{token: "{token}"}}}}]
+contexts: [{{name: op, context: {{cluster: local, user: op}}}}]
+current-context: op
+""")
+    for node in ("node-a", "node-b"):
+        owned_dir(node_path(node, ROOT))
+    log = open(CLUSTER / "logs" / "ferry-operator-bench.log", "w")
+    p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system",
+                          "--host-root", f"*={ROOT}", "--cas-root", f"{ROOT}/cas",
+                          "--metrics-addr", "127.0.0.1:0", "--leader-election-id", "ferry-operator-bench"],
+                         stdout=log, stderr=log, env={**os.environ, "KUBECONFIG": str(kc), "RUST_LOG": "info"})
+    (CLUSTER / "pids" / "ferry-operator.pid").write_text(str(p.pid))
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        text = (CLUSTER / "logs" / "ferry-operator-bench.log").read_text()
+        m = re.search(r"metrics and health on (\S+)", text)
+        if m and "leading" in text:
+            return p, m.group(1)
+        time.sleep(0.2)
+    raise SystemExit("the operator did not start; see ferry-operator-bench.log")
+
+
+def metric(addr: str, name: str) -> float:
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=5).read().decode()
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def receiver_seconds(ns: str, t: dict) -> float:
+    pod = t["status"]["receiver"]["pod"]
+    log = (CLUSTER / "logs" / f"{ns}_{pod}_mover.log").read_text()
+    for line in reversed(log.splitlines()):
+        if line.startswith("{"):
+            return float(json.loads(line)["seconds"])
+    raise SystemExit(f"no JSON summary in the log of {pod}")
+
+
+def write_large(path: Path, mib: int) -> None:
+    with open(path, "wb") as f:
+        block = os.urandom(1 << 20)
+        for i in range(mib):
+            f.write(i.to_bytes(8, "little") + block[8:])
+    os.chown(path, UID, UID)
+
+
+def bare_pair(src: Path, dst: Path, certs: Path) -> float:
+    mover = str(TARGET / "ferry-mover")
+    tls = ["--ca", str(certs / "ca.crt"), "--transfer", "bench"]
+    recv = subprocess.Popen([mover, "receive", "--listen", "127.0.0.1:0", "--root", str(dst), "--once", "--json",
+                             "--cert", str(certs / "receiver.crt"), "--key", str(certs / "receiver.key"), *tls],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    addr = recv.stdout.readline().strip()
+    start = time.monotonic()
+    sh(mover, "send", "--connect", addr, "--root", str(src), "--json", "--cert", str(certs / "sender.crt"),
+       "--key", str(certs / "sender.key"), *tls)
+    recv.wait(timeout=600)
+    return time.monotonic() - start
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    global KUBECTL, TARGET
+    os.environ["FERRY_PROFILE"] = "release"
+    TARGET = Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target") / "release"
+    bin_dir = Path(sh(str(REPO / "tests/k8s/build.sh")).strip())
+    KUBECTL = bin_dir / "kubectl"
+    sh(str(REPO / "tests/cluster/up.sh"))
+    op, addr = start_operator()
+    results: dict[str, object] = {}
+    try:
+        kubectl("create", "namespace", "bench")
+        # 1. Fixed overhead of a one-file Transfer.
+        src = owned_dir(node_path("node-a", f"{ROOT}/one"))
+        (src / "f").write_bytes(b"x" * 1024)
+        os.chown(src / "f", UID, UID)
+        overhead = []
+        for i in range(ROUNDS + 1):
+            owned_dir(node_path("node-b", f"{ROOT}/one-{i}"))
+            t0 = time.monotonic()
+            apply(transfer_yaml("bench", f"one-{i}", f"{ROOT}/one", f"{ROOT}/one-{i}"))
+            wait_succeeded("bench", f"one-{i}")
+            if i > 0:  # the first round warms the caches
+                overhead.append(time.monotonic() - t0)
+        results["overhead"] = overhead
+
+        # 2. A large file: the operator against the bare pair, interleaved.
+        big_src = owned_dir(node_path("node-a", f"{ROOT}/big"))
+        write_large(big_src / "data.bin", LARGE_MIB)
+        certs = Path(tempfile.mkdtemp(prefix="ferry-bench-certs-"))
+        sh(str(TARGET / "ferry-mover"), "certs", "--out", str(certs), "--transfer", "bench")
+        bare, op_total, op_data = [], [], []
+        for i in range(max(3, ROUNDS // 2 + 1)):
+            dst = owned_dir(node_path("node-b", f"{ROOT}/bare-{i}"))
+            bare.append(bare_pair(big_src, dst, certs))
+            owned_dir(node_path("node-b", f"{ROOT}/big-{i}"))
+            t0 = time.monotonic()
+            apply(transfer_yaml("bench", f"big-{i}", f"{ROOT}/big", f"{ROOT}/big-{i}"))
+            t = wait_succeeded("bench", f"big-{i}")
+            op_total.append(time.monotonic() - t0)
+            op_data.append(receiver_seconds("bench", t))
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.rmtree(node_path("node-b", f"{ROOT}/big-{i}"), ignore_errors=True)
+        results.update(bare=bare, op_total=op_total, op_data=op_data)
+
+        # 3. Many Transfers at once.
+        kubectl("create", "namespace", "bench-many")
+        many_src = owned_dir(node_path("node-a", f"{ROOT}/many"))
+        for j in range(10):
+            (many_src / f"f{j}").write_bytes(os.urandom(4096))
+            os.chown(many_src / f"f{j}", UID, UID)
+        patches_before = metric(addr, "ferry_status_patches_total")
+        t0 = time.monotonic()
+        docs = []
+        for i in range(COUNT):
+            owned_dir(node_path("node-b", f"{ROOT}/many-{i}"))
+            docs.append(transfer_yaml("bench-many", f"t{i}", f"{ROOT}/many", f"{ROOT}/many-{i}"))
+        apply("\n---\n".join(docs))
+        kubectl("wait", "-n", "bench-many", "--for=condition=Succeeded", "transfer", "--all", "--timeout=900s")
+        wall = time.monotonic() - t0
+        items = json.loads(kubectl("get", "transfer", "-n", "bench-many", "-o", "json"))["items"]
+        ok = sum(1 for t in items if t["status"]["phase"] == "Succeeded")
+        running = 0.0
+        for t in items:
+            s = t["status"]
+            a = time.mktime(time.strptime(s["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
+            b = time.mktime(time.strptime(s["completionTime"], "%Y-%m-%dT%H:%M:%SZ"))
+            running += max(b - a, 1.0)
+        patches = metric(addr, "ferry_status_patches_total") - patches_before
+        results.update(many_ok=ok, many_wall=wall, many_patches=patches, many_running=running,
+                       rss=peak_rss_mib(op.pid))
+    finally:
+        op.terminate()
+        op.wait(timeout=30)
+        sh(str(REPO / "tests/cluster/down.sh"), check=False)
+    report(results)
+
+
+def report(r: dict) -> None:
+    o, b, t, d = r["overhead"], r["bare"], r["op_total"], r["op_data"]
+    rows = [
+        ("apply to Succeeded, one 1 KiB file (fixed overhead)", f"{median(o):.2f} s", "target <= 3 s",
+         f"{len(o)} rounds, min {min(o):.2f} s, max {max(o):.2f} s"),
+        (f"{LARGE_MIB} MiB file: data phase through the operator / bare send+receive",
+         f"{median(d) / median(b):.2f}x", "target <= 1.10x",
+         f"receiver's own seconds {median(d):.2f} s vs bare pair {median(b):.2f} s (medians of {len(b)})"),
+        (f"{LARGE_MIB} MiB file: apply to Succeeded / (bare + fixed overhead)",
+         f"{median(t) / (median(b) + median(o)):.2f}x", "target <= 1.00x",
+         f"{median(t):.2f} s vs {median(b):.2f} s + {median(o):.2f} s"),
+        (f"{COUNT} Transfers at once", f"{r['many_ok']}/{COUNT} Succeeded", "all",
+         f"{r['many_wall']:.1f} s wall"),
+        ("operator peak RSS over the whole run", f"{r['rss']:.1f} MiB", "< 100 MiB", "VmHWM"),
+        ("status patches per running Transfer per second", f"{r['many_patches'] / r['many_running']:.2f}",
+         "<= ~1", f"{int(r['many_patches'])} patches over {r['many_running']:.0f} Transfer-seconds"),
+    ]
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} with `make bench-operator` "
+             f"(release build, local cluster, {os.cpu_count()} cores).", "",
+             "| what | result | target | detail |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b_} | {c} | {d_} |" for a, b_, c, d_ in rows]
+    table = "\n".join(lines)
+    print(table)
+    if os.environ.get("WRITE_DOCS") in ("1", "yes", "true"):
+        text = DOCS.read_text()
+        block = f"{BEGIN}\n{table}\n{END}"
+        if BEGIN in text:
+            text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+        else:
+            text += f"\n## Operator overhead\n\n{block}\n"
+        DOCS.write_text(text)
+        print(f"wrote {DOCS}")
+
+
+if __name__ == "__main__":
+    if os.geteuid() != 0:
+        sys.exit("bench-operator needs root (node directories owned by the movers' uid)")
+    main()
