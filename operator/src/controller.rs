@@ -1,6 +1,7 @@
 //! Wiring: observe -> plan -> apply -> status for each Transfer, the controller loop, the error
 //! policy by category, and shutdown.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use tokio::sync::mpsc;
 use crate::api::{Phase, Side, Transfer};
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
+use crate::limits;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput};
 use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
@@ -318,13 +320,32 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     })
 }
 
-/// Whether the cluster-wide limit leaves room for `t`'s movers.
+/// The nodes a Transfer's movers run on, or must run on.
+fn transfer_nodes(t: &Transfer) -> BTreeSet<String> {
+    let mut nodes = BTreeSet::new();
+    if let Some(s) = &t.status {
+        nodes.extend(
+            s.receiver
+                .iter()
+                .chain(&s.sender)
+                .filter_map(|m| m.node.clone()),
+        );
+    }
+    for ep in [&t.spec.source, &t.spec.destination] {
+        if let Some(hp) = &ep.host_path {
+            nodes.insert(hp.node.clone());
+        }
+    }
+    nodes
+}
+
+/// Whether the concurrency limits leave room for `t`'s movers.
 fn may_start(t: &Transfer, ctx: &Context) -> bool {
-    let limit = ctx.config.max_active;
-    if limit == 0 {
+    let (total, per_node) = (ctx.config.max_active, ctx.config.max_active_per_node);
+    if total == 0 && per_node == 0 {
         return true;
     }
-    let active = ctx
+    let others: Vec<limits::Active> = ctx
         .store
         .state()
         .iter()
@@ -335,8 +356,11 @@ fn may_start(t: &Transfer, ctx: &Context) -> bool {
                     || (s.phase == Phase::Pending && s.start_time.is_some())
             })
         })
-        .count();
-    active < limit
+        .map(|o| limits::Active {
+            nodes: transfer_nodes(o),
+        })
+        .collect();
+    limits::admits(total, per_node, &transfer_nodes(t), &others)
 }
 
 async fn side_facts(

@@ -7,6 +7,7 @@ pub mod cleanup;
 pub mod config;
 pub mod controller;
 pub mod leader;
+pub mod limits;
 pub mod metrics;
 pub mod movers;
 pub mod names;

@@ -41,6 +41,9 @@ struct Cli {
     /// Most Transfers with running movers at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active: usize,
+    /// Most Transfers with running movers on one node at once (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_active_per_node: usize,
     /// Days a mover certificate stays valid.
     #[arg(long, default_value_t = 2)]
     cert_days: u32,
@@ -83,6 +86,7 @@ fn main() -> anyhow::Result<()> {
         cas_root: Some(cli.cas_root).filter(|r| !r.is_empty()),
         cas_cap_bytes: cli.cas_cap_bytes,
         max_active: cli.max_active,
+        max_active_per_node: cli.max_active_per_node,
         cert_days: cli.cert_days,
         data_port: cli.data_port,
         progress_port: cli.progress_port,

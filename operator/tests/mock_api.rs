@@ -141,8 +141,7 @@ async fn run(t: Value, config: Config) -> Vec<Seen> {
     let ctx = context(fake_client(log.clone()), config);
     let t: Transfer = serde_json::from_value(t).unwrap();
     reconcile(Arc::new(t), ctx).await.unwrap();
-    let seen = log.lock().unwrap().clone();
-    seen
+    log.lock().unwrap().clone()
 }
 
 fn writes(seen: &[Seen]) -> Vec<&Seen> {
