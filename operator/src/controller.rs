@@ -63,6 +63,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Transfers the controller knows (for the concurrency limit).
     pub store: kube::runtime::reflector::Store<Transfer>,
+    pub limiter: crate::status::PatchLimiter,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -102,6 +103,7 @@ pub async fn run(
         authority,
         watchers: Watchers::new(wake_tx),
         metrics: metrics.clone(),
+        limiter: Default::default(),
     });
     metrics.set_ready(true);
     controller
@@ -135,10 +137,14 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
     let obs = observe(&t, &ctx).await?;
     let plan = plan::plan(&t, &obs);
     apply(&t, &ctx, &obs, &plan).await?;
-    write_status(&t, &ctx, &plan.status).await?;
+    let deferred = write_status(&t, &ctx, &plan.status).await?;
     record(&t, &ctx, &plan.notes).await;
     ctx.metrics.observe_phase(&t, plan.status.phase);
-    Ok(match plan.requeue {
+    let requeue = match (plan.requeue, deferred) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Ok(match requeue {
         Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
         None => Requeue::await_change(),
     })
@@ -222,6 +228,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
     if plan.done {
         set_finalizer(t, ctx, false).await?;
         ctx.metrics.forget(&uid);
+        ctx.limiter.forget(&uid);
         return Ok(Requeue::await_change());
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
@@ -533,14 +540,24 @@ async fn apply(
     Ok(())
 }
 
-/// Server-side apply of the status subresource, only when it changed.
+/// Server-side apply of the status subresource when it changed; a change of progress alone waits
+/// for the limiter (returns how long).
 async fn write_status(
     t: &Transfer,
     ctx: &Context,
     status: &crate::api::TransferStatus,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
+    let old = t.status.clone().unwrap_or_default();
     if t.status.as_ref() == Some(status) {
-        return Ok(());
+        return Ok(None);
+    }
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let now = std::time::Instant::now();
+    if let Some(wait) = ctx
+        .limiter
+        .defer(&uid, crate::status::progress_only(&old, status), now)
+    {
+        return Ok(Some(wait));
     }
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
@@ -551,8 +568,9 @@ async fn write_status(
     });
     api.patch_status(&t.name_any(), &ssa(), &Patch::Apply(&patch))
         .await?;
+    ctx.limiter.patched(&uid, now);
     ctx.metrics.status_patch();
-    Ok(())
+    Ok(None)
 }
 
 async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {

@@ -15,6 +15,7 @@ pub mod pki;
 pub mod placement;
 pub mod plan;
 pub mod progress;
+pub mod status;
 
 /// The API group all ferry resources live in.
 pub const API_GROUP: &str = "ferry.dev";

@@ -126,6 +126,7 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         watchers: Watchers::new(wake),
         metrics: Arc::new(Metrics::default()),
         store: kube::runtime::reflector::store().0,
+        limiter: Default::default(),
     })
 }
 
