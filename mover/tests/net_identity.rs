@@ -310,3 +310,41 @@ async fn progress_service_serves_operators_and_refuses_senders() {
         "a sender certificate read the progress port"
     );
 }
+
+/// Operator-issued certificates name the cluster and the attempt: a sender holding the
+/// certificate of an earlier attempt (or one minted for another cluster) is refused by the
+/// receiver of the current attempt, though all chain to the same CA.
+#[tokio::test]
+async fn certificate_of_an_earlier_attempt_or_another_cluster_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = net::Ca::new("cluster east", 1).unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+    let files = |name: &str, role: Role, cluster: &str, attempt: u32| {
+        let id = net::Identity::scoped("uid.1", role, cluster, attempt).unwrap();
+        let (cert, key) = ca.issue_for(&id).unwrap();
+        let (c, k) = (
+            dir.path().join(format!("{name}.crt")),
+            dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        net::load_files(&dir.path().join("ca.crt"), &c, &k, "uid.1", role).unwrap()
+    };
+    let receiver = files("r2", Role::Receiver, "east", 2);
+    let current = files("s2", Role::Sender, "east", 2);
+    // (The client side may see the server's close without close_notify; the server's verdict on
+    // the client certificate is what counts.)
+    let (srv, _) = handshake(&receiver, &[Role::Sender], &current, &[Role::Receiver]).await;
+    assert!(srv.is_ok(), "same attempt refused: {srv:?}");
+    for (name, cluster, attempt) in [("s1", "east", 1), ("sw", "west", 2)] {
+        let stale = files(name, Role::Sender, cluster, attempt);
+        let (srv, cli) = handshake(&receiver, &[Role::Sender], &stale, &[Role::Receiver]).await;
+        assert!(srv.is_err(), "{name}: the receiver accepted it");
+        // Each side refuses the other; the stale sender's own error names both identities.
+        let err = format!("{srv:?} {cli:?}");
+        let stale_uri =
+            format!("urn:ferry:cluster:{cluster}:transfer:uid.1:attempt:{attempt}:role:sender");
+        assert!(err.contains(&stale_uri), "{name}: {err}");
+        assert!(err.contains(":attempt:2:role:receiver"), "{name}: {err}");
+    }
+}

@@ -295,7 +295,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         }
         let tls = || {
             ctx.authority
-                .progress_client(&tid)
+                .progress_client(&tid, attempt)
                 .map_err(|e| tracing::warn!("progress TLS for {tid}: {e}"))
                 .ok()
         };
@@ -473,7 +473,7 @@ async fn apply(
             Action::CreateSecret { run, attempt } => {
                 let files = ctx
                     .authority
-                    .attempt_files(&names::transfer_id(&uid, *run))?;
+                    .attempt_files(&names::transfer_id(&uid, *run), *attempt)?;
                 let secret = movers::attempt_secret(t, *run, *attempt, &files);
                 let name = names::secret_name(&uid, *run, *attempt);
                 secrets.patch(&name, &ssa(), &Patch::Apply(&secret)).await?;

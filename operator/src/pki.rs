@@ -159,24 +159,44 @@ impl Authority {
         &self.cluster
     }
 
+    /// The identity `role` has in `attempt` of the run `transfer_id`: scoped to this cluster and
+    /// the attempt, so a certificate of an earlier attempt is refused by the movers.
+    pub fn identity(
+        &self,
+        transfer_id: &str,
+        role: Role,
+        attempt: u32,
+    ) -> Result<Identity, PkiError> {
+        Identity::scoped(transfer_id, role, &self.cluster, attempt)
+            .map_err(|e| PkiError::Certs(CertsError::Identity(e)))
+    }
+
     /// The Secret data of one attempt: `ca.crt`, `sender.{crt,key}`, `receiver.{crt,key}`.
-    pub fn attempt_files(&self, transfer_id: &str) -> Result<BTreeMap<String, String>, PkiError> {
+    pub fn attempt_files(
+        &self,
+        transfer_id: &str,
+        attempt: u32,
+    ) -> Result<BTreeMap<String, String>, PkiError> {
         let mut files = BTreeMap::new();
         files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
         for role in [Role::Sender, Role::Receiver] {
-            let (cert, key) = self.ca.issue(transfer_id, role)?;
+            let (cert, key) = self
+                .ca
+                .issue_for(&self.identity(transfer_id, role, attempt)?)?;
             files.insert(format!("{role}.crt"), cert);
             files.insert(format!("{role}.key"), key);
         }
         Ok(files)
     }
 
-    /// Client TLS settings for reading the progress of `transfer_id`'s movers.
+    /// Client TLS settings for reading the progress of the movers of one attempt.
     pub fn progress_client(
         &self,
         transfer_id: &str,
+        attempt: u32,
     ) -> Result<Arc<rustls::ClientConfig>, PkiError> {
-        let (cert, key) = self.ca.issue(transfer_id, Role::Operator)?;
+        let identity = self.identity(transfer_id, Role::Operator, attempt)?;
+        let (cert, key) = self.ca.issue_for(&identity)?;
         let tls = |e: &dyn std::fmt::Display| PkiError::Tls(e.to_string());
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(self.ca.cert_pem().as_bytes()) {
@@ -190,7 +210,7 @@ impl Authority {
             roots: Arc::new(roots),
             chain,
             key: Arc::new(key),
-            identity: Identity::new(transfer_id, Role::Operator).map_err(|e| tls(&e))?,
+            identity,
         };
         let cfg = ferry_mover::net::client_config(&files, &[Role::Sender, Role::Receiver])
             .map_err(|e| tls(&e))?;
@@ -213,7 +233,13 @@ mod tests {
         let p = |n: &str| dir.path().join(n);
         std::fs::write(p("ca.crt"), a.ca.cert_pem()).expect("write");
         std::fs::write(p("s.crt"), &cert).expect("write");
-        let files = a.attempt_files("uid.1").expect("files");
+        let files = a.attempt_files("uid.1", 3).expect("files");
+        assert!(
+            ferry_mover::net::Identity::scoped("uid.1", Role::Receiver, "test", 3)
+                .expect("id")
+                .uri()
+                .contains(":attempt:3:")
+        );
         assert_eq!(files.len(), 5);
         std::fs::write(p("r.crt"), &files["receiver.crt"]).expect("write");
         std::fs::write(p("r.key"), &files["receiver.key"]).expect("write");
@@ -236,6 +262,6 @@ mod tests {
             .is_err(),
             "a certificate of another run is refused"
         );
-        a.progress_client("uid.1").expect("progress tls");
+        a.progress_client("uid.1", 3).expect("progress tls");
     }
 }

@@ -113,7 +113,12 @@ impl Ca {
     /// on the data port depending on its role and a server on its progress port; the role in
     /// the URI SAN (checked by every verifier) keeps a sender from acting as a receiver.
     pub fn issue(&self, transfer_id: &str, role: Role) -> Result<(String, String), CertsError> {
-        let id = Identity::new(transfer_id, role)?;
+        self.issue_for(&Identity::new(transfer_id, role)?)
+    }
+
+    /// Issues a leaf for any identity (an operator issues scoped ones: cluster and attempt).
+    pub fn issue_for(&self, id: &Identity) -> Result<(String, String), CertsError> {
+        let (transfer_id, role) = (id.transfer_id.as_str(), id.role);
         let what = format!("{role} leaf");
         let key = KeyPair::generate().map_err(gen_err(&what))?;
         let mut p = CertificateParams::new(Vec::<String>::new()).map_err(gen_err(&what))?;

@@ -1,11 +1,19 @@
 //! Who a certificate speaks for: a transfer id and a role, carried as a URI SAN
-//! `urn:ferry:transfer:<transfer-id>:role:<role>`.
+//! `urn:ferry:transfer:<transfer-id>:role:<role>`; certificates an operator issues also name the
+//! issuing cluster and the attempt:
+//! `urn:ferry:cluster:<cluster>:transfer:<transfer-id>:attempt:<n>:role:<role>`.
+//!
+//! Two endpoints accept each other only when everything but the role is equal, so a certificate
+//! of an earlier attempt, of another Transfer or minted for another cluster is refused.
 
 use std::fmt;
 
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 const PREFIX: &str = "urn:ferry:transfer:";
+const SCOPED_PREFIX: &str = "urn:ferry:cluster:";
+const TRANSFER_SEP: &str = ":transfer:";
+const ATTEMPT_SEP: &str = ":attempt:";
 const ROLE_SEP: &str = ":role:";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,17 +56,28 @@ impl fmt::Display for Role {
     }
 }
 
-/// A (transfer id, role) pair.
+/// A (transfer id, role) pair, optionally scoped to a cluster and an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub transfer_id: String,
     pub role: Role,
+    /// Set in operator-issued certificates; `None` for `ferry-mover certs`.
+    pub scope: Option<Scope>,
+}
+
+/// The cluster whose operator issued a certificate, and the attempt it is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub cluster: String,
+    pub attempt: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error("invalid transfer id {0:?}: use 1 to 128 characters from A-Z a-z 0-9 '.' '_' '-'")]
     BadTransferId(String),
+    #[error("invalid cluster name {0:?}: use 1 to 128 characters from A-Z a-z 0-9 '.' '_' '-'")]
+    BadCluster(String),
     #[error("peer certificate is not valid X.509")]
     BadCertificate,
     #[error("peer certificate carries no ferry identity (no URI SAN starting with {PREFIX})")]
@@ -80,21 +99,54 @@ impl Identity {
         Ok(Self {
             transfer_id: transfer_id.to_owned(),
             role,
+            scope: None,
         })
+    }
+
+    /// An identity issued by `cluster`'s operator for one attempt.
+    pub fn scoped(
+        transfer_id: &str,
+        role: Role,
+        cluster: &str,
+        attempt: u32,
+    ) -> Result<Self, IdentityError> {
+        validate_transfer_id(cluster).map_err(|_| IdentityError::BadCluster(cluster.to_owned()))?;
+        let mut id = Self::new(transfer_id, role)?;
+        id.scope = Some(Scope {
+            cluster: cluster.to_owned(),
+            attempt,
+        });
+        Ok(id)
+    }
+
+    /// The same identity with another role (what this endpoint expects of its peer).
+    pub fn with_role(&self, role: Role) -> Identity {
+        Identity {
+            role,
+            ..self.clone()
+        }
     }
 
     pub fn uri(&self) -> String {
-        format!("{PREFIX}{}{ROLE_SEP}{}", self.transfer_id, self.role)
+        match &self.scope {
+            None => format!("{PREFIX}{}{ROLE_SEP}{}", self.transfer_id, self.role),
+            Some(s) => format!(
+                "{SCOPED_PREFIX}{}{TRANSFER_SEP}{}{ATTEMPT_SEP}{}{ROLE_SEP}{}",
+                s.cluster, self.transfer_id, s.attempt, self.role
+            ),
+        }
     }
 
     pub fn parse_uri(uri: &str) -> Option<Self> {
+        if let Some(rest) = uri.strip_prefix(SCOPED_PREFIX) {
+            let (cluster, rest) = rest.split_once(TRANSFER_SEP)?;
+            let (rest, role) = rest.rsplit_once(ROLE_SEP)?;
+            let (id, attempt) = rest.rsplit_once(ATTEMPT_SEP)?;
+            return Self::scoped(id, Role::parse(role)?, cluster, attempt.parse().ok()?).ok();
+        }
         let rest = uri.strip_prefix(PREFIX)?;
         let (id, role) = rest.rsplit_once(ROLE_SEP)?;
-        validate_transfer_id(id).ok()?;
-        Some(Self {
-            transfer_id: id.to_owned(),
-            role: Role::parse(role)?,
-        })
+        Self::new(id, Role::parse(role)?).ok()
     }
 
     /// Reads the ferry identity from a DER certificate (the first matching URI SAN).
@@ -117,18 +169,15 @@ impl Identity {
 
     /// Checks a peer's identity against what `local` accepts.
     pub fn check_peer(&self, peer: &Identity, accepted: &[Role]) -> Result<(), IdentityError> {
-        if peer.transfer_id == self.transfer_id && accepted.contains(&peer.role) {
+        if peer.transfer_id == self.transfer_id
+            && peer.scope == self.scope
+            && accepted.contains(&peer.role)
+        {
             return Ok(());
         }
         let accepted = accepted
             .iter()
-            .map(|r| {
-                Identity {
-                    transfer_id: self.transfer_id.clone(),
-                    role: *r,
-                }
-                .uri()
-            })
+            .map(|r| self.with_role(*r).uri())
             .collect::<Vec<_>>()
             .join(" or ");
         Err(IdentityError::Mismatch {
@@ -175,6 +224,34 @@ mod tests {
         assert!(Identity::new("", Role::Sender).is_err());
         assert!(Identity::parse_uri("urn:ferry:transfer:x:role:admin").is_none());
         assert!(Identity::parse_uri("urn:other:x").is_none());
+    }
+
+    #[test]
+    fn scoped_identities_pin_cluster_and_attempt() {
+        let local = Identity::scoped("u.1", Role::Receiver, "east", 2).unwrap();
+        assert_eq!(
+            local.uri(),
+            "urn:ferry:cluster:east:transfer:u.1:attempt:2:role:receiver"
+        );
+        assert_eq!(Identity::parse_uri(&local.uri()), Some(local.clone()));
+        let same = local.with_role(Role::Sender);
+        local.check_peer(&same, &[Role::Sender]).unwrap();
+        let earlier = Identity::scoped("u.1", Role::Sender, "east", 1).unwrap();
+        assert!(
+            local.check_peer(&earlier, &[Role::Sender]).is_err(),
+            "earlier attempt"
+        );
+        let foreign = Identity::scoped("u.1", Role::Sender, "west", 2).unwrap();
+        assert!(
+            local.check_peer(&foreign, &[Role::Sender]).is_err(),
+            "other cluster"
+        );
+        let unscoped = Identity::new("u.1", Role::Sender).unwrap();
+        assert!(
+            local.check_peer(&unscoped, &[Role::Sender]).is_err(),
+            "unscoped"
+        );
+        assert!(Identity::scoped("u.1", Role::Sender, "a:b", 1).is_err());
     }
 
     #[test]

@@ -110,6 +110,7 @@ pub fn load_files(
             expected: Identity {
                 transfer_id: transfer_id.to_owned(),
                 role,
+                scope: identity.scope.clone(),
             }
             .uri(),
         });
