@@ -553,10 +553,8 @@ async fn write_status(
     }
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
     let now = std::time::Instant::now();
-    if let Some(wait) = ctx
-        .limiter
-        .defer(&uid, crate::status::progress_only(&old, status), now)
-    {
+    let progress_only = crate::status::progress_only(&old, status);
+    if let Some(wait) = ctx.limiter.defer(&uid, progress_only, now) {
         return Ok(Some(wait));
     }
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
@@ -569,7 +567,7 @@ async fn write_status(
     api.patch_status(&t.name_any(), &ssa(), &Patch::Apply(&patch))
         .await?;
     ctx.limiter.patched(&uid, now);
-    ctx.metrics.status_patch();
+    ctx.metrics.status_patch(progress_only);
     Ok(None)
 }
 

@@ -15,6 +15,7 @@ use crate::api::{Phase, Transfer};
 pub struct Metrics {
     reconciles: AtomicU64,
     status_patches: AtomicU64,
+    progress_patches: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
     /// Last phase seen per Transfer UID (for the gauges and the finished counters).
     phases: Mutex<BTreeMap<String, Phase>>,
@@ -26,8 +27,14 @@ impl Metrics {
     pub fn reconcile(&self) {
         self.reconciles.fetch_add(1, Ordering::Relaxed);
     }
-    pub fn status_patch(&self) {
-        self.status_patches.fetch_add(1, Ordering::Relaxed);
+    /// One status patch; `progress_only` when nothing but the moving figures changed.
+    pub fn status_patch(&self, progress_only: bool) {
+        let counter = if progress_only {
+            &self.progress_patches
+        } else {
+            &self.status_patches
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
     pub fn reconcile_error(&self, category: &'static str) {
         if let Ok(mut e) = self.errors.lock() {
@@ -80,8 +87,12 @@ impl Metrics {
         ));
         line("# TYPE ferry_status_patches_total counter".into());
         line(format!(
-            "ferry_status_patches_total {}",
+            "ferry_status_patches_total{{kind=\"lifecycle\"}} {}",
             self.status_patches.load(Ordering::Relaxed)
+        ));
+        line(format!(
+            "ferry_status_patches_total{{kind=\"progress\"}} {}",
+            self.progress_patches.load(Ordering::Relaxed)
         ));
         line("# TYPE ferry_reconcile_errors_total counter".into());
         if let Ok(e) = self.errors.lock() {

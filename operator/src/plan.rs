@@ -529,7 +529,12 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     if cx.st.start_time.is_none() {
         cx.st.start_time = Some(cx.now.clone());
     }
-    if spec.dedup && cx.obs.host_path_forbidden {
+    if !(spec.dedup && cx.obs.host_path_forbidden) {
+        // The block store is usable again (or not wanted): no condition about it.
+        cx.st
+            .conditions
+            .retain(|c| c.type_ != ConditionType::Dedup.as_str());
+    } else {
         cx.cond(
             ConditionType::Dedup,
             false,
@@ -553,7 +558,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                 ConditionType::Ready,
                 false,
                 Reason::Pending,
-                &format!("attempt {attempt}: starting the receiver"),
+                &format!("attempt {attempt}: starting the movers"),
             );
         }
         Some(r) => {
@@ -573,7 +578,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                         ConditionType::Ready,
                         true,
                         Reason::Running,
-                        &format!("attempt {attempt}: receiver ready, starting the sender"),
+                        &format!("attempt {attempt}: moving data"),
                     );
                 }
                 (None, _, _) => {
@@ -582,7 +587,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                         ConditionType::Ready,
                         false,
                         Reason::Pending,
-                        &format!("attempt {attempt}: waiting for the receiver to be ready"),
+                        &format!("attempt {attempt}: starting the movers"),
                     );
                 }
                 (Some(s), _, _) => {
