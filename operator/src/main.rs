@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use ferry_operator::config::{Config, HostRootGrant};
 use ferry_operator::metrics::Metrics;
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 
 /// ferry's Kubernetes operator: reconciles Transfers (ferry.dev/v1alpha1) into mover pods.
 #[derive(Parser, Debug)]
@@ -44,6 +45,20 @@ struct Cli {
     /// Most Transfers with running movers on one node at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active_per_node: usize,
+    /// Tolerations of every mover pod unless its Transfer sets its own (JSON list, as in a pod
+    /// spec; GPU nodes are usually tainted).
+    #[arg(long, value_parser = parse_json::<Vec<Toleration>>)]
+    mover_tolerations: Option<Vec<Toleration>>,
+    /// Resources of every mover container unless its Transfer sets its own (JSON, as in a
+    /// container spec).
+    #[arg(long, value_parser = parse_json::<ResourceRequirements>)]
+    mover_resources: Option<ResourceRequirements>,
+    /// Priority class of mover pods unless the Transfer sets one.
+    #[arg(long)]
+    mover_priority_class: Option<String>,
+    /// Extra label of every mover pod (KEY=VALUE, repeatable).
+    #[arg(long = "mover-label", value_parser = parse_label)]
+    mover_labels: Vec<(String, String)>,
     /// Days a mover certificate stays valid.
     #[arg(long, default_value_t = 2)]
     cert_days: u32,
@@ -87,10 +102,13 @@ fn main() -> anyhow::Result<()> {
         cas_cap_bytes: cli.cas_cap_bytes,
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
+        default_tolerations: cli.mover_tolerations.unwrap_or_default(),
+        default_resources: cli.mover_resources,
+        default_priority_class: cli.mover_priority_class,
+        extra_labels: cli.mover_labels.into_iter().collect(),
         cert_days: cli.cert_days,
         data_port: cli.data_port,
         progress_port: cli.progress_port,
-        ..Config::default()
     };
     let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     rt.block_on(async move {
@@ -146,6 +164,20 @@ fn main() -> anyhow::Result<()> {
         elector.release().await;
         result
     })
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
+    serde_json::from_str(s).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))?;
+    if k.is_empty() || k.starts_with("ferry.dev/") {
+        return Err(format!("{s:?}: the key must be set and not in ferry.dev/"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
 }
 
 fn hostname() -> String {
