@@ -139,7 +139,7 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
     apply(&t, &ctx, &obs, &plan).await?;
     let deferred = write_status(&t, &ctx, &plan.status).await?;
     record(&t, &ctx, &plan.notes).await;
-    ctx.metrics.observe_phase(&t, plan.status.phase);
+    ctx.metrics.observe(&t, &plan.status);
     let requeue = match (plan.requeue, deferred) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),

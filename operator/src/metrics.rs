@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::api::{Phase, Transfer};
+use crate::api::{Phase, Transfer, TransferStatus};
 
 #[derive(Default)]
 pub struct Metrics {
@@ -17,8 +17,12 @@ pub struct Metrics {
     status_patches: AtomicU64,
     progress_patches: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
-    /// Last phase seen per Transfer UID (for the gauges and the finished counters).
-    phases: Mutex<BTreeMap<String, Phase>>,
+    /// Last phase and current throughput seen per Transfer UID (for the gauges and the finished
+    /// counters).
+    phases: Mutex<BTreeMap<String, (Phase, u64)>>,
+    retries: AtomicU64,
+    bytes_moved: AtomicU64,
+    files_moved: AtomicU64,
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ready: AtomicBool,
 }
@@ -47,22 +51,45 @@ impl Metrics {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
-    pub fn observe_phase(&self, t: &Transfer, phase: Phase) {
+    /// Folds one reconcile's outcome in: phase gauges, finished and retry counters, bytes and
+    /// files of Transfers that succeeded, current throughput.
+    pub fn observe(&self, t: &Transfer, new: &TransferStatus) {
         let uid = t.uid().unwrap_or_default();
+        let old = t.status.clone().unwrap_or_default();
+        if new.run == old.run && new.failures > old.failures {
+            self.retries
+                .fetch_add(u64::from(new.failures - old.failures), Ordering::Relaxed);
+        }
+        let rate = match new.phase {
+            Phase::Running => new
+                .throughput
+                .as_ref()
+                .map_or(0, |t| t.current_bytes_per_second),
+            _ => 0,
+        };
         let Ok(mut phases) = self.phases.lock() else {
             return;
         };
-        let before = phases.insert(uid, phase);
-        if phase.is_finished()
-            && before.is_some_and(|b| !b.is_finished())
-            && let Ok(mut f) = self.finished.lock()
+        let before = phases.insert(uid, (new.phase, rate)).map(|(p, _)| p);
+        let newly_finished = new.phase.is_finished()
+            && before.is_none_or(|b| !b.is_finished())
+            && !old.phase.is_finished();
+        if !newly_finished {
+            return;
+        }
+        if new.phase == Phase::Succeeded
+            && let Some(p) = &new.progress
         {
-            *f.entry(if phase == Phase::Succeeded {
+            self.bytes_moved.fetch_add(p.bytes_done, Ordering::Relaxed);
+            self.files_moved.fetch_add(p.files_done, Ordering::Relaxed);
+        }
+        if let Ok(mut f) = self.finished.lock() {
+            let outcome = if new.phase == Phase::Succeeded {
                 "succeeded"
             } else {
                 "failed"
-            })
-            .or_default() += 1;
+            };
+            *f.entry(outcome).or_default() += 1;
         }
     }
 
@@ -111,12 +138,32 @@ impl Metrics {
             }
         }
         line("# TYPE ferry_transfers_active gauge".into());
-        let active = self
+        let (active, rate) = self
             .phases
             .lock()
-            .map(|p| p.values().filter(|p| !p.is_finished()).count())
-            .unwrap_or(0);
+            .map(|p| {
+                let active = p.values().filter(|(p, _)| !p.is_finished()).count();
+                (active, p.values().map(|(_, r)| r).sum::<u64>())
+            })
+            .unwrap_or((0, 0));
         line(format!("ferry_transfers_active {active}"));
+        line("# TYPE ferry_throughput_bytes_per_second gauge".into());
+        line(format!("ferry_throughput_bytes_per_second {rate}"));
+        line("# TYPE ferry_retries_total counter".into());
+        line(format!(
+            "ferry_retries_total {}",
+            self.retries.load(Ordering::Relaxed)
+        ));
+        line("# TYPE ferry_bytes_moved_total counter".into());
+        line(format!(
+            "ferry_bytes_moved_total {}",
+            self.bytes_moved.load(Ordering::Relaxed)
+        ));
+        line("# TYPE ferry_files_moved_total counter".into());
+        line(format!(
+            "ferry_files_moved_total {}",
+            self.files_moved.load(Ordering::Relaxed)
+        ));
         out
     }
 }
@@ -148,5 +195,59 @@ pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
             );
             let _ = conn.write_all(response.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ProgressStatus, ThroughputStatus};
+
+    #[test]
+    fn retries_outcomes_bytes_and_throughput_are_counted_once() {
+        let m = Metrics::default();
+        let mut t = crate::plan::tests::transfer();
+        let running = TransferStatus {
+            phase: Phase::Running,
+            run: 1,
+            throughput: Some(ThroughputStatus {
+                current_bytes_per_second: 500,
+                ..ThroughputStatus::default()
+            }),
+            ..TransferStatus::default()
+        };
+        m.observe(&t, &running);
+        assert!(m.render().contains("ferry_throughput_bytes_per_second 500"));
+        t.status = Some(running.clone());
+        let retrying = TransferStatus {
+            phase: Phase::Retrying,
+            failures: 1,
+            ..running.clone()
+        };
+        m.observe(&t, &retrying);
+        t.status = Some(retrying.clone());
+        let done = TransferStatus {
+            phase: Phase::Succeeded,
+            progress: Some(ProgressStatus {
+                bytes_done: 42,
+                files_done: 3,
+                ..ProgressStatus::default()
+            }),
+            ..retrying
+        };
+        m.observe(&t, &done);
+        t.status = Some(done.clone());
+        m.observe(&t, &done);
+        let text = m.render();
+        for want in [
+            "ferry_retries_total 1",
+            "ferry_bytes_moved_total 42",
+            "ferry_files_moved_total 3",
+            "ferry_transfers_finished_total{outcome=\"succeeded\"} 1",
+            "ferry_transfers_active 0",
+            "ferry_throughput_bytes_per_second 0",
+        ] {
+            assert!(text.contains(want), "{want} missing in:\n{text}");
+        }
     }
 }
