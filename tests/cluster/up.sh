@@ -163,9 +163,19 @@ start kube-scheduler "$bin/kube-scheduler" \
   --authentication-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --authorization-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$scheduler_port" --leader-elect=false --profiling=false --v 1
+# Pods may run as non-root users (movers run as 65532): when the build directory is not reachable
+# for them (a checkout under /root, say), the binaries pods run are staged where it is.
+pod_bin_dir="$target_dir"
+if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/ferry-mover"; then
+  pod_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)"
+  install -d -m 0755 "$pod_bin_dir"
+  for b in ferry-mover ferry-operator ferry-cluster-probe; do
+    install -m 0755 "$target_dir/$b" "$pod_bin_dir/$b"
+  done
+fi
 start node-agent "$target_dir/ferry-node-agent" \
   --kubeconfig "$pki_dir/node-agent.kubeconfig" --cluster-dir "$cluster_dir" --nodes "$nodes" \
-  --apiserver-host 127.0.0.1 --apiserver-port "$apiserver_port" --bin-dir "$target_dir"
+  --apiserver-host 127.0.0.1 --apiserver-port "$apiserver_port" --bin-dir "$pod_bin_dir"
 
 kc() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 nodes_ready() {
