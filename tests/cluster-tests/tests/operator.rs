@@ -316,8 +316,22 @@ async fn bandwidth_limited_transfer_shows_live_progress() -> anyhow::Result<()> 
 
 #[tokio::test]
 async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()> {
+    killed_mover_is_retried_and_resumes("xfer-retry-send", "-send").await
+}
+
+#[tokio::test]
+async fn a_killed_receiver_is_retried_and_the_retry_resumes() -> anyhow::Result<()> {
+    killed_mover_is_retried_and_resumes("xfer-retry-recv", "-recv").await
+}
+
+/// Deletes the mover pod whose name ends in `role_suffix` once a third of the data is written:
+/// the next attempt resumes from the receiver's staging and succeeds.
+async fn killed_mover_is_retried_and_resumes(
+    prefix: &str,
+    role_suffix: &str,
+) -> anyhow::Result<()> {
     ensure_operator().await?;
-    let ns = TestNamespace::create("xfer-retry").await?;
+    let ns = TestNamespace::create(prefix).await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
     make_tree(&src_host, 20, 48, &ns.name)?;
@@ -332,7 +346,7 @@ async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()
         )?,
     )
     .await?;
-    // Kill the sender once a third of the data is in.
+    // Kill the mover once a third of the data is in.
     wait_until(
         Duration::from_secs(90),
         "a third of the data written",
@@ -348,18 +362,18 @@ async fn a_killed_sender_is_retried_and_the_retry_resumes() -> anyhow::Result<()
     )
     .await?;
     let pods: Api<Pod> = ns.api();
-    let sender = mover_pods(&ns)
+    let victim = mover_pods(&ns)
         .await?
         .into_iter()
         .find(|p| {
             p.metadata
                 .name
                 .as_deref()
-                .is_some_and(|n| n.ends_with("-send"))
+                .is_some_and(|n| n.ends_with(role_suffix))
         })
-        .context("no sender pod")?;
+        .context("no such mover pod")?;
     pods.delete(
-        sender.metadata.name.as_deref().unwrap_or_default(),
+        victim.metadata.name.as_deref().unwrap_or_default(),
         &DeleteParams::default().grace_period(0),
     )
     .await?;
