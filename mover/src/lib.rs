@@ -6,6 +6,7 @@
 //! - [`wire`]: the sans-IO frame codec of the network protocol;
 //! - [`net`]: mutual TLS, certificates and peer identities;
 //! - [`session`]: the sender and receiver state machines over N parallel streams;
+//! - [`digest`]: the end-to-end transfer digest both ends compute and compare;
 //! - [`progress`]: the gRPC progress service;
 //! - [`cas`]: the per-node content-addressed block store;
 //! - [`report`]: summaries (`--json`) and the TTY progress bar;
@@ -14,6 +15,7 @@
 pub mod cas;
 pub mod cli;
 pub mod copy;
+pub mod digest;
 pub mod net;
 pub mod progress;
 pub mod report;

@@ -152,5 +152,15 @@ async fn operator_watches_both_binaries_to_the_outcome() {
     check(&send_updates, "sender", files, bytes);
     // The receiver counts what it wrote: its done counter never ran ahead of the total.
     assert!(recv_updates.iter().all(|u| u.bytes_done <= bytes));
+    // Both final updates carry the transfer digest, and they agree; none before the end.
+    let (s, r) = (send_updates.last().unwrap(), recv_updates.last().unwrap());
+    assert_eq!(s.digest.len(), 64, "sender digest {:?}", s.digest);
+    assert_eq!(s.digest, r.digest);
+    assert!(
+        recv_updates
+            .iter()
+            .filter(|u| u.phase == Phase::Transferring as i32)
+            .all(|u| u.digest.is_empty())
+    );
     assert_same_tree(&src, &dst);
 }

@@ -176,6 +176,9 @@ fn binary_round_trip_with_json_summaries() {
     }
     assert_eq!(s["files"], r["files"]);
     assert_eq!(s["streams"], 4);
+    let digest = s["digest"].as_str().unwrap();
+    assert_eq!(digest.len(), 64, "digest {digest:?}");
+    assert_eq!(s["digest"], r["digest"], "both ends print the same digest");
     assert_same_tree(src.path(), dst.path());
 }
 

@@ -147,7 +147,7 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         eprintln!(
             "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
              {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store, \
-             {} deleted, {} failed",
+             {} deleted, {} failed, digest {}",
             s.files,
             s.bytes,
             s.seconds,
@@ -158,7 +158,8 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
             s.dedup_blocks,
             s.dedup_bytes,
             s.deleted,
-            s.failed
+            s.failed,
+            if s.digest.is_empty() { "-" } else { &s.digest }
         );
     }
     out.flush()?;

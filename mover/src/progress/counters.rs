@@ -52,6 +52,8 @@ pub struct Progress {
     pub dedup_blocks: AtomicU64,
     pub dedup_bytes: AtomicU64,
     last_error: Mutex<String>,
+    /// The transfer digest (hex) once this end computed it.
+    digest: Mutex<String>,
     start: Mutex<Instant>,
     pub transfer_id: String,
     pub role: String,
@@ -77,6 +79,8 @@ pub struct Snapshot {
     pub dedup_blocks: u64,
     pub dedup_bytes: u64,
     pub last_error: String,
+    /// The transfer digest (hex), empty until this end computed it.
+    pub digest: String,
     pub elapsed: f64,
 }
 
@@ -96,6 +100,7 @@ impl Progress {
             dedup_blocks: AtomicU64::new(0),
             dedup_bytes: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
+            digest: Mutex::new(String::new()),
             start: Mutex::new(Instant::now()),
             transfer_id: transfer_id.to_owned(),
             role: role.to_owned(),
@@ -160,6 +165,13 @@ impl Progress {
         }
     }
 
+    /// Records the transfer digest (set before the final phase, so the final update has it).
+    pub fn set_digest(&self, hex: &str) {
+        if let Ok(mut d) = self.digest.lock() {
+            *d = hex.to_owned();
+        }
+    }
+
     pub fn add(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
@@ -216,6 +228,7 @@ impl Progress {
                 .lock()
                 .map(|s| s.clone())
                 .unwrap_or_default(),
+            digest: self.digest.lock().map(|s| s.clone()).unwrap_or_default(),
             elapsed: self.elapsed(),
         }
     }

@@ -62,6 +62,7 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
         role: p.role.clone(),
         dedup_blocks: s.dedup_blocks,
         dedup_bytes: s.dedup_bytes,
+        digest: s.digest.clone(),
     }
 }
 

@@ -17,7 +17,12 @@ pub use crate::tree::DestError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Existing {
     Missing,
-    File { size: u64, mtime: (i64, u32) },
+    /// `mode`: the permission bits (`& 0o777`).
+    File {
+        size: u64,
+        mtime: (i64, u32),
+        mode: u32,
+    },
     Dir,
     Symlink,
     Other,
@@ -175,6 +180,30 @@ impl DestRoot {
         self.tree.open_file(&rel(path)?, FileOpen::Existing)
     }
 
+    /// Opens an existing regular file beneath the root for reading only.
+    pub fn open_read(&self, path: &str) -> Result<File, DestError> {
+        self.tree.open_file(&rel(path)?, FileOpen::Read)
+    }
+
+    /// `lstat` of `path` beneath the root; `None` if nothing is there.
+    pub fn lookup(&self, path: &PeerPath) -> Result<Option<Meta>, DestError> {
+        self.tree.lookup(&rel(path.as_str())?)
+    }
+
+    /// The symlink at `path`: its `lstat` and its target bytes.
+    pub fn read_symlink(&self, path: &PeerPath) -> Result<(Meta, Vec<u8>), DestError> {
+        let (dir, name) = self.parent(path)?;
+        let err = |e: rustix::io::Errno| DestError::Io {
+            op: "read back symlink",
+            path: path.to_string(),
+            source: e.into(),
+        };
+        let st = rustix::fs::statat(dir.fd.as_fd(), name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(err)?;
+        let target = rustix::fs::readlinkat(dir.fd.as_fd(), name, Vec::new()).map_err(err)?;
+        Ok((Meta::from_stat(&st), target.into_bytes()))
+    }
+
     /// Applies mode and mtime to an open file at `path`.
     pub fn apply_meta(&self, f: &File, path: &str, meta: &Meta) -> Result<(), DestError> {
         self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
@@ -306,6 +335,7 @@ fn existing_of(found: Option<Meta>) -> Existing {
             Kind::File => Existing::File {
                 size: m.size,
                 mtime: (m.mtime_sec, m.mtime_nsec),
+                mode: m.mode & 0o777,
             },
             Kind::Dir => Existing::Dir,
             Kind::Symlink => Existing::Symlink,

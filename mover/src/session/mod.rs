@@ -81,12 +81,18 @@ pub struct Summary {
     pub failed: u64,
     /// The first few of those failures' messages (at most [`MAX_REPORTED_FAILURES`]).
     pub failures: Vec<String>,
+    /// This end's transfer digest (hex, docs/protocol.md "Transfer digest"). On the sender it
+    /// equals the receiver's, or the session failed.
+    pub digest: String,
 }
 
 impl Summary {
     /// Records the outcome in `progress`: entries left out make the session a failure (exit
     /// status 1) even though everything else was transferred.
     pub fn set_outcome(&self, progress: &Progress) {
+        if !self.digest.is_empty() {
+            progress.set_digest(&self.digest);
+        }
         match self.failure_line() {
             Some(line) => {
                 progress.set_error(&line);

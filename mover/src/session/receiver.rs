@@ -22,8 +22,9 @@ use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX, Summar
 use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
+use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::progress::{Phase, Progress};
-use crate::tree::{CommitError, Kind, NonEmptyDir, Placed, Replace};
+use crate::tree::{CommitError, Kind, Meta, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
@@ -90,6 +91,10 @@ pub enum ReceiveError {
     Join(#[from] tokio::task::JoinError),
     #[error("block store")]
     Cas(#[from] CasError),
+    #[error("failed to compute the transfer digest (its sort files are kept in .ferry-staging/)")]
+    Digest(#[source] std::io::Error),
+    #[error(transparent)]
+    ReadBack(#[from] HashError),
 }
 
 fn proto(msg: impl Into<String>) -> ReceiveError {
@@ -200,6 +205,9 @@ struct LargeState {
     need: Vec<bool>,
     /// Blocks claimed but not yet verified and written.
     remaining: u64,
+    /// BLAKE3 of every block verified and written (from the wire, the block store or an
+    /// earlier run): the file's content hash for the digest.
+    hashes: Vec<Hash>,
 }
 
 struct Shared {
@@ -223,6 +231,16 @@ struct Shared {
     /// The first [`MAX_REPORTED_FAILURES`] messages of entries left out (counted in
     /// `progress.failed`).
     failures: Mutex<Vec<String>>,
+    /// The digest's `tree` part: what was committed, recorded in any order, sorted at the end
+    /// (taken when the digest is computed).
+    tree: Mutex<Option<SortedTree>>,
+    /// The digest's `dirs` and `links` parts, in the order DirDone frames and hard links come.
+    dirs: Mutex<DirList>,
+    links: Mutex<LinkList>,
+    /// Reads the destination files left unchanged, for the digest.
+    pool: Arc<HashPool>,
+    /// This session's digest once computed (at Finish).
+    digest: Mutex<Option<Hash>>,
 }
 
 impl Shared {
@@ -251,6 +269,115 @@ impl Shared {
     fn failures(&self) -> Vec<String> {
         self.failures.lock().map(|f| f.clone()).unwrap_or_default()
     }
+
+    fn record_leaf(&self, path: &PeerPath, entry: &Hash) -> Result<(), ReceiveError> {
+        let mut t = self.tree.lock().map_err(|_| proto("state poisoned"))?;
+        match t.as_mut() {
+            Some(t) => t
+                .add_leaf(path.as_str().as_bytes(), entry)
+                .map_err(ReceiveError::Digest),
+            None => Err(proto("entry after the digest was computed")),
+        }
+    }
+
+    /// A file as committed (`meta` read back from the filesystem) with its content hash.
+    fn record_file(
+        &self,
+        path: &PeerPath,
+        meta: &Meta,
+        content: &Hash,
+    ) -> Result<(), ReceiveError> {
+        let entry = digest::file_entry(
+            meta.size,
+            meta.mode,
+            (meta.mtime_sec, meta.mtime_nsec),
+            content,
+        );
+        self.record_leaf(path, &entry)
+    }
+
+    fn record_dir(&self, path: &PeerPath) -> Result<(), ReceiveError> {
+        let mut t = self.tree.lock().map_err(|_| proto("state poisoned"))?;
+        match t.as_mut() {
+            Some(t) => t
+                .add_dir(path.as_str().as_bytes())
+                .map_err(ReceiveError::Digest),
+            None => Err(proto("entry after the digest was computed")),
+        }
+    }
+
+    /// Waits for the readers of unchanged files, sorts the tree records and combines the three
+    /// parts (blocking: reads the spill files).
+    fn compute_digest(&self) -> Result<Hash, ReceiveError> {
+        self.pool.finish()?;
+        let tree = self
+            .tree
+            .lock()
+            .map_err(|_| proto("state poisoned"))?
+            .take()
+            .ok_or_else(|| proto("digest computed twice"))?;
+        let root = tree.finish().map_err(ReceiveError::Digest)?;
+        let dirs = self
+            .dirs
+            .lock()
+            .map_err(|_| proto("state poisoned"))?
+            .finish();
+        let links = self
+            .links
+            .lock()
+            .map_err(|_| proto("state poisoned"))?
+            .finish();
+        let d = digest::transfer_digest(&root, &dirs, &links);
+        if let Ok(mut slot) = self.digest.lock() {
+            *slot = Some(d);
+        }
+        Ok(d)
+    }
+}
+
+/// A destination file the receiver left unchanged: its metadata and content as they are at
+/// the destination go into the digest. `content` is known when `--checksum` already read it;
+/// otherwise the file is read by the digest pool, off the Want path.
+fn record_unchanged(
+    sh: &Arc<Shared>,
+    path: &PeerPath,
+    content: Option<Hash>,
+) -> Result<(), ReceiveError> {
+    if let Some(content) = content {
+        let f = sh.dest.open_read(path.as_str())?;
+        let meta = fstat_meta(&f).map_err(|e| HashError::new(path.to_string(), e))?;
+        return sh.record_file(path, &meta, &content);
+    }
+    let (s, p) = (sh.clone(), path.clone());
+    sh.pool.blocking_submit(move || {
+        let shown = || p.to_string();
+        let mut f = s
+            .dest
+            .open_read(p.as_str())
+            .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))?;
+        let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
+        let read = READ_BUF
+            .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, false))
+            .map_err(|e| HashError::new(shown(), e))?;
+        if read.len != meta.size {
+            return Err(HashError::new(
+                shown(),
+                std::io::Error::other("it changed size while it was read"),
+            ));
+        }
+        s.record_file(&p, &meta, &read.content)
+            .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))
+    })?;
+    Ok(())
+}
+
+thread_local! {
+    /// Read buffer of each digest pool thread.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn fstat_meta(f: &std::fs::File) -> std::io::Result<Meta> {
+    Ok(Meta::from_stat(&rustix::fs::fstat(f)?))
 }
 
 /// `msg` cut to [`MAX_FAILURE_MESSAGE`] bytes at a character boundary.
@@ -320,6 +447,11 @@ where
         Ok::<_, ReceiveError>((dest, staging, dedup))
     })
     .await??;
+    // The digest's sort runs go to anonymous files in the staging directory (on the destination
+    // volume, removed with their last handle).
+    let spill_dir = staging.dir().clone();
+    let spill: digest::SpillFn =
+        Box::new(move || digest::anonymous_file_in(std::os::fd::AsFd::as_fd(&*spill_dir)));
     let shared = Arc::new(Shared {
         dest,
         staging,
@@ -333,6 +465,11 @@ where
         write_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         deleted: AtomicU64::new(0),
         failures: Mutex::new(Vec::new()),
+        tree: Mutex::new(Some(SortedTree::new(spill))),
+        dirs: Mutex::new(DirList::default()),
+        links: Mutex::new(LinkList::default()),
+        pool: Arc::new(HashPool::per_core()),
+        digest: Mutex::new(None),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -373,11 +510,18 @@ where
                 deleted: shared.deleted.load(Ordering::Relaxed),
                 failed: p.failed,
                 failures: shared.failures(),
+                digest: shared
+                    .digest
+                    .lock()
+                    .ok()
+                    .and_then(|d| d.map(|d| digest::hex(&d)))
+                    .unwrap_or_default(),
             };
             summary.set_outcome(&progress);
             Ok(summary)
         }
         Err(e) => {
+            shared.pool.cancel();
             progress.set_error(&e.to_string());
             progress.set_phase(Phase::Failed);
             Err(e)
@@ -537,6 +681,8 @@ where
             });
         }
     }
+    let sh = shared.clone();
+    let digest = tokio::task::spawn_blocking(move || sh.compute_digest()).await??;
     let p = shared.progress.snapshot();
     let d = shared
         .dedup
@@ -555,6 +701,7 @@ where
             deleted: shared.deleted.load(Ordering::Relaxed),
             failed: p.failed,
             failures: shared.failures(),
+            digest: digest.to_vec(),
         }))
         .await?;
     writer.flush().await?;
@@ -565,7 +712,7 @@ fn mtime_of(e: &pb::Entry) -> (i64, u32) {
     (e.mtime_sec, e.mtime_nsec.min(999_999_999))
 }
 
-fn handle_offer(sh: &Shared, offer: pb::Offer) -> Result<pb::Want, ReceiveError> {
+fn handle_offer(sh: &Arc<Shared>, offer: pb::Offer) -> Result<pb::Want, ReceiveError> {
     if offer.entries.len() > MAX_OFFER_ENTRIES {
         return Err(proto(format!(
             "offer with {} entries (max {MAX_OFFER_ENTRIES})",
@@ -593,7 +740,7 @@ fn skip() -> pb::EntryWant {
 }
 
 fn handle_entry(
-    sh: &Shared,
+    sh: &Arc<Shared>,
     e: pb::Entry,
     last_parent: &mut Option<String>,
 ) -> Result<pb::EntryWant, ReceiveError> {
@@ -602,6 +749,7 @@ fn handle_entry(
     match kind {
         pb::EntryKind::Dir => {
             sh.dest.create_dirs(path.as_str())?;
+            sh.record_dir(&path)?;
             Ok(skip())
         }
         pb::EntryKind::Symlink => {
@@ -615,6 +763,10 @@ fn handle_entry(
             let made = sh.dest.symlink(&path, &e.target, mtime_of(&e));
             if let Some(placed) = tolerate_refusal(sh, made)? {
                 sh.count_placed(&path, placed);
+                // The digest describes the link as it is now, read back.
+                let (m, target) = sh.dest.read_symlink(&path)?;
+                let entry = digest::symlink_entry(m.mode, (m.mtime_sec, m.mtime_nsec), &target);
+                sh.record_leaf(&path, &entry)?;
             }
             Ok(skip())
         }
@@ -650,9 +802,32 @@ fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), Rece
         return Ok(());
     }
     let linked = sh.dest.hardlink(path, target);
-    if let Some(Some(placed)) = tolerate_refusal(sh, linked)? {
+    let Some(placed) = tolerate_refusal(sh, linked)? else {
+        return Ok(());
+    };
+    if let Some(placed) = placed {
         sh.count_placed(path, placed);
     }
+    // The digest describes the link as it is now: one inode with its target, and that inode's
+    // metadata (an empty target if they are not one inode).
+    let at_path = sh.dest.lookup(path)?;
+    let at_target = sh.dest.lookup(target)?;
+    let (mode, mtime, joined) = match (at_path, at_target) {
+        (Some(a), Some(b)) => (
+            a.mode,
+            (a.mtime_sec, a.mtime_nsec),
+            a.dev == b.dev && a.ino == b.ino,
+        ),
+        (Some(a), None) => (a.mode, (a.mtime_sec, a.mtime_nsec), false),
+        _ => (0, (0, 0), false),
+    };
+    let shown_target = if joined { target.as_str() } else { "" };
+    sh.links.lock().map_err(|_| proto("state poisoned"))?.add(
+        path.as_str().as_bytes(),
+        shown_target.as_bytes(),
+        mode,
+        mtime,
+    );
     Ok(())
 }
 
@@ -691,7 +866,11 @@ fn tolerate_refusal<T>(sh: &Shared, r: Result<T, DestError>) -> Result<Option<T>
     }
 }
 
-fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWant, ReceiveError> {
+fn offer_file(
+    sh: &Arc<Shared>,
+    path: PeerPath,
+    e: &pb::Entry,
+) -> Result<pb::EntryWant, ReceiveError> {
     let meta = FileMeta {
         path: path.clone(),
         size: e.size,
@@ -711,21 +890,29 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
     if refuse_over_dir(sh, &path, existing, "a file")? {
         return Ok(skip());
     }
-    if let Existing::File { size, mtime } = existing
+    if let Existing::File { size, mtime, mode } = existing
         && size == e.size
     {
-        let same = if sh.caps & caps::CHECKSUM != 0 && e.checksum.len() == 32 {
-            hash_existing(sh, &path)? == e.checksum.as_slice()
+        let (same, content) = if sh.caps & caps::CHECKSUM != 0 && e.checksum.len() == 32 {
+            let read = hash_existing(sh, &path)?;
+            let same = read
+                .whole
+                .is_some_and(|w| w.as_slice() == e.checksum.as_slice());
+            (same, Some(read.content))
         } else {
-            mtime == meta.mtime
+            (mtime == meta.mtime, None)
         };
         if same {
-            if mtime != meta.mtime {
-                let f = sh.dest.open_file(path.as_str())?;
+            // Unchanged content; metadata that differs (a touched or chmod-ed source) is
+            // applied, so the destination matches what the digest describes.
+            if mtime != meta.mtime || mode != meta.mode & 0o777 {
+                // Read-only is enough for fchmod/futimens, and works on a read-only file.
+                let f = sh.dest.open_read(path.as_str())?;
                 let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
                 sh.dest.apply_meta(&f, path.as_str(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
+            record_unchanged(sh, &path, content)?;
             return Ok(skip());
         }
     }
@@ -765,6 +952,7 @@ fn offer_file(sh: &Shared, path: PeerPath, e: &pb::Entry) -> Result<pb::EntryWan
             staging: resumed.staging,
             need: resumed.need,
             remaining,
+            hashes: resumed.hashes,
         }),
     });
     if remaining == 0 {
@@ -796,15 +984,13 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
     Ok(())
 }
 
-fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<Vec<u8>, ReceiveError> {
-    let mut f = sh.dest.open_file(path.as_str())?;
-    let mut h = blake3::Hasher::new();
-    h.update_reader(&mut f)
-        .map_err(|source| ReceiveError::Write {
-            path: path.to_string(),
-            source,
-        })?;
-    Ok(h.finalize().as_bytes().to_vec())
+/// Reads a destination file once for `--checksum`: its whole-file BLAKE3 and its digest
+/// content hash.
+fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
+    let mut f = sh.dest.open_read(path.as_str())?;
+    Ok(READ_BUF
+        .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, true))
+        .map_err(|e| HashError::new(path.to_string(), e))?)
 }
 
 /// Files in one Batch below which splitting the writes over threads does not pay.
@@ -895,18 +1081,24 @@ fn write_batch_files(
             )?;
             &buf
         };
-        if blake3::hash(content).as_bytes().as_slice() != bf.hash.as_slice() {
+        let hash = blake3::hash(content);
+        if hash.as_bytes().as_slice() != bf.hash.as_slice() {
             return Err(ReceiveError::HashMismatch {
                 path: meta.path.to_string(),
                 index: 0,
             });
         }
-        write_small(sh, meta, content)?;
+        write_small(sh, meta, content, hash.as_bytes())?;
     }
     Ok(())
 }
 
-fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), ReceiveError> {
+fn write_small(
+    sh: &Shared,
+    meta: &FileMeta,
+    content: &[u8],
+    hash: &Hash,
+) -> Result<(), ReceiveError> {
     let staged = sh.dest.stage(&meta.path, meta.mode)?;
     staged
         .write_at(0, content)
@@ -916,7 +1108,7 @@ fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), Recei
         })?;
     let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
     // Dropping an uncommitted StagedFile removes its temporary file.
-    let placed = match staged.commit(&m, sh.sync, sh.dest.replace()) {
+    let (placed, committed) = match staged.commit_and_stat(&m, sh.sync, sh.dest.replace()) {
         Ok(placed) => placed,
         // Checked when offered; the directory was filled since. Leave the file out.
         Err(CommitError::NonEmptyDir(refused)) => {
@@ -931,6 +1123,12 @@ fn write_small(sh: &Shared, meta: &FileMeta, content: &[u8]) -> Result<(), Recei
         }
     };
     sh.count_placed(&meta.path, placed);
+    // Content as hashed on its way to disk, metadata as the filesystem recorded it.
+    sh.record_file(
+        &meta.path,
+        &committed,
+        &digest::content_hash_single(meta.size, hash),
+    )?;
     sh.progress.add(&sh.progress.files_done, 1);
     sh.progress.add(&sh.progress.bytes_done, meta.size);
     Ok(())
@@ -1021,6 +1219,9 @@ fn handle_block(
     let finished = {
         let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
         st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
+        if let Some(slot) = st.hashes.get_mut(h.index as usize) {
+            *slot = *hash.as_bytes();
+        }
         st.remaining -= 1;
         st.remaining == 0
     };
@@ -1131,6 +1332,10 @@ fn handle_announce(
                         path: path.clone(),
                         source,
                     })?;
+                // The store verified the bytes it wrote against this hash.
+                if let Some(slot) = st.hashes.get_mut(b.index as usize) {
+                    *slot = *b.hash.as_bytes();
+                }
                 st.remaining -= 1;
                 taken += block_len(lf.meta.size, b.index);
                 taken_blocks += 1;
@@ -1176,6 +1381,11 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
         return Ok(false);
     };
     sh.count_placed(&lf.meta.path, placed);
+    let committed = fstat_meta(&st.staging.data).map_err(|source| ReceiveError::Write {
+        path: path.to_owned(),
+        source,
+    })?;
+    sh.record_file(&lf.meta.path, &committed, &digest::content_hash(&st.hashes))?;
     sh.staging.finish_large(&st.staging);
     Ok(true)
 }
@@ -1209,7 +1419,19 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
     }
     let mtime = mtime_of(&dir);
     match rel {
-        Some(p) => sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?,
+        Some(p) => {
+            sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?;
+            // The digest's `dirs` list, read back, in the order DirDone frames come.
+            let (mode, mtime) = match sh.dest.lookup(&p)? {
+                Some(m) => (m.mode, (m.mtime_sec, m.mtime_nsec)),
+                None => (0, (0, 0)),
+            };
+            sh.dirs.lock().map_err(|_| proto("state poisoned"))?.add(
+                p.as_str().as_bytes(),
+                mode,
+                mtime,
+            );
+        }
         None => {
             if let Ok(mut m) = sh.root_meta.lock() {
                 *m = Some((dir.mode, mtime));

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::SMALL_FILE_MAX;
 use super::relpath::STAGING_DIR;
+use crate::digest::{self, TreeBuilder};
 use crate::progress::Progress;
 use crate::tree::{self, DirFd, Kind, Meta, RelPath, Scanner};
 
@@ -85,12 +86,23 @@ fn rel_string(rel: &Path) -> Result<String, ScanError> {
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
 /// stat and open is relative to its directory's handle (the engine's [`Scanner`]), so a file
 /// costs no path walk.
+///
+/// Feeds the digest's `tree`: directories and symlinks as they are met; files as expected
+/// entries whose content hash comes later, unless `checksum` (then the walk reads each file
+/// anyway and computes both hashes in that one read). Hard links are not part of the tree.
 pub fn scan(
     root: &Path,
     checksum: bool,
     tx: mpsc::Sender<Vec<pb::Entry>>,
     progress: Arc<Progress>,
+    tree: &std::sync::Mutex<TreeBuilder>,
 ) -> Result<Vec<pb::Entry>, ScanError> {
+    let with_tree = |f: &mut dyn FnMut(&mut TreeBuilder)| {
+        if let Ok(mut t) = tree.lock() {
+            f(&mut t);
+        }
+    };
+    let mut read_buf = Vec::new();
     let mut group: Vec<pb::Entry> = Vec::new();
     let mut group_bytes = 0u64;
     let mut hardlinks = Vec::new();
@@ -111,17 +123,27 @@ pub fn scan(
         // A source that cannot be read completely cannot be transferred faithfully: stop.
         let entry = match event.map_err(|e| walk_error(root, e))? {
             tree::ScanEvent::Entry(entry) => entry,
-            tree::ScanEvent::DirDone { .. } => continue,
+            tree::ScanEvent::DirDone { rel, .. } => {
+                let path = rel.as_ref().map(RelPath::as_bytes).unwrap_or_default();
+                with_tree(&mut |t| t.close_dir(path));
+                continue;
+            }
         };
         let rel = utf8(root, &entry.rel)?;
         let m = &entry.meta;
         match m.kind {
-            Kind::Dir => group.push(entry_of(rel, m, pb::EntryKind::Dir)),
+            Kind::Dir => {
+                with_tree(&mut |t| t.open_dir(rel.as_bytes()));
+                group.push(entry_of(rel, m, pb::EntryKind::Dir));
+            }
             Kind::Symlink => {
                 let target = entry.link_target.unwrap_or_default();
                 let mut e = entry_of(rel, m, pb::EntryKind::Symlink);
                 e.target = String::from_utf8(target)
                     .map_err(|_| ScanError::NotUtf8(root.join(&e.path)))?;
+                let h =
+                    digest::symlink_entry(e.mode, (e.mtime_sec, e.mtime_nsec), e.target.as_bytes());
+                with_tree(&mut |t| t.add(e.path.as_bytes(), h));
                 group.push(e);
             }
             Kind::File => {
@@ -137,9 +159,18 @@ pub fn scan(
                 if checksum {
                     let abs = root.join(&e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
-                    let mut h = blake3::Hasher::new();
-                    h.update_reader(&mut f).map_err(io(&abs))?;
-                    e.checksum = h.finalize().as_bytes().to_vec();
+                    let read =
+                        digest::hash_reader(&mut f, &mut read_buf, true).map_err(io(&abs))?;
+                    e.checksum = read.whole.map(|w| w.to_vec()).unwrap_or_default();
+                    let h = digest::file_entry(
+                        e.size,
+                        e.mode,
+                        (e.mtime_sec, e.mtime_nsec),
+                        &read.content,
+                    );
+                    with_tree(&mut |t| t.add(e.path.as_bytes(), h));
+                } else {
+                    with_tree(&mut |t| t.expect(e.path.as_bytes()));
                 }
                 progress.add(&progress.files_total, 1);
                 progress.add(&progress.bytes_total, m.size);
@@ -194,6 +225,8 @@ const MAX_LISTING_BYTES: usize = 12 * 1024 * 1024;
 
 /// Walks the directories again (after the data) and sends each one's final metadata and, for
 /// `--delete`, the names it holds. Root first is fine: every DirDone deletes then sets metadata.
+/// Subdirectories are visited in name order, so the DirDone frames travel in path order (the
+/// digest's `dirs` list is hashed in that order on both ends).
 pub fn walk_dirs(
     root: &Path,
     with_names: bool,
@@ -204,6 +237,7 @@ pub fn walk_dirs(
         let abs = root.join(&rel);
         let md = std::fs::symlink_metadata(&abs).map_err(io(&abs))?;
         let mut names = Vec::new();
+        let mut subdirs = Vec::new();
         let mut listing_bytes = 0usize;
         for ent in std::fs::read_dir(&abs).map_err(io(&abs))? {
             let ent = ent.map_err(io(&abs))?;
@@ -213,7 +247,7 @@ pub fn walk_dirs(
             }
             let ft = ent.file_type().map_err(io(&abs))?;
             if ft.is_dir() {
-                stack.push(rel.join(&name));
+                subdirs.push(name.clone());
             }
             if with_names && listing_bytes <= MAX_LISTING_BYTES {
                 let n = name
@@ -224,6 +258,9 @@ pub fn walk_dirs(
                 names.push(n);
             }
         }
+        // Popped last first: pushed in reverse name order, visited in name order.
+        subdirs.sort_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
+        stack.extend(subdirs.into_iter().map(|n| rel.join(n)));
         let complete = with_names && listing_bytes <= MAX_LISTING_BYTES;
         if !complete {
             names.clear();

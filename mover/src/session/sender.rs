@@ -23,6 +23,7 @@ use super::scan::{self, ScanError, open_source};
 use super::staging::block_len;
 use super::{SMALL_FILE_MAX, Summary, Timeouts};
 use crate::cas::dedup::DedupSender;
+use crate::digest::{self, BlockHashes, DirList, Hash, HashError, HashPool, LinkList, TreeBuilder};
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, RelPath, Resolve};
@@ -62,6 +63,22 @@ pub enum SendError {
     },
     #[error("source file {0} changed size during the transfer")]
     Changed(PathBuf),
+    #[error(transparent)]
+    Digest(#[from] HashError),
+    #[error(
+        "transfer digests differ: sender {sender}, receiver {receiver}; the destination does not \
+         hold what the source holds (a destination file changed without changing its size and \
+         mtime, or the source changed during the transfer; rerun, with --checksum for the former)"
+    )]
+    DigestMismatch { sender: String, receiver: String },
+    #[error(
+        "the receiver sent no transfer digest (it is older than this sender), so the transfer cannot be verified"
+    )]
+    NoPeerDigest,
+    #[error("the receiver sent a malformed transfer digest ({0} bytes)")]
+    BadPeerDigest(usize),
+    #[error("internal error: the transfer digest is incomplete")]
+    DigestIncomplete,
     #[error("internal channel closed")]
     Channel,
     #[error("a blocking task failed")]
@@ -86,6 +103,37 @@ struct BlockJob {
     path: Arc<PathBuf>,
     index: u64,
     len: u64,
+    /// The file's digest state (absent when the walk hashed the file already).
+    digest: Option<Arc<FileDigest>>,
+}
+
+/// A large file's block hashes, collected for the digest from every block as it is read (sent,
+/// announced, or read for the digest only because the receiver had it already).
+struct FileDigest {
+    entry: pb::Entry,
+    blocks: std::sync::Mutex<BlockHashes>,
+}
+
+impl FileDigest {
+    fn new(e: &pb::Entry) -> Arc<Self> {
+        Arc::new(Self {
+            entry: digest_entry(e),
+            blocks: std::sync::Mutex::new(BlockHashes::new(e.size.div_ceil(BLOCK_SIZE as u64))),
+        })
+    }
+}
+
+/// What the digest needs of an offered entry (no checksum, no target).
+fn digest_entry(e: &pb::Entry) -> pb::Entry {
+    pb::Entry {
+        path: e.path.clone(),
+        kind: e.kind,
+        mode: e.mode,
+        mtime_sec: e.mtime_sec,
+        mtime_nsec: e.mtime_nsec,
+        size: e.size,
+        ..Default::default()
+    }
 }
 
 struct Ctx {
@@ -98,6 +146,38 @@ struct Ctx {
     work: Mutex<mpsc::Receiver<Vec<pb::Entry>>>,
     blocks: Mutex<mpsc::Receiver<BlockJob>>,
     next_offer: AtomicU64,
+    /// The digest's Merkle tree, fed by the walk and by every file whose content was hashed.
+    tree: Arc<std::sync::Mutex<TreeBuilder>>,
+    /// Reads what the receiver did not need (unchanged files, resumed blocks) for the digest.
+    pool: Arc<HashPool>,
+    /// With `--checksum` the walk reads every file, so it computes the content hash too.
+    content_in_scan: bool,
+}
+
+impl Ctx {
+    /// A file's content hash is known: its entry goes into the tree.
+    fn file_digested(&self, e: &pb::Entry, content: &Hash) {
+        let entry = digest::file_entry(e.size, e.mode, (e.mtime_sec, e.mtime_nsec), content);
+        if let Ok(mut t) = self.tree.lock() {
+            t.fulfil(e.path.as_bytes(), entry);
+        }
+    }
+
+    fn block_digested(&self, fd: &FileDigest, index: u64, hash: Hash) {
+        let done = fd.blocks.lock().ok().and_then(|mut b| b.set(index, hash));
+        if let Some(content) = done {
+            self.file_digested(&fd.entry, &content);
+        }
+    }
+}
+
+/// Stops the digest readers when the session ends early.
+struct CancelOnDrop(Arc<HashPool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 type Reader<S> = FrameReader<ReadHalf<S>>;
@@ -183,6 +263,10 @@ where
         path: cfg.root.clone(),
         source,
     })?;
+    let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
+    let tree = Arc::new(std::sync::Mutex::new(TreeBuilder::new()));
+    let pool = Arc::new(HashPool::per_core());
+    let _cancel = CancelOnDrop(pool.clone());
     let ctx = Arc::new(Ctx {
         root: cfg.root.clone(),
         src: Arc::new(src.into()),
@@ -192,11 +276,14 @@ where
         work: Mutex::new(work_rx),
         blocks: Mutex::new(block_rx),
         next_offer: AtomicU64::new(1),
+        tree: tree.clone(),
+        pool,
+        content_in_scan: checksum,
     });
     let root = cfg.root.clone();
-    let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
     let p = progress.clone();
-    let scanner = tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p));
+    let scanner =
+        tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p, &tree));
 
     let mut futs = Vec::new();
     for (reader, writer, dedup) in halves {
@@ -214,7 +301,7 @@ where
     let hardlinks = scanner.await??;
 
     let (mut reader, mut writer) = ends.swap_remove(0);
-    finish(cfg, &ctx, &mut reader, &mut writer, hardlinks, negotiated).await?;
+    let (dirs, links) = finish(cfg, &ctx, &mut reader, &mut writer, hardlinks, negotiated).await?;
     let summary = match reader.expect().await? {
         Message::Summary(s) => s,
         Message::Error(e) => return Err(SendError::Peer(e.message)),
@@ -229,6 +316,13 @@ where
     writer.shutdown().await;
     for (_, mut w) in ends {
         w.shutdown().await;
+    }
+    let ours = sender_digest(&ctx, &dirs, &links).await?;
+    let hex = digest::hex(&ours);
+    progress.set_digest(&hex);
+    // With entries left out the digests differ by construction; the failures say why.
+    if summary.failed == 0 {
+        check_peer_digest(&ours, &summary.digest)?;
     }
     progress.files_done.store(summary.files, Ordering::Relaxed);
     progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
@@ -249,6 +343,7 @@ where
         dedup_bytes: summary.dedup_bytes,
         deleted: summary.deleted,
         failed: summary.failed,
+        digest: hex,
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
@@ -258,19 +353,61 @@ where
     })
 }
 
-/// Final phase on stream 0: hard links, directory metadata (and delete listings), Finish.
+/// The sender's digest once every file was hashed: the walk's tree, and the directory and hard
+/// link lists as they were sent.
+async fn sender_digest(ctx: &Arc<Ctx>, dirs: &Hash, links: &Hash) -> Result<Hash, SendError> {
+    let pool = ctx.pool.clone();
+    tokio::task::spawn_blocking(move || pool.finish()).await??;
+    let root = ctx
+        .tree
+        .lock()
+        .ok()
+        .and_then(|t| t.root())
+        .ok_or(SendError::DigestIncomplete)?;
+    Ok(digest::transfer_digest(&root, dirs, links))
+}
+
+/// Compares the receiver's digest (from its Summary) with ours.
+fn check_peer_digest(ours: &Hash, theirs: &[u8]) -> Result<(), SendError> {
+    if theirs.is_empty() {
+        return Err(SendError::NoPeerDigest);
+    }
+    let theirs: Hash = theirs
+        .try_into()
+        .map_err(|_| SendError::BadPeerDigest(theirs.len()))?;
+    if &theirs != ours {
+        return Err(SendError::DigestMismatch {
+            sender: digest::hex(ours),
+            receiver: digest::hex(&theirs),
+        });
+    }
+    Ok(())
+}
+
+/// Final phase on stream 0: hard links (in path order), directory metadata (and delete
+/// listings), Finish. Returns the digest's `dirs` and `links` parts as sent.
 async fn finish<S>(
     cfg: &SenderConfig,
     ctx: &Ctx,
     reader: &mut Reader<S>,
     writer: &mut Writer<S>,
-    hardlinks: Vec<pb::Entry>,
+    mut hardlinks: Vec<pb::Entry>,
     negotiated: u64,
-) -> Result<(), SendError>
+) -> Result<(Hash, Hash), SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     ctx.progress.set_phase(Phase::Finishing);
+    hardlinks.sort_by(|a, b| digest::path_order(a.path.as_bytes(), b.path.as_bytes()));
+    let mut links = LinkList::default();
+    for h in &hardlinks {
+        links.add(
+            h.path.as_bytes(),
+            h.target.as_bytes(),
+            h.mode,
+            (h.mtime_sec, h.mtime_nsec),
+        );
+    }
     for chunk in hardlinks.chunks(super::MAX_OFFER_ENTRIES) {
         let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
         writer
@@ -286,13 +423,23 @@ where
     let root = cfg.root.clone();
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
     let walker = tokio::task::spawn_blocking(move || scan::walk_dirs(&root, with_names, tx));
+    let mut dirs = DirList::default();
     while let Some(d) = rx.recv().await {
+        if let Some(dir) = &d.dir
+            && !dir.path.is_empty()
+        {
+            dirs.add(
+                dir.path.as_bytes(),
+                dir.mode,
+                (dir.mtime_sec, dir.mtime_nsec),
+            );
+        }
         writer.send(&Message::DirDone(d)).await?;
     }
     walker.await??;
     writer.send(&Message::Finish).await?;
     writer.flush().await?;
-    Ok(())
+    Ok((dirs.finish(), links.finish()))
 }
 
 async fn read_want<R: AsyncRead + Unpin>(
@@ -372,6 +519,7 @@ struct Announced {
     file_id: u64,
     path: Arc<PathBuf>,
     indexes: Vec<u64>,
+    digest: Option<Arc<FileDigest>>,
 }
 
 /// Reads this stream's replies in order: a Want for each Offer, a NeedBlocks for each
@@ -461,6 +609,7 @@ where
                             path: a.path.clone(),
                             index,
                             len: BLOCK_SIZE as u64,
+                            digest: a.digest.clone(),
                         };
                         block_tx.send(job).await.map_err(|_| SendError::Channel)?;
                     } else {
@@ -504,8 +653,17 @@ async fn handle_want(
         )));
     }
     let mut small = Vec::new();
+    // Files the receiver did not ask for are still part of the digest: read them off the
+    // critical path.
+    let mut unchanged = UnchangedFiles::default();
     for (e, w) in entries.into_iter().zip(want.entries) {
-        if w.skip || e.kind != pb::EntryKind::File as i32 {
+        if e.kind != pb::EntryKind::File as i32 {
+            continue;
+        }
+        if w.skip {
+            if !ctx.content_in_scan {
+                unchanged.push(ctx, e).await?;
+            }
             continue;
         }
         if e.size <= SMALL_FILE_MAX {
@@ -514,13 +672,16 @@ async fn handle_want(
         }
         let path = Arc::new(ctx.root.join(&e.path));
         let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
+        let fd = (!ctx.content_in_scan).then(|| FileDigest::new(&e));
         let mut to_announce = Vec::new();
+        let mut resumed = Vec::new();
         for index in 0..nblocks {
             let needed = w.need_blocks.is_empty()
                 || w.need_blocks
                     .get((index / 8) as usize)
                     .is_some_and(|b| b & (1 << (index % 8)) != 0);
             if !needed {
+                resumed.push(index);
                 continue;
             }
             let len = block_len(e.size, index);
@@ -533,8 +694,17 @@ async fn handle_want(
                 path: path.clone(),
                 index,
                 len,
+                digest: fd.clone(),
             };
             block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+        }
+        if let Some(fd) = &fd
+            && !resumed.is_empty()
+        {
+            let (c, fd, p) = (ctx.clone(), fd.clone(), path.clone());
+            ctx.pool
+                .submit(move || hash_source_blocks(&c, &fd, &p, &resumed))
+                .await?;
         }
         if let Some(dedup) = dedup {
             for chunk in to_announce.chunks(ANNOUNCE_CHUNK) {
@@ -543,8 +713,14 @@ async fn handle_want(
                     msg,
                     indexes,
                     zeros,
+                    hashes,
                 } = tokio::task::spawn_blocking(move || build_announce(&p, &d, w.file_id, c))
                     .await??;
+                if let Some(fd) = &fd {
+                    for (index, hash) in hashes {
+                        ctx.block_digested(fd, index, hash);
+                    }
+                }
                 // All-zero blocks cost nothing on the wire: send them, do not announce them.
                 for index in zeros {
                     let job = BlockJob {
@@ -552,6 +728,7 @@ async fn handle_want(
                         path: path.clone(),
                         index,
                         len: BLOCK_SIZE as u64,
+                        digest: fd.clone(),
                     };
                     block_tx.send(job).await.map_err(|_| SendError::Channel)?;
                 }
@@ -560,12 +737,14 @@ async fn handle_want(
                         file_id: w.file_id,
                         path: path.clone(),
                         indexes,
+                        digest: fd.clone(),
                     });
                     out.send(msg).await.map_err(|_| SendError::Channel)?;
                 }
             }
         }
     }
+    unchanged.flush(ctx).await?;
     if !small.is_empty() {
         let c = ctx.clone();
         let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
@@ -583,6 +762,8 @@ struct AnnounceChunk {
     indexes: Vec<u64>,
     /// All-zero blocks: sent as (free) Block frames instead of announced.
     zeros: Vec<u64>,
+    /// (index, BLAKE3) of the announced blocks, for the digest.
+    hashes: Vec<(u64, Hash)>,
 }
 
 /// Reads the given full blocks and builds their BlockAnnounce (hash and proof of possession
@@ -620,11 +801,13 @@ fn build_announce(
         ..Default::default()
     };
     let mut zeros = Vec::new();
+    let mut hashes = Vec::new();
     for part in parts {
         for (index, a) in part? {
             match a {
                 None => zeros.push(index),
                 Some(a) => {
+                    hashes.push((index, *a.hash.as_bytes()));
                     msg.indexes.push(index);
                     msg.hashes.push(a.hash.as_bytes().to_vec());
                     msg.proofs.push(a.proof.0.to_vec());
@@ -637,13 +820,103 @@ fn build_announce(
             msg: None,
             indexes: Vec::new(),
             zeros,
+            hashes,
         });
     }
     Ok(AnnounceChunk {
         indexes: msg.indexes.clone(),
         msg: Some(Message::BlockAnnounce(msg)),
         zeros,
+        hashes,
     })
+}
+
+/// Source files the receiver skipped, queued for the digest readers: small ones in groups, each
+/// large one on its own (so several are read at once).
+#[derive(Default)]
+struct UnchangedFiles {
+    small: Vec<pb::Entry>,
+    small_bytes: u64,
+}
+
+impl UnchangedFiles {
+    async fn push(&mut self, ctx: &Arc<Ctx>, e: pb::Entry) -> Result<(), SendError> {
+        if e.size > SMALL_FILE_MAX {
+            let fd = FileDigest::new(&e);
+            let path = ctx.root.join(&e.path);
+            let all: Vec<u64> = (0..e.size.div_ceil(BLOCK_SIZE as u64)).collect();
+            let c = ctx.clone();
+            ctx.pool
+                .submit(move || hash_source_blocks(&c, &fd, &path, &all))
+                .await?;
+            return Ok(());
+        }
+        self.small_bytes += e.size;
+        self.small.push(digest_entry(&e));
+        if self.small.len() >= 1024 || self.small_bytes >= BATCH_BYTES as u64 {
+            self.flush(ctx).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self, ctx: &Arc<Ctx>) -> Result<(), SendError> {
+        if self.small.is_empty() {
+            return Ok(());
+        }
+        let files = std::mem::take(&mut self.small);
+        self.small_bytes = 0;
+        let c = ctx.clone();
+        ctx.pool
+            .submit(move || hash_small_sources(&c, files))
+            .await?;
+        Ok(())
+    }
+}
+
+fn changed_size() -> std::io::Error {
+    std::io::Error::other("it changed size during the transfer")
+}
+
+/// Reads and hashes blocks of a source file for the digest only (the receiver had them).
+fn hash_source_blocks(
+    ctx: &Ctx,
+    fd: &FileDigest,
+    path: &Path,
+    indexes: &[u64],
+) -> Result<(), HashError> {
+    let shown = || path.display().to_string();
+    let f = open_source(path).map_err(|e| HashError::new(shown(), e))?;
+    let mut buf = Vec::new();
+    for &index in indexes {
+        let hash = digest::hash_block_at(&f, fd.entry.size, index, &mut buf).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                HashError::new(shown(), changed_size())
+            } else {
+                HashError::new(shown(), e)
+            }
+        })?;
+        ctx.block_digested(fd, index, hash);
+    }
+    Ok(())
+}
+
+/// Reads and hashes small source files for the digest only (the receiver had them).
+fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError> {
+    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut data = Vec::with_capacity(SMALL_FILE_MAX as usize + 1);
+    for e in files {
+        let shown = || ctx.root.join(&e.path).display().to_string();
+        let f = dirs
+            .open(&e.path)
+            .map_err(|err| HashError::new(shown(), err))?;
+        data.clear();
+        if !read_small_into(&f, e.size, &mut data).map_err(|err| HashError::new(shown(), err))? {
+            return Err(HashError::new(shown(), changed_size()));
+        }
+        let hash = blake3::hash(&data);
+        ctx.file_digested(&e, &digest::content_hash_single(e.size, hash.as_bytes()));
+    }
+    Ok(())
 }
 
 /// Reads wanted small files and packs them into Batch frames of about 4 MiB.
@@ -666,6 +939,9 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
             return Err(SendError::Changed(ctx.root.join(&e.path)));
         }
         let hash = blake3::hash(&data[start..]);
+        if !ctx.content_in_scan {
+            ctx.file_digested(&e, &digest::content_hash_single(e.size, hash.as_bytes()));
+        }
         let codec_id = match ctx.policy.compress(&data[start..]) {
             Some((codec_id, packed)) => {
                 data.truncate(start);
@@ -794,6 +1070,9 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
         return Err(SendError::Changed(path.to_owned()));
     }
     let hash = blake3::hash(&buf);
+    if let Some(fd) = &job.digest {
+        ctx.block_digested(fd, job.index, *hash.as_bytes());
+    }
     ctx.progress.add(&ctx.progress.bytes_done, job.len);
     let (codec_id, data) = if is_zero(&buf) {
         (CODEC_ZERO, Bytes::new())
@@ -868,6 +1147,25 @@ fn frame_len(m: &Message) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_receivers_digest_must_match_ours() {
+        let ours = [1u8; 32];
+        assert!(check_peer_digest(&ours, &ours).is_ok());
+        let err = check_peer_digest(&ours, &[2u8; 32]).expect_err("mismatch");
+        assert!(matches!(err, SendError::DigestMismatch { .. }));
+        let msg = err.to_string();
+        assert!(msg.contains(&digest::hex(&ours)), "{msg}");
+        assert!(msg.contains(&digest::hex(&[2u8; 32])), "{msg}");
+        assert!(matches!(
+            check_peer_digest(&ours, &[]),
+            Err(SendError::NoPeerDigest)
+        ));
+        assert!(matches!(
+            check_peer_digest(&ours, &[1u8; 31]),
+            Err(SendError::BadPeerDigest(31))
+        ));
+    }
 
     #[test]
     fn small_reads_notice_a_size_change_either_way() {

@@ -63,6 +63,8 @@ pub struct Resumed {
     pub staging: LargeStaging,
     /// `true` for every block still needed.
     pub need: Vec<bool>,
+    /// BLAKE3 of each block re-read and verified here (zeros for blocks still needed).
+    pub hashes: Vec<[u8; 32]>,
     pub resumed_bytes: u64,
 }
 
@@ -76,6 +78,11 @@ pub fn block_len(size: u64, index: u64) -> u64 {
 }
 
 impl Staging {
+    /// The staging directory's handle (the receiver's digest spills its sort runs here).
+    pub fn dir(&self) -> &DirFd {
+        &self.dir
+    }
+
     pub fn open(dest: &DestRoot, transfer_id: &str) -> Result<Self, StagingError> {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
         let dir = dest.create_dirs(&rel)?;
@@ -101,6 +108,7 @@ impl Staging {
         let header = manifest_header(path, size, mtime);
         let nblocks = block_count(size) as usize;
         let mut need = vec![true; nblocks];
+        let mut hashes = vec![[0u8; 32]; nblocks];
         let mut resumed_bytes = 0;
 
         if let Some((data, manifest)) = self.try_resume(&part_name, &manifest_name, &header, size) {
@@ -119,6 +127,7 @@ impl Staging {
                     && blake3::hash(&buf[..len]).as_bytes() == &hash
                 {
                     *slot = false;
+                    hashes[index as usize] = hash;
                     resumed_bytes += len as u64;
                 }
             }
@@ -130,6 +139,7 @@ impl Staging {
                     manifest_name,
                 },
                 need,
+                hashes,
                 resumed_bytes,
             });
         }
@@ -160,6 +170,7 @@ impl Staging {
                 manifest_name,
             },
             need,
+            hashes,
             resumed_bytes,
         })
     }

@@ -172,6 +172,8 @@ pub enum FileOpen {
     OpenOrCreate { perm: u32 },
     /// Open an existing file for reading and writing.
     Existing,
+    /// Open an existing file for reading only (works on a file without write permission).
+    Read,
 }
 
 impl DestRoot {
@@ -327,6 +329,7 @@ impl DestRoot {
             }
             FileOpen::OpenOrCreate { perm } => (base | OFlags::RDWR | OFlags::CREATE, perm),
             FileOpen::Existing => (base | OFlags::RDWR, 0),
+            FileOpen::Read => (base | OFlags::RDONLY, 0),
         };
         let fd = openat(dir.as_fd(), name, flags, Mode::from_raw_mode(perm & 0o777))
             .map_err(|e| DestError::io("open file", rel, e))?;
@@ -865,6 +868,23 @@ impl StagedFile {
         sync: bool,
         replace: Replace,
     ) -> Result<Placed, CommitError> {
+        self.place(meta, sync, replace)
+    }
+
+    /// [`StagedFile::commit`], then `fstat` of the published file: its metadata as the
+    /// filesystem recorded it (what a receiver's transfer digest describes).
+    pub fn commit_and_stat(
+        mut self,
+        meta: &Meta,
+        sync: bool,
+        replace: Replace,
+    ) -> Result<(Placed, Meta), CommitError> {
+        let placed = self.place(meta, sync, replace)?;
+        let st = rustix::fs::fstat(&self.file).map_err(|e| CommitError::Io("stat", e.into()))?;
+        Ok((placed, Meta::from_stat(&st)))
+    }
+
+    fn place(&mut self, meta: &Meta, sync: bool, replace: Replace) -> Result<Placed, CommitError> {
         self.policy
             .apply_fd(self.file.as_fd(), meta, Some(self.perm))?;
         if sync {
