@@ -498,6 +498,30 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         && r.phase == PodPhase::Succeeded
         && s.phase == PodPhase::Succeeded
     {
+        let digest = |u: &Option<ProgressUpdate>| {
+            u.as_ref()
+                .map(|u| u.digest.clone())
+                .filter(|d| !d.is_empty())
+        };
+        match (
+            digest(&cx.obs.receiver_progress),
+            digest(&cx.obs.sender_progress),
+        ) {
+            (Some(r), Some(s)) if r != s => {
+                cx.finish(
+                    Phase::Failed,
+                    Reason::DigestMismatch,
+                    &format!(
+                        "the receiver's digest {r} of what it wrote differs from the sender's {s} of the source"
+                    ),
+                );
+                return None;
+            }
+            (Some(r), Some(_)) => cx.st.digest = Some(r),
+            // A mover whose final update was not read (the operator was down meanwhile):
+            // nothing to compare, so no digest is claimed.
+            _ => cx.st.digest = None,
+        }
         if let Some(p) = &mut cx.st.progress {
             p.percent = 100;
             p.display = "100%".into();
@@ -925,6 +949,36 @@ pub(crate) mod tests {
         let again = plan(&t, &o2);
         assert_eq!(again.status, p.status);
         assert!(again.actions.is_empty(), "{:?}", again.actions);
+    }
+
+    #[test]
+    fn success_carries_the_agreed_digest_and_a_disagreement_fails() {
+        let finished = |recv_digest: &str, send_digest: &str| {
+            let mut t = transfer();
+            advance(&mut t, &obs(0));
+            let mut o = obs(5);
+            o.pods = vec![
+                pod(1, 1, MoverRole::Receiver, PodPhase::Succeeded, false),
+                pod(1, 1, MoverRole::Sender, PodPhase::Succeeded, false),
+            ];
+            let update = |d: &str| ProgressUpdate {
+                phase: MoverPhase::Succeeded as i32,
+                digest: d.into(),
+                ..ProgressUpdate::default()
+            };
+            o.receiver_progress = Some(update(recv_digest));
+            o.sender_progress = Some(update(send_digest));
+            plan(&t, &o)
+        };
+        let ok = finished("ab12", "ab12");
+        assert_eq!(ok.status.phase, Phase::Succeeded);
+        assert_eq!(ok.status.digest.as_deref(), Some("ab12"));
+        let bad = finished("ab12", "cd34");
+        assert_eq!(bad.status.phase, Phase::Failed);
+        assert_eq!(cond(&bad, "Failed").reason, "DigestMismatch");
+        let unknown = finished("ab12", "");
+        assert_eq!(unknown.status.phase, Phase::Succeeded);
+        assert_eq!(unknown.status.digest, None);
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub enum Reason {
     RemoteNotSupported,
     Unsupported,
     PodSecurityForbidsHostPath,
+    DigestMismatch,
 }
 
 impl Reason {
@@ -65,6 +66,7 @@ impl Reason {
             Reason::RemoteNotSupported => "RemoteNotSupported",
             Reason::Unsupported => "Unsupported",
             Reason::PodSecurityForbidsHostPath => "PodSecurityForbidsHostPath",
+            Reason::DigestMismatch => "DigestMismatch",
         }
     }
 }

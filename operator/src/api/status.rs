@@ -67,7 +67,8 @@ pub struct TransferStatus {
     pub wire: Option<WireStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<LastError>,
-    /// Reserved for the end-to-end manifest digest both movers compute.
+    /// The end-to-end digest (docs/protocol.md "Transfer digest") both movers reported for the
+    /// finished run: the sender's over the source, the receiver's over what it committed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -229,6 +229,11 @@ async fn host_path_to_host_path_on_two_nodes_succeeds_with_status_and_events() -
         st.sender.as_ref().and_then(|r| r.node.as_deref()),
         Some(NODE_A)
     );
+    let digest = st.digest.clone().context("no digest in status")?;
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{digest}"
+    );
     assert_eq!(assert_same_tree(&src_host, &dst_host)?, 601);
     assert!(
         !dst_host.join(".ferry-staging").exists(),
