@@ -7,6 +7,7 @@
 //! - [`net`]: mutual TLS, certificates and peer identities;
 //! - [`session`]: the sender and receiver state machines over N parallel streams;
 //! - [`digest`]: the end-to-end transfer digest both ends compute and compare;
+//! - [`kind`]: where a failure lies (error kinds, exit status);
 //! - [`progress`]: the gRPC progress service;
 //! - [`cas`]: the per-node content-addressed block store;
 //! - [`report`]: summaries (`--json`) and the TTY progress bar;
@@ -16,6 +17,7 @@ pub mod cas;
 pub mod cli;
 pub mod copy;
 pub mod digest;
+pub mod kind;
 pub mod net;
 pub mod progress;
 pub mod report;

@@ -253,6 +253,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         timeouts: fast_timeouts(),
         sync: false,
         cas: Some(store.clone()),
+        identity: None,
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));

@@ -81,11 +81,30 @@ async fn both_ends_agree_and_the_digest_follows_every_change() {
     // The old destination holds the old byte with the same size and mtime, so the receiver
     // skips the file and its digest describes what it holds: the sender fails, naming both.
     let (addr, recv) = start_receiver(&pki, dst).await;
-    let err = send(&pki, src, addr, &o).await.unwrap_err();
+    let progress = std::sync::Arc::new(ferry_mover::progress::Progress::new(
+        &pki.transfer,
+        "sender",
+    ));
+    let err = send_watched(&pki, src, addr, &o, progress.clone())
+        .await
+        .unwrap_err();
     let r = recv.await.unwrap().expect("the receiver finished its side");
     assert_eq!(r.digest, base, "receiver's digest over what it holds");
     assert!(err.contains("transfer digests differ"), "{err}");
     assert!(err.contains(&byte) && err.contains(&base), "{err}");
+    // The operator sees the failure, where it lies, and the sender's digest.
+    let p = progress.snapshot();
+    assert_eq!(p.phase, ferry_mover::progress::Phase::Failed);
+    assert_eq!(
+        p.error_kind,
+        Some(ferry_mover::kind::ErrorKind::Destination)
+    );
+    assert!(
+        p.last_error.contains("transfer digests differ"),
+        "{}",
+        p.last_error
+    );
+    assert_eq!(p.digest, byte);
     // --checksum compares contents and resends the file.
     let (s, r) = round_trip(&pki, src, dst, &checksum).await;
     assert_eq!(r.files, 1);

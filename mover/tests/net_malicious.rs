@@ -88,6 +88,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         timeouts: fast_timeouts(),
         sync: false,
         cas: None,
+        identity: None,
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -516,6 +517,7 @@ where
         },
         sync: false,
         cas: None,
+        identity: None,
     };
     let started = std::time::Instant::now();
     let recv = tokio::spawn(async move {

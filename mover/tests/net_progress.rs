@@ -69,6 +69,11 @@ async fn watch(pki: &Pki, addr: SocketAddr) -> Vec<ProgressUpdate> {
 fn check(updates: &[ProgressUpdate], role: &str, files: u64, bytes: u64) {
     let last = updates.last().expect("no update");
     assert_eq!(last.phase, Phase::Succeeded as i32, "{role}: {last:?}");
+    assert_eq!(
+        (last.error_kind, last.last_error.as_str()),
+        (0, ""),
+        "{role}"
+    );
     assert_eq!(last.role, role);
     assert_eq!(last.transfer_id, "watched");
     assert_eq!((last.files_done, last.bytes_done), (files, bytes), "{role}");

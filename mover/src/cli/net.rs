@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::kind::ErrorKind;
 use crate::net::{self, Role};
-use crate::progress::{self, Progress};
+use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, Summary, Timeouts};
 
@@ -216,8 +217,16 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
     }
 }
 
-/// Exit status 0 when everything was sent, 1 when the receiver left entries out (the first few
-/// reasons printed), 2 (an error) when the session failed.
+/// A failed session as the user sees it: `ferry-mover: error (<kind>): <message>` on stderr and
+/// the kind's exit status (docs/protocol.md, "Errors").
+fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
+    eprintln!("ferry-mover: error ({kind}): {message}");
+    ExitCode::from(kind.exit_code())
+}
+
+/// Exit status 0 when everything was sent and the digests agree, 1 when the receiver left
+/// entries out (the first few reasons printed), 10-15 by kind when the session failed (the
+/// receiver's reason when it gave one), 2 for failures before the session.
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let files = net::load_files(
         &args.tls.ca,
@@ -243,23 +252,37 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     }
     let progress = Arc::new(Progress::new(&args.tls.transfer, "sender"));
     let rt = runtime()?;
-    let summary = rt.block_on(async {
+    let outcome = rt.block_on(async {
         start_progress_service(&args.tls, &files, progress.clone()).await?;
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
         let mut streams = Vec::new();
         for _ in 0..args.streams {
-            streams.push(net::connect_tls(args.connect, client.clone(), timeouts.handshake).await?);
+            match net::connect_tls(args.connect, client.clone(), timeouts.handshake).await {
+                Ok(s) => streams.push(s),
+                Err(e) => {
+                    let message = session::anyhow_chain(&e);
+                    progress.set_failure(e.kind(), &message);
+                    progress.set_phase(Phase::Failed);
+                    linger(&args.tls, &progress).await;
+                    return anyhow::Ok(Err((e.kind(), message)));
+                }
+            }
         }
         let s = session::send_session(&cfg, streams, progress.clone()).await;
         linger(&args.tls, &progress).await;
-        anyhow::Ok(s?)
+        anyhow::Ok(s.map_err(|e| (e.kind(), session::anyhow_chain(&e))))
     })?;
+    let summary = match outcome {
+        Ok(s) => s,
+        Err((kind, message)) => return Ok(report_failure(kind, &message)),
+    };
     print_summary(args.tls.json, "sent", &summary)?;
     print_failures("sent", &summary);
     Ok(exit_code(&summary))
 }
 
-/// Exit status 1 when a session failed or left entries out (each logged), else 0.
+/// Exit status 0 when every session succeeded, 1 when one left entries out (each logged); with
+/// `--once`, 10-15 by kind when the session failed (the sender was told why).
 pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let files = net::load_files(
         &args.tls.ca,
@@ -288,12 +311,14 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         timeouts: args.tls.timeouts(),
         sync: args.tls.sync,
         cas,
+        identity: Some(files.identity.clone()),
     };
     let progress = Arc::new(Progress::new(&args.tls.transfer, "receiver"));
     let rt = runtime()?;
     let json = args.tls.json;
     let failed = std::cell::Cell::new(false);
-    rt.block_on(async {
+    let transfer_id = args.tls.transfer.clone();
+    let served = rt.block_on(async {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("failed to listen on {}", args.listen))?;
@@ -328,8 +353,15 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         if args.once {
             linger(&args.tls, &progress).await;
         }
-        anyhow::Ok(served?)
+        anyhow::Ok(served)
     })?;
+    if let Err(e) = served {
+        let message = match &e {
+            session::ListenError::Session(e) => session::failure_message(e, &transfer_id),
+            e => session::anyhow_chain(e),
+        };
+        return Ok(report_failure(e.kind(), &message));
+    }
     Ok(if failed.get() {
         ExitCode::from(1)
     } else {

@@ -4,6 +4,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::kind::ErrorKind;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Phase {
@@ -52,6 +54,8 @@ pub struct Progress {
     pub dedup_blocks: AtomicU64,
     pub dedup_bytes: AtomicU64,
     last_error: Mutex<String>,
+    /// Where the fault behind `last_error` lies.
+    error_kind: Mutex<Option<ErrorKind>>,
     /// The transfer digest (hex) once this end computed it.
     digest: Mutex<String>,
     start: Mutex<Instant>,
@@ -79,6 +83,7 @@ pub struct Snapshot {
     pub dedup_blocks: u64,
     pub dedup_bytes: u64,
     pub last_error: String,
+    pub error_kind: Option<ErrorKind>,
     /// The transfer digest (hex), empty until this end computed it.
     pub digest: String,
     pub elapsed: f64,
@@ -100,6 +105,7 @@ impl Progress {
             dedup_blocks: AtomicU64::new(0),
             dedup_bytes: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
+            error_kind: Mutex::new(None),
             digest: Mutex::new(String::new()),
             start: Mutex::new(Instant::now()),
             transfer_id: transfer_id.to_owned(),
@@ -165,6 +171,14 @@ impl Progress {
         }
     }
 
+    /// Records why this end failed: the message and where the fault lies.
+    pub fn set_failure(&self, kind: ErrorKind, message: &str) {
+        if let Ok(mut k) = self.error_kind.lock() {
+            *k = Some(kind);
+        }
+        self.set_error(message);
+    }
+
     /// Records the transfer digest (set before the final phase, so the final update has it).
     pub fn set_digest(&self, hex: &str) {
         if let Ok(mut d) = self.digest.lock() {
@@ -228,6 +242,7 @@ impl Progress {
                 .lock()
                 .map(|s| s.clone())
                 .unwrap_or_default(),
+            error_kind: self.error_kind.lock().ok().and_then(|k| *k),
             digest: self.digest.lock().map(|s| s.clone()).unwrap_or_default(),
             elapsed: self.elapsed(),
         }

@@ -55,6 +55,7 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
             0.0
         },
         last_error: s.last_error.clone(),
+        error_kind: s.error_kind.map_or(0, |k| k.to_pb() as i32),
         skipped: s.skipped,
         resumed_bytes: s.resumed_bytes,
         elapsed_seconds: s.elapsed,

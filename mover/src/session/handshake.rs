@@ -25,8 +25,11 @@ pub enum HandshakeError {
     Streams { index: u32, count: u32, max: u32 },
     #[error("peer uses block size {0}, this end requires {BLOCK_SIZE}")]
     BlockSize(u32),
-    #[error("receiver refused the session: {0}")]
-    Refused(String),
+    #[error("receiver refused the session: {message}")]
+    Refused {
+        kind: crate::kind::ErrorKind,
+        message: String,
+    },
     #[error("session id must be 16 bytes, got {0}")]
     SessionId(usize),
 }
@@ -63,7 +66,10 @@ where
                 Err(_) => Ok((negotiated & !caps::DEDUP, None)),
             }
         }
-        Message::Error(e) => Err(HandshakeError::Refused(e.message)),
+        Message::Error(e) => Err(HandshakeError::Refused {
+            kind: crate::kind::ErrorKind::from_pb(e.kind),
+            message: e.message,
+        }),
         other => Err(HandshakeError::Unexpected {
             stream,
             expected: "Welcome",
@@ -133,6 +139,7 @@ where
         let _ = writer
             .send(&Message::Error(pb::Error {
                 message: e.to_string(),
+                kind: e.kind().to_pb() as i32,
             }))
             .await;
         let _ = writer.flush().await;

@@ -11,8 +11,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 use super::Summary;
-use super::receiver::{Accepted, ReceiveError, ReceiverConfig, accept_stream, receive_session};
-use crate::net::accept_tls;
+use super::receiver::{
+    Accepted, ReceiveError, ReceiverConfig, accept_stream, failure_message, receive_session,
+};
+use crate::kind::peer_alert;
+use crate::net::{Identity, Role, TransportError, accept_tls};
 use crate::progress::Progress;
 
 const MAX_HANDSHAKES: usize = 64;
@@ -52,9 +55,10 @@ pub async fn serve(
             tokio::spawn(async move {
                 let _permit = permit;
                 let r = async {
-                    let tls = accept_tls(tcp, addr, &acceptor, cfg.timeouts.handshake)
-                        .await
-                        .map_err(|e| anyhow_chain(&e))?;
+                    let tls = match accept_tls(tcp, addr, &acceptor, cfg.timeouts.handshake).await {
+                        Ok(tls) => tls,
+                        Err(e) => return Err(refusal(&e, cfg.identity.as_ref())),
+                    };
                     accept_stream(tls, &cfg, wire, 0)
                         .await
                         .map_err(|e| anyhow_chain(&e))
@@ -63,6 +67,9 @@ pub async fn serve(
                 match r {
                     Ok(acc) => {
                         let _ = tx.send(acc).await;
+                    }
+                    Err(msg) if msg.is_empty() => {
+                        tracing::debug!("connection from {addr} closed before the TLS handshake")
                     }
                     Err(msg) => tracing::warn!("refused connection from {addr}: {msg}"),
                 }
@@ -102,7 +109,11 @@ pub async fn serve(
         };
         let r = receive_session(&cfg, streams, progress.clone()).await;
         if let Err(e) = &r {
-            tracing::warn!("session failed: {}", anyhow_chain(e));
+            tracing::warn!(
+                "session failed ({}): {}",
+                e.kind(),
+                failure_message(e, &cfg.transfer_id)
+            );
         }
         on_session(&r);
         if once {
@@ -111,6 +122,27 @@ pub async fn serve(
     };
     acceptor_task.abort();
     result
+}
+
+/// Why a TLS handshake failed, for the log (empty for a TCP probe that sent nothing). When the
+/// peer refused our certificate it only sends an alert, so the log names the identity this
+/// receiver presented and the one it expects; the sender's own error names both sides'.
+fn refusal(e: &TransportError, own: Option<&Identity>) -> String {
+    if e.is_probe() {
+        return String::new();
+    }
+    let chain = anyhow_chain(e);
+    match (peer_alert(e), own) {
+        (Some(alert), Some(own)) => format!(
+            "{chain}: the peer refused this receiver's certificate (TLS alert {alert:?}); this \
+             receiver presented {} and accepts only {}: the peer holds a certificate of another \
+             transfer, attempt or cluster, or of another CA (its own error names both \
+             identities)",
+            own.uri(),
+            own.with_role(Role::Sender).uri()
+        ),
+        _ => chain,
+    }
 }
 
 /// "outer: cause: root cause" for logs.

@@ -22,7 +22,12 @@ pub mod staging;
 
 use std::time::Duration;
 
+use ferry_proto::wire::v1 as pb;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::kind::ErrorKind;
 use crate::progress::{Phase, Progress};
+use crate::wire::Message;
 
 pub use compress::Compress;
 pub use framed::{FrameReader, FrameWriter, FramedError};
@@ -30,8 +35,9 @@ pub use handshake::{HandshakeError, accept_hello, send_hello};
 pub use listen::{ListenError, anyhow_chain, serve};
 pub use receiver::{
     Accepted, BlockSource, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
-    receive_session,
+    failure_message, receive_session,
 };
+pub use scan::ScanError;
 pub use sender::{SendError, SenderConfig, send_session};
 
 /// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.
@@ -42,6 +48,106 @@ pub const MAX_OFFER_ENTRIES: usize = 1024;
 pub const MAX_STREAMS: u32 = 16;
 /// Offers in flight per stream before the sender waits for Wants.
 pub const OFFER_WINDOW: usize = 8;
+
+/// How long a failing end waits for the peer's pending Error frame, and how long it spends
+/// telling the peer why it fails (both best effort).
+pub const PEER_GRACE: Duration = Duration::from_secs(2);
+/// How long the receiver reads what the sender still sends after it reported its failure, so its
+/// close does not reset the connection under the Error frame.
+const DRAIN: Duration = Duration::from_millis(500);
+/// Longest message carried in an Error frame (the frame's cap is 64 KiB).
+const MAX_ERROR_MESSAGE: usize = 16 * 1024;
+
+/// Why a session failed, recorded by the first stream that fails: the other streams stop, and
+/// every stream tells the peer (unless the peer is the one that said it).
+#[derive(Debug, Clone)]
+pub(crate) struct Reason {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The peer reported it: do not send it back.
+    pub from_peer: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Abort {
+    reason: std::sync::Mutex<Option<Reason>>,
+    notify: tokio::sync::Notify,
+}
+
+impl Abort {
+    /// Records the session's failure (the first one wins) and wakes every stream.
+    pub fn set(&self, reason: Reason) {
+        if let Ok(mut r) = self.reason.lock()
+            && r.is_none()
+        {
+            *r = Some(reason);
+        }
+        self.notify.notify_waiters();
+    }
+
+    pub fn reason(&self) -> Option<Reason> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Returns once a failure was recorded.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.reason().is_some() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Best effort, bounded by [`PEER_GRACE`]: sends `Error{kind, message}` and closes the stream
+/// (TLS close_notify), so the peer can report why instead of a broken connection.
+pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
+    kind: ErrorKind,
+    message: &str,
+) {
+    let mut message = message.to_owned();
+    if message.len() > MAX_ERROR_MESSAGE {
+        let mut end = MAX_ERROR_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    let _ = tokio::time::timeout(PEER_GRACE, async {
+        let error = Message::Error(pb::Error {
+            message,
+            kind: kind.to_pb() as i32,
+        });
+        if writer.send(&error).await.is_ok() {
+            let _ = writer.flush().await;
+        }
+        writer.shutdown().await;
+    })
+    .await;
+}
+
+/// Reads what the peer still sent, for at most `grace`: its Error frame (kind and message), if
+/// it sent one before the connection failed. Other frames are skipped.
+pub(crate) async fn pending_peer_error<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    grace: Duration,
+) -> Option<(ErrorKind, String)> {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        match tokio::time::timeout_at(deadline, reader.next()).await {
+            Ok(Ok(Some(Message::Error(e)))) => {
+                return Some((ErrorKind::from_pb(e.kind), e.message));
+            }
+            Ok(Ok(Some(_))) => continue,
+            _ => return None,
+        }
+    }
+}
 
 /// Timeouts shared by both ends.
 #[derive(Debug, Clone, Copy)]
@@ -95,7 +201,9 @@ impl Summary {
         }
         match self.failure_line() {
             Some(line) => {
-                progress.set_error(&line);
+                // Entries are left out for reasons at the destination (a non-empty directory in
+                // the way, a hard link whose target is not a file there).
+                progress.set_failure(ErrorKind::Destination, &line);
                 progress.set_phase(Phase::Failed);
             }
             None => progress.set_phase(Phase::Succeeded),

@@ -18,11 +18,15 @@ use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
 use super::staging::{LargeStaging, Staging, StagingError, block_count, block_len};
-use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX, Summary, Timeouts};
+use super::{
+    Abort, DRAIN, MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, PEER_GRACE, Reason, SMALL_FILE_MAX,
+    Summary, Timeouts, anyhow_chain, pending_peer_error, tell_peer,
+};
 use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{Nonce, PopKey, Proof};
 use crate::cas::{BlockHash, CasError, CasStore};
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
+use crate::kind::{ErrorKind, is_no_space};
 use crate::progress::{Phase, Progress};
 use crate::tree::{CommitError, Kind, Meta, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
@@ -75,14 +79,22 @@ pub enum ReceiveError {
         #[source]
         source: CommitError,
     },
+    /// A large file could not be moved from the staging directory to its path.
+    #[error("failed to publish {path}")]
+    Publish {
+        path: String,
+        #[source]
+        source: DestError,
+    },
     #[error("failed to write {path}")]
     Write {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("sender reported an error: {0}")]
-    Peer(String),
+    /// The sender failed and said why (its Error frame).
+    #[error("sender: {message}")]
+    Remote { kind: ErrorKind, message: String },
     #[error("the sender finished but {count} file(s) are incomplete, e.g. {example}")]
     Incomplete { count: usize, example: String },
     #[error("streams of one session disagree: {0}")]
@@ -95,6 +107,52 @@ pub enum ReceiveError {
     Digest(#[source] std::io::Error),
     #[error(transparent)]
     ReadBack(#[from] HashError),
+    #[error("internal error: a lock was poisoned by a panic")]
+    Poisoned,
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+    /// This stream stopped because another one failed (never the reported error when the real
+    /// one is known).
+    #[error("stopped: another stream of the session failed")]
+    Aborted,
+}
+
+/// The message a receiver reports for `e` (logs, Error frame, progress): the whole chain, and
+/// for a full destination where the resume state stays.
+pub fn failure_message(e: &ReceiveError, transfer_id: &str) -> String {
+    let mut msg = anyhow_chain(e);
+    if is_no_space(e) {
+        msg.push_str(&format!(
+            "; the destination is out of space. The resume state of this transfer was kept in \
+             .ferry-staging/{transfer_id}/ and may occupy space: a rerun resumes from it, \
+             `ferry-mover clean-staging --transfer-prefix {transfer_id}` removes it"
+        ));
+    }
+    msg
+}
+
+/// Which of two failures of one session to report: the sender's own reason first, then a
+/// failure seen here, then a broken connection, and never "another stream failed".
+fn more_telling(a: ReceiveError, b: ReceiveError) -> ReceiveError {
+    let rank = |e: &ReceiveError| match e {
+        ReceiveError::Remote { .. } => 0,
+        ReceiveError::Aborted => 3,
+        e if e.kind().is_transport() => 2,
+        _ => 1,
+    };
+    if rank(&b) < rank(&a) { b } else { a }
+}
+
+/// Tells the sender on every stream why the session cannot run (before the streams run).
+async fn tell_all<S>(streams: &mut [Accepted<S>], e: &ReceiveError, transfer_id: &str)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let message = failure_message(e, transfer_id);
+    let tells = streams
+        .iter_mut()
+        .map(|s| tell_peer(&mut s.writer, e.kind(), &message));
+    futures::future::join_all(tells).await;
 }
 
 fn proto(msg: impl Into<String>) -> ReceiveError {
@@ -112,6 +170,9 @@ pub struct ReceiverConfig {
     /// The node's block store: with it the receiver offers dedup, materialises announced blocks
     /// it holds (after proof of possession) and adds verified full blocks from the wire.
     pub cas: Option<Arc<CasStore>>,
+    /// This receiver's own identity (from its certificate), named in the log when a peer
+    /// refuses the handshake.
+    pub identity: Option<crate::net::Identity>,
 }
 
 /// One stream past Hello/Welcome.
@@ -241,6 +302,9 @@ struct Shared {
     pool: Arc<HashPool>,
     /// This session's digest once computed (at Finish).
     digest: Mutex<Option<Hash>>,
+    /// The session's first failure: stops every stream.
+    abort: Abort,
+    transfer_id: String,
 }
 
 impl Shared {
@@ -271,12 +335,14 @@ impl Shared {
     }
 
     fn record_leaf(&self, path: &PeerPath, entry: &Hash) -> Result<(), ReceiveError> {
-        let mut t = self.tree.lock().map_err(|_| proto("state poisoned"))?;
+        let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
             Some(t) => t
                 .add_leaf(path.as_str().as_bytes(), entry)
                 .map_err(ReceiveError::Digest),
-            None => Err(proto("entry after the digest was computed")),
+            None => Err(ReceiveError::Internal(
+                "entry after the digest was computed",
+            )),
         }
     }
 
@@ -297,12 +363,14 @@ impl Shared {
     }
 
     fn record_dir(&self, path: &PeerPath) -> Result<(), ReceiveError> {
-        let mut t = self.tree.lock().map_err(|_| proto("state poisoned"))?;
+        let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
             Some(t) => t
                 .add_dir(path.as_str().as_bytes())
                 .map_err(ReceiveError::Digest),
-            None => Err(proto("entry after the digest was computed")),
+            None => Err(ReceiveError::Internal(
+                "entry after the digest was computed",
+            )),
         }
     }
 
@@ -313,19 +381,19 @@ impl Shared {
         let tree = self
             .tree
             .lock()
-            .map_err(|_| proto("state poisoned"))?
+            .map_err(|_| ReceiveError::Poisoned)?
             .take()
-            .ok_or_else(|| proto("digest computed twice"))?;
+            .ok_or(ReceiveError::Internal("digest computed twice"))?;
         let root = tree.finish().map_err(ReceiveError::Digest)?;
         let dirs = self
             .dirs
             .lock()
-            .map_err(|_| proto("state poisoned"))?
+            .map_err(|_| ReceiveError::Poisoned)?
             .finish();
         let links = self
             .links
             .lock()
-            .map_err(|_| proto("state poisoned"))?
+            .map_err(|_| ReceiveError::Poisoned)?
             .finish();
         let d = digest::transfer_digest(&root, &dirs, &links);
         if let Ok(mut slot) = self.digest.lock() {
@@ -408,8 +476,25 @@ struct Table {
     paths: HashSet<String>,
 }
 
-/// Runs one session over its accepted streams (all with the same session id).
+/// Runs one session over its accepted streams (all with the same session id). On failure the
+/// sender has been told why on every stream (unless it is the one that failed).
 pub async fn receive_session<S>(
+    cfg: &ReceiverConfig,
+    streams: Vec<Accepted<S>>,
+    progress: Arc<Progress>,
+) -> Result<Summary, ReceiveError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let r = run_session(cfg, streams, progress.clone()).await;
+    if let Err(e) = &r {
+        progress.set_failure(e.kind(), &failure_message(e, &cfg.transfer_id));
+        progress.set_phase(Phase::Failed);
+    }
+    r
+}
+
+async fn run_session<S>(
     cfg: &ReceiverConfig,
     mut streams: Vec<Accepted<S>>,
     progress: Arc<Progress>,
@@ -429,10 +514,12 @@ where
             || s.hello.stream_count != n
             || s.hello.stream_index != i as u32
         {
-            return Err(ReceiveError::Streams(format!(
+            let e = ReceiveError::Streams(format!(
                 "stream {} of {} announced index {} of {}",
                 i, n, s.hello.stream_index, s.hello.stream_count
-            )));
+            ));
+            tell_all(&mut streams, &e, &cfg.transfer_id).await;
+            return Err(e);
         }
     }
     let root = cfg.root.clone();
@@ -440,13 +527,22 @@ where
     let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
     // Only a sender that asked for --delete may have non-empty directories replaced.
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
-    let (dest, staging, dedup) = tokio::task::spawn_blocking(move || {
+    let setup = tokio::task::spawn_blocking(move || {
         let dest = DestRoot::open(&root, replace)?;
         let staging = Staging::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
         Ok::<_, ReceiveError>((dest, staging, dedup))
     })
-    .await??;
+    .await
+    .map_err(ReceiveError::from)
+    .and_then(|r| r);
+    let (dest, staging, dedup) = match setup {
+        Ok(v) => v,
+        Err(e) => {
+            tell_all(&mut streams, &e, &cfg.transfer_id).await;
+            return Err(e);
+        }
+    };
     // The digest's sort runs go to anonymous files in the staging directory (on the destination
     // volume, removed with their last handle).
     let spill_dir = staging.dir().clone();
@@ -470,6 +566,8 @@ where
         links: Mutex::new(LinkList::default()),
         pool: Arc::new(HashPool::per_core()),
         digest: Mutex::new(None),
+        abort: Abort::default(),
+        transfer_id: cfg.transfer_id.clone(),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -478,9 +576,19 @@ where
     for s in streams {
         futs.push(run_stream(shared.clone(), s, done.clone(), n));
     }
-    let result = futures::future::try_join_all(futs).await;
-    match result {
-        Ok(_) => {
+    // Every stream runs to its end: one that fails stops the others (each tells the sender why),
+    // and the most telling failure is reported.
+    let mut failure: Option<ReceiveError> = None;
+    for r in futures::future::join_all(futs).await {
+        if let Err(e) = r {
+            failure = Some(match failure {
+                None => e,
+                Some(f) => more_telling(f, e),
+            });
+        }
+    }
+    match failure {
+        None => {
             let sh = shared.clone();
             tokio::task::spawn_blocking(move || {
                 sh.staging.cleanup(&sh.dest);
@@ -520,10 +628,8 @@ where
             summary.set_outcome(&progress);
             Ok(summary)
         }
-        Err(e) => {
+        Some(e) => {
             shared.pool.cancel();
-            progress.set_error(&e.to_string());
-            progress.set_phase(Phase::Failed);
             Err(e)
         }
     }
@@ -546,18 +652,66 @@ where
     } = acc;
     let stream = reader.stream();
     let key = dedup_nonce.as_ref().map(PopKey::derive);
-    let r = stream_loop(&shared, &mut reader, &mut writer, &done, n, key).await;
-    if let Err(e) = &r {
-        // Tell the sender why, best effort; it may already be gone.
-        let _ = writer
-            .send(&Message::Error(pb::Error {
-                message: e.to_string(),
-            }))
-            .await;
-        let _ = writer.flush().await;
-    }
+    let r = tokio::select! {
+        r = stream_loop(&shared, &mut reader, &mut writer, &done, n, key) => r,
+        () = shared.abort.wait() => Err(ReceiveError::Aborted),
+    };
+    let r = match r {
+        Ok(()) => Ok(()),
+        Err(e) => Err(fail_stream(&shared, &mut reader, &mut writer, e).await),
+    };
     tracing::debug!(stream, ok = r.is_ok(), "receiver stream ended");
     r
+}
+
+/// A stream failed with `e`. A broken connection may hide the sender's reason: read its pending
+/// Error frame for a moment. The first failure stops the other streams; the sender hears ours
+/// on this stream (with its kind, naming the path), then the stream is closed cleanly.
+async fn fail_stream<R, W>(
+    shared: &Shared,
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+    e: ReceiveError,
+) -> ReceiveError
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let e = if e.kind().is_transport() {
+        match pending_peer_error(reader, PEER_GRACE).await {
+            Some((kind, message)) => ReceiveError::Remote { kind, message },
+            None => e,
+        }
+    } else {
+        e
+    };
+    let reason = match &e {
+        ReceiveError::Aborted => shared.abort.reason(),
+        ReceiveError::Remote { kind, message } => {
+            shared.abort.set(Reason {
+                kind: *kind,
+                message: message.clone(),
+                from_peer: true,
+            });
+            None
+        }
+        e => {
+            let reason = Reason {
+                kind: e.kind(),
+                message: failure_message(e, &shared.transfer_id),
+                from_peer: false,
+            };
+            shared.abort.set(reason.clone());
+            Some(reason)
+        }
+    };
+    if let Some(r) = reason.filter(|r| !r.from_peer) {
+        tell_peer(writer, r.kind, &r.message).await;
+        // Read what the sender still had in flight, so closing does not reset the connection
+        // under the Error frame.
+        let _ = pending_peer_error(reader, DRAIN).await;
+    }
+    e
 }
 
 async fn stream_loop<R, W>(
@@ -620,7 +774,12 @@ where
                 }
                 Message::Keepalive => {}
                 Message::Done(_) => return Ok(()),
-                Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+                Message::Error(e) => {
+                    return Err(ReceiveError::Remote {
+                        kind: ErrorKind::from_pb(e.kind),
+                        message: e.message,
+                    });
+                }
                 other => {
                     return Err(ReceiveError::OutOfOrder {
                         stream,
@@ -645,7 +804,7 @@ where
         let _permits = done
             .acquire_many(n - 1)
             .await
-            .map_err(|_| proto("session closed"))?;
+            .map_err(|_| ReceiveError::Internal("session closed"))?;
     }
     shared.progress.set_phase(Phase::Finishing);
     loop {
@@ -662,7 +821,12 @@ where
             }
             Message::Keepalive => {}
             Message::Finish => break,
-            Message::Error(e) => return Err(ReceiveError::Peer(e.message)),
+            Message::Error(e) => {
+                return Err(ReceiveError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    message: e.message,
+                });
+            }
             other => {
                 return Err(ReceiveError::OutOfOrder {
                     stream,
@@ -673,7 +837,7 @@ where
         }
     }
     {
-        let table = shared.table.lock().map_err(|_| proto("state poisoned"))?;
+        let table = shared.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         if let Some(example) = table.paths.iter().next() {
             return Err(ReceiveError::Incomplete {
                 count: table.paths.len(),
@@ -822,7 +986,7 @@ fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), Rece
         _ => (0, (0, 0), false),
     };
     let shown_target = if joined { target.as_str() } else { "" };
-    sh.links.lock().map_err(|_| proto("state poisoned"))?.add(
+    sh.links.lock().map_err(|_| ReceiveError::Poisoned)?.add(
         path.as_str().as_bytes(),
         shown_target.as_bytes(),
         mode,
@@ -878,7 +1042,7 @@ fn offer_file(
         mtime: mtime_of(e),
     };
     {
-        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         if t.paths.contains(path.as_str()) {
             return Err(proto(format!("duplicate entry {path} in one session")));
         }
@@ -972,7 +1136,7 @@ fn offer_file(
 }
 
 fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
-    let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+    let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
     let path = match &f {
         InFlight::Small(m) => m.path.as_str().to_owned(),
         InFlight::Large(l) => l.meta.path.as_str().to_owned(),
@@ -1002,7 +1166,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
     let mut files = Vec::with_capacity(header.files.len());
     let mut off = 0usize;
     {
-        let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         for bf in header.files {
             let end = off
                 .checked_add(bf.stored_len as usize)
@@ -1052,7 +1216,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
         for w in workers {
             let r = w
                 .join()
-                .unwrap_or_else(|_| Err(proto("a batch writer thread panicked")));
+                .unwrap_or_else(|_| Err(ReceiveError::Internal("a batch writer thread panicked")));
             if result.is_ok() {
                 result = r;
             }
@@ -1140,7 +1304,7 @@ fn handle_block(
     source: BlockSource<'_>,
 ) -> Result<(), ReceiveError> {
     let lf = {
-        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.files.get(&h.file_id) {
             Some(InFlight::Large(l)) => l.clone(),
             Some(InFlight::Small(_)) => {
@@ -1166,7 +1330,7 @@ fn handle_block(
     }
     // Claim the block so a duplicate on another stream is refused.
     {
-        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
         match st.need.get_mut(h.index as usize) {
             Some(slot) if *slot => *slot = false,
             _ => {
@@ -1217,7 +1381,7 @@ fn handle_block(
         lf.data.write_all_at(buf, off).map_err(werr)?;
     }
     let finished = {
-        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
         st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
         if let Some(slot) = st.hashes.get_mut(h.index as usize) {
             *slot = *hash.as_bytes();
@@ -1235,7 +1399,7 @@ fn handle_block(
 /// The last block of a large file is in (from the wire or the store): forget it and publish it.
 fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), ReceiveError> {
     {
-        let mut t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         t.files.remove(&file_id);
         t.paths.remove(lf.meta.path.as_str());
     }
@@ -1265,7 +1429,7 @@ fn handle_announce(
         )));
     }
     let lf = {
-        let t = sh.table.lock().map_err(|_| proto("state poisoned"))?;
+        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.files.get(&a.file_id) {
             Some(InFlight::Large(l)) => l.clone(),
             _ => {
@@ -1278,7 +1442,7 @@ fn handle_announce(
     };
     let path = lf.meta.path.to_string();
     let announced = {
-        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
             let index = a.indexes[i];
@@ -1318,7 +1482,7 @@ fn handle_announce(
     let mut taken = 0u64;
     let mut taken_blocks = 0u64;
     let finished = {
-        let mut st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
         for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
             if *need {
                 if let Some(slot) = st.need.get_mut(b.index as usize) {
@@ -1359,13 +1523,20 @@ fn handle_announce(
 /// Publishes a verified large file; false when it was left out (a non-empty directory filled
 /// its path after the offer was answered).
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
-    let st = lf.state.lock().map_err(|_| proto("state poisoned"))?;
+    let st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
     let path = lf.meta.path.as_str();
     let staged = format!("{}/{}", sh.staging.rel, st.staging.part_name);
     let m = sh
         .dest
         .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
-    sh.dest.apply_meta(&st.staging.data, &staged, &m)?;
+    // Errors name the file's path, then the staging file they happened on.
+    let publish = |source| ReceiveError::Publish {
+        path: path.to_owned(),
+        source,
+    };
+    sh.dest
+        .apply_meta(&st.staging.data, &staged, &m)
+        .map_err(publish)?;
     if sh.sync {
         st.staging
             .data
@@ -1375,7 +1546,10 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
                 source,
             })?;
     }
-    let published = sh.dest.publish_from_staging(&staged, &lf.meta.path);
+    let published = match sh.dest.publish_from_staging(&staged, &lf.meta.path) {
+        Err(e) if !matches!(e, DestError::NonEmptyDir(_)) => return Err(publish(e)),
+        r => r,
+    };
     let Some(placed) = tolerate_refusal(sh, published)? else {
         // Its staging files go with the staging directory at the end of the session.
         return Ok(false);
@@ -1426,7 +1600,7 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
                 Some(m) => (m.mode, (m.mtime_sec, m.mtime_nsec)),
                 None => (0, (0, 0)),
             };
-            sh.dirs.lock().map_err(|_| proto("state poisoned"))?.add(
+            sh.dirs.lock().map_err(|_| ReceiveError::Poisoned)?.add(
                 p.as_str().as_bytes(),
                 mode,
                 mtime,

@@ -21,9 +21,13 @@ use super::handshake::{HandshakeError, send_hello};
 use super::limiter::Limiter;
 use super::scan::{self, ScanError, open_source};
 use super::staging::block_len;
-use super::{SMALL_FILE_MAX, Summary, Timeouts};
+use super::{
+    Abort, PEER_GRACE, Reason, SMALL_FILE_MAX, Summary, Timeouts, anyhow_chain, pending_peer_error,
+    tell_peer,
+};
 use crate::cas::dedup::DedupSender;
 use crate::digest::{self, BlockHashes, DirList, Hash, HashError, HashPool, LinkList, TreeBuilder};
+use crate::kind::ErrorKind;
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, RelPath, Resolve};
@@ -45,8 +49,16 @@ pub enum SendError {
     Handshake(#[from] HandshakeError),
     #[error(transparent)]
     Scan(#[from] ScanError),
-    #[error("receiver refused: {0}")]
+    /// The receiver broke the protocol (seen here).
+    #[error("receiver broke the protocol: {0}")]
     Peer(String),
+    /// The receiver failed and said why (its Error frame).
+    #[error("receiver: {message}")]
+    Remote { kind: ErrorKind, message: String },
+    /// This stream stopped because another one failed (never the reported error when the real
+    /// one is known).
+    #[error("stopped: another stream of the session failed")]
+    Aborted,
     #[error("stream {stream}: unexpected {kind:?} frame from receiver (expected {expected})")]
     Unexpected {
         stream: u32,
@@ -146,6 +158,8 @@ struct Ctx {
     work: Mutex<mpsc::Receiver<Vec<pb::Entry>>>,
     blocks: Mutex<mpsc::Receiver<BlockJob>>,
     next_offer: AtomicU64,
+    /// The session's first failure: stops every stream.
+    abort: Abort,
     /// The digest's Merkle tree, fed by the walk and by every file whose content was hashed.
     tree: Arc<std::sync::Mutex<TreeBuilder>>,
     /// Reads what the receiver did not need (unchanged files, resumed blocks) for the digest.
@@ -196,11 +210,39 @@ where
     match &r {
         Ok(summary) => summary.set_outcome(&progress),
         Err(e) => {
-            progress.set_error(&e.to_string());
+            progress.set_failure(e.kind(), &anyhow_chain(e));
             progress.set_phase(Phase::Failed);
         }
     }
     r
+}
+
+/// Which of two failures of one session to report: the receiver's own reason first, then a
+/// failure seen here, then a broken connection, and never "another stream failed".
+fn more_telling(a: SendError, b: SendError) -> SendError {
+    let rank = |e: &SendError| match e {
+        SendError::Remote { .. } => 0,
+        SendError::Aborted => 3,
+        e if e.kind().is_transport() || matches!(e, SendError::Channel) => 2,
+        _ => 1,
+    };
+    if rank(&b) < rank(&a) { b } else { a }
+}
+
+/// Tells the receiver why the session fails, on every stream (best effort), unless the
+/// receiver is the one that said it.
+async fn tell_receiver<S>(ends: &mut [(Reader<S>, Writer<S>)], e: &SendError)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    if matches!(e, SendError::Remote { .. }) {
+        return;
+    }
+    let message = anyhow_chain(e);
+    let tells = ends
+        .iter_mut()
+        .map(|(_, w)| tell_peer(w, e.kind(), &message));
+    futures::future::join_all(tells).await;
 }
 
 async fn run<S>(
@@ -276,6 +318,7 @@ where
         work: Mutex::new(work_rx),
         blocks: Mutex::new(block_rx),
         next_offer: AtomicU64::new(1),
+        abort: Abort::default(),
         tree: tree.clone(),
         pool,
         content_in_scan: checksum,
@@ -296,25 +339,58 @@ where
         ));
     }
     drop(block_tx);
-    let mut ends = futures::future::try_join_all(futs).await?;
-    // The walk must have succeeded before we tell the receiver the tree is complete.
-    let hardlinks = scanner.await??;
-
-    let (mut reader, mut writer) = ends.swap_remove(0);
-    let (dirs, links) = finish(cfg, &ctx, &mut reader, &mut writer, hardlinks, negotiated).await?;
-    let summary = match reader.expect().await? {
-        Message::Summary(s) => s,
-        Message::Error(e) => return Err(SendError::Peer(e.message)),
-        other => {
-            return Err(SendError::Unexpected {
-                stream: 0,
-                kind: other.frame_type(),
-                expected: "Summary",
-            });
+    // Every stream runs to its end: one that fails stops the others (each tells the receiver
+    // why), and the most telling failure is reported.
+    let mut ends = Vec::new();
+    let mut failure: Option<SendError> = None;
+    for r in futures::future::join_all(futs).await {
+        match r {
+            Ok(end) => ends.push(end),
+            Err(e) => {
+                failure = Some(match failure {
+                    None => e,
+                    Some(f) => more_telling(f, e),
+                });
+            }
+        }
+    }
+    if let Some(e) = failure {
+        // Streams that had finished their data hear it too.
+        tell_receiver(&mut ends, &e).await;
+        return Err(e);
+    }
+    let tail = async {
+        // The walk must have succeeded before we tell the receiver the tree is complete.
+        let hardlinks = scanner.await??;
+        let (reader, writer) = ends.first_mut().ok_or(SendError::Channel)?;
+        let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
+        let summary = match reader.expect().await {
+            Ok(Message::Summary(s)) => s,
+            Ok(Message::Error(e)) => {
+                return Err(SendError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    message: e.message,
+                });
+            }
+            Ok(other) => {
+                return Err(SendError::Unexpected {
+                    stream: 0,
+                    kind: other.frame_type(),
+                    expected: "Summary",
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok((summary, dirs, links))
+    };
+    let (summary, dirs, links) = match tail.await {
+        Ok(t) => t,
+        Err(e) => {
+            tell_receiver(&mut ends, &e).await;
+            return Err(e);
         }
     };
-    writer.shutdown().await;
-    for (_, mut w) in ends {
+    for (_, w) in &mut ends {
         w.shutdown().await;
     }
     let ours = sender_digest(&ctx, &dirs, &links).await?;
@@ -456,7 +532,10 @@ async fn read_want<R: AsyncRead + Unpin>(
             got: w.offer_id,
             expected: offer_id,
         }),
-        Message::Error(e) => Err(SendError::Peer(e.message)),
+        Message::Error(e) => Err(SendError::Remote {
+            kind: ErrorKind::from_pb(e.kind),
+            message: e.message,
+        }),
         other => Err(SendError::Unexpected {
             stream: reader.stream(),
             kind: other.frame_type(),
@@ -467,29 +546,84 @@ async fn read_want<R: AsyncRead + Unpin>(
 
 async fn run_stream<S>(
     ctx: Arc<Ctx>,
-    reader: Reader<S>,
-    writer: Writer<S>,
+    mut reader: Reader<S>,
+    mut writer: Writer<S>,
     block_tx: mpsc::Sender<BlockJob>,
     dedup: Option<Arc<DedupSender>>,
 ) -> Result<(Reader<S>, Writer<S>), SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (out_tx, out_rx) = mpsc::channel::<Message>(1);
-    let (pending_tx, pending_rx) = mpsc::channel(OFFER_WINDOW);
-    let offers = offer_task(ctx.clone(), out_tx.clone(), pending_tx);
-    let answers = answer_task(
-        ctx.clone(),
-        reader,
-        out_tx.clone(),
-        pending_rx,
-        block_tx,
-        dedup,
-    );
-    let blocks = block_task(ctx.clone(), out_tx);
-    let write = writer_task(ctx.clone(), writer, out_rx);
-    let ((), reader, (), writer) = tokio::try_join!(offers, answers, blocks, write)?;
-    Ok((reader, writer))
+    let r = {
+        let (out_tx, out_rx) = mpsc::channel::<Message>(1);
+        let (pending_tx, pending_rx) = mpsc::channel(OFFER_WINDOW);
+        let offers = offer_task(ctx.clone(), out_tx.clone(), pending_tx);
+        let answers = answer_task(
+            ctx.clone(),
+            &mut reader,
+            out_tx.clone(),
+            pending_rx,
+            block_tx,
+            dedup,
+        );
+        let blocks = block_task(ctx.clone(), out_tx);
+        let write = writer_task(ctx.clone(), &mut writer, out_rx);
+        let work = async { tokio::try_join!(offers, answers, blocks, write).map(|_| ()) };
+        tokio::select! {
+            r = work => r,
+            () = ctx.abort.wait() => Err(SendError::Aborted),
+        }
+    };
+    match r {
+        Ok(()) => Ok((reader, writer)),
+        Err(e) => Err(fail_stream(&ctx, &mut reader, &mut writer, e).await),
+    }
+}
+
+/// A stream failed with `e`. A broken connection may hide the receiver's reason: read its
+/// pending Error frame for a moment. The first failure stops the other streams; the receiver
+/// hears ours on this stream (not its own back).
+async fn fail_stream<S>(
+    ctx: &Ctx,
+    reader: &mut Reader<S>,
+    writer: &mut Writer<S>,
+    e: SendError,
+) -> SendError
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let e = if e.kind().is_transport() || matches!(e, SendError::Channel) {
+        match pending_peer_error(reader, PEER_GRACE).await {
+            Some((kind, message)) => SendError::Remote { kind, message },
+            None => e,
+        }
+    } else {
+        e
+    };
+    let reason = match &e {
+        SendError::Aborted => ctx.abort.reason(),
+        SendError::Remote { kind, message } => {
+            ctx.abort.set(Reason {
+                kind: *kind,
+                message: message.clone(),
+                from_peer: true,
+            });
+            None
+        }
+        e => {
+            let reason = Reason {
+                kind: e.kind(),
+                message: anyhow_chain(e),
+                from_peer: false,
+            };
+            ctx.abort.set(reason.clone());
+            Some(reason)
+        }
+    };
+    if let Some(r) = reason.filter(|r| !r.from_peer) {
+        tell_peer(writer, r.kind, &r.message).await;
+    }
+    e
 }
 
 async fn offer_task(
@@ -526,12 +660,12 @@ struct Announced {
 /// BlockAnnounce. Ends when every offer is answered and no announce is outstanding.
 async fn answer_task<S>(
     ctx: Arc<Ctx>,
-    mut reader: Reader<S>,
+    reader: &mut Reader<S>,
     out: mpsc::Sender<Message>,
     mut pending: mpsc::Receiver<(u64, Vec<pb::Entry>)>,
     block_tx: mpsc::Sender<BlockJob>,
     dedup: Option<Arc<DedupSender>>,
-) -> Result<Reader<S>, SendError>
+) -> Result<(), SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -619,7 +753,12 @@ where
                     }
                 }
             }
-            Message::Error(e) => return Err(SendError::Peer(e.message)),
+            Message::Error(e) => {
+                return Err(SendError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    message: e.message,
+                });
+            }
             other => {
                 return Err(SendError::Unexpected {
                     stream,
@@ -629,7 +768,7 @@ where
             }
         }
     }
-    Ok(reader)
+    Ok(())
 }
 
 /// Acts on one Want: small files go out in batches; wanted blocks of large files are queued for
@@ -1104,9 +1243,9 @@ fn is_zero(buf: &[u8]) -> bool {
 
 async fn writer_task<S>(
     ctx: Arc<Ctx>,
-    mut writer: Writer<S>,
+    writer: &mut Writer<S>,
     mut rx: mpsc::Receiver<Message>,
-) -> Result<Writer<S>, SendError>
+) -> Result<(), SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -1134,7 +1273,7 @@ where
     }
     writer.send(&Message::Done(pb::Done::default())).await?;
     writer.flush().await?;
-    Ok(writer)
+    Ok(())
 }
 
 fn frame_len(m: &Message) -> usize {

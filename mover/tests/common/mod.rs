@@ -223,6 +223,7 @@ pub async fn start_receiver_with_store(
         timeouts: fast_timeouts(),
         sync: false,
         cas,
+        identity: Some(files.identity.clone()),
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
@@ -276,6 +277,18 @@ pub async fn send(
     addr: SocketAddr,
     o: &SendOpts,
 ) -> Result<Summary, String> {
+    let progress = Arc::new(Progress::new(&pki.transfer, "sender"));
+    send_watched(pki, root, addr, o, progress).await
+}
+
+/// [`send`] reporting into `progress`.
+pub async fn send_watched(
+    pki: &Pki,
+    root: &Path,
+    addr: SocketAddr,
+    o: &SendOpts,
+    progress: Arc<Progress>,
+) -> Result<Summary, String> {
     let files = pki.files(Role::Sender);
     let client = Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
     let mut streams = Vec::new();
@@ -296,7 +309,6 @@ pub async fn send(
         bandwidth_limit: o.bandwidth_limit,
         timeouts: fast_timeouts(),
     };
-    let progress = Arc::new(Progress::new(&pki.transfer, "sender"));
     session::send_session(&cfg, streams, progress)
         .await
         .map_err(|e| session::anyhow_chain(&e))

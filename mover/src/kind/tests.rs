@@ -1,0 +1,278 @@
+use std::io;
+
+use super::*;
+use crate::digest::HashError;
+use crate::session::failure_message;
+use crate::tree::NonEmptyDir;
+use crate::wire::FrameType;
+
+fn os(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+fn dest_io(code: i32) -> DestError {
+    DestError::Io {
+        op: "create directory",
+        path: "d/sub".into(),
+        source: os(code),
+    }
+}
+
+#[test]
+fn exit_codes_are_distinct_and_documented() {
+    let codes: Vec<u8> = ErrorKind::ALL.iter().map(|k| k.exit_code()).collect();
+    assert_eq!(codes, [10, 11, 12, 13, 14, 15]);
+    for k in ErrorKind::ALL {
+        assert!(
+            EXIT_STATUS_HELP.contains(&format!("{}  {}:", k.exit_code(), k.as_str())),
+            "{k} missing from --help"
+        );
+        assert_eq!(ErrorKind::from_pb(k.to_pb() as i32), k, "proto round trip");
+    }
+    assert!(!codes.contains(&EXIT_FAILED_ENTRIES) && !codes.contains(&EXIT_OTHER));
+    // A mover older than the field sends no kind: read as the peer's.
+    assert_eq!(ErrorKind::from_pb(0), ErrorKind::Peer);
+    assert_eq!(ErrorKind::from_pb(99), ErrorKind::Peer);
+}
+
+#[test]
+fn framed_and_handshake_errors() {
+    let k = |e: FramedError| e.kind();
+    assert_eq!(
+        k(FramedError::IdleTimeout { stream: 0, secs: 1 }),
+        ErrorKind::Timeout
+    );
+    assert_eq!(
+        k(FramedError::WriteTimeout { stream: 0, secs: 1 }),
+        ErrorKind::Timeout
+    );
+    assert_eq!(
+        k(FramedError::Closed {
+            stream: 0,
+            mid_frame: false
+        }),
+        ErrorKind::Network
+    );
+    assert_eq!(
+        k(FramedError::Write {
+            stream: 0,
+            source: io::Error::from(io::ErrorKind::BrokenPipe)
+        }),
+        ErrorKind::Network
+    );
+    assert_eq!(
+        k(FramedError::Wire {
+            stream: 0,
+            source: crate::wire::WireError::UnknownType(0x7f)
+        }),
+        ErrorKind::Peer
+    );
+    assert_eq!(
+        HandshakeError::Transfer {
+            peer: "a".into(),
+            ours: "b".into()
+        }
+        .kind(),
+        ErrorKind::Peer
+    );
+    // The receiver's refusal keeps the kind it gave.
+    assert_eq!(
+        HandshakeError::Refused {
+            kind: ErrorKind::Destination,
+            message: "x".into()
+        }
+        .kind(),
+        ErrorKind::Destination
+    );
+}
+
+#[test]
+fn sender_errors() {
+    assert_eq!(
+        SendError::Read {
+            path: "/src/f".into(),
+            source: os(libc::EACCES)
+        }
+        .kind(),
+        ErrorKind::Source
+    );
+    assert_eq!(
+        SendError::Changed("/src/f".into()).kind(),
+        ErrorKind::Source
+    );
+    assert_eq!(
+        SendError::Digest(HashError::new("/src/f", os(libc::EIO))).kind(),
+        ErrorKind::Source
+    );
+    let remote = SendError::Remote {
+        kind: ErrorKind::Destination,
+        message: "failed to create directory d/sub: Permission denied (os error 13)".into(),
+    };
+    assert_eq!(remote.kind(), ErrorKind::Destination);
+    assert!(remote.to_string().contains("d/sub"), "{remote}");
+    assert_eq!(
+        SendError::DigestMismatch {
+            sender: "a".into(),
+            receiver: "b".into()
+        }
+        .kind(),
+        ErrorKind::Destination
+    );
+    assert_eq!(SendError::NoPeerDigest.kind(), ErrorKind::Peer);
+    assert_eq!(
+        SendError::Unexpected {
+            stream: 0,
+            kind: FrameType::Welcome,
+            expected: "Want"
+        }
+        .kind(),
+        ErrorKind::Peer
+    );
+    assert_eq!(
+        SendError::Framed(FramedError::IdleTimeout {
+            stream: 1,
+            secs: 60
+        })
+        .kind(),
+        ErrorKind::Timeout
+    );
+    assert_eq!(SendError::Channel.kind(), ErrorKind::Internal);
+    assert_eq!(SendError::Aborted.kind(), ErrorKind::Internal);
+    assert_eq!(SendError::DigestIncomplete.kind(), ErrorKind::Internal);
+}
+
+#[test]
+fn receiver_errors() {
+    assert_eq!(
+        ReceiveError::Dest(dest_io(libc::EACCES)).kind(),
+        ErrorKind::Destination
+    );
+    assert_eq!(
+        ReceiveError::Dest(DestError::NonEmptyDir(NonEmptyDir {
+            path: "d".into(),
+            with: "a file"
+        }))
+        .kind(),
+        ErrorKind::Destination
+    );
+    assert_eq!(
+        ReceiveError::Write {
+            path: "f".into(),
+            source: os(libc::EIO)
+        }
+        .kind(),
+        ErrorKind::Destination
+    );
+    assert_eq!(
+        ReceiveError::Staging(StagingError::Dest(dest_io(libc::EROFS))).kind(),
+        ErrorKind::Destination
+    );
+    assert_eq!(
+        ReceiveError::Protocol("duplicate entry a".into()).kind(),
+        ErrorKind::Peer
+    );
+    assert_eq!(
+        ReceiveError::HashMismatch {
+            path: "f".into(),
+            index: 0
+        }
+        .kind(),
+        ErrorKind::Peer
+    );
+    let bad_path = crate::session::relpath::PeerPath::parse("../x").expect_err("refused");
+    assert_eq!(ReceiveError::Path(bad_path).kind(), ErrorKind::Peer);
+    assert_eq!(
+        ReceiveError::Framed(FramedError::Closed {
+            stream: 2,
+            mid_frame: true
+        })
+        .kind(),
+        ErrorKind::Network
+    );
+    // A poisoned lock is the receiver's own bug, not the peer's doing.
+    assert_eq!(ReceiveError::Poisoned.kind(), ErrorKind::Internal);
+    assert_eq!(
+        ReceiveError::Internal("a batch writer thread panicked").kind(),
+        ErrorKind::Internal
+    );
+    assert_eq!(
+        ReceiveError::Remote {
+            kind: ErrorKind::Source,
+            message: "x".into()
+        }
+        .kind(),
+        ErrorKind::Source
+    );
+    assert_eq!(
+        ListenError::Session(ReceiveError::Poisoned).kind(),
+        ErrorKind::Internal
+    );
+    assert_eq!(
+        ListenError::Accept(os(libc::EMFILE)).kind(),
+        ErrorKind::Network
+    );
+}
+
+#[test]
+fn a_full_destination_says_where_the_resume_state_is() {
+    for e in [
+        ReceiveError::Dest(dest_io(libc::ENOSPC)),
+        ReceiveError::Write {
+            path: "big.bin".into(),
+            source: os(libc::ENOSPC),
+        },
+        ReceiveError::Staging(StagingError::Io {
+            what: "size part file",
+            path: "big.bin".into(),
+            source: os(libc::EDQUOT),
+        }),
+    ] {
+        assert_eq!(e.kind(), ErrorKind::Destination);
+        assert!(is_no_space(&e));
+        let msg = failure_message(&e, "t-1");
+        assert!(msg.contains(".ferry-staging/t-1/"), "{msg}");
+        assert!(msg.contains("out of space"), "{msg}");
+    }
+    let e = ReceiveError::Dest(dest_io(libc::EACCES));
+    assert!(!is_no_space(&e));
+    let msg = failure_message(&e, "t-1");
+    assert_eq!(
+        msg,
+        "failed to create directory d/sub: Permission denied (os error 13)"
+    );
+}
+
+#[test]
+fn transport_errors() {
+    let addr = "127.0.0.1:1".parse().expect("addr");
+    assert_eq!(
+        TransportError::Connect {
+            addr,
+            source: io::Error::from(io::ErrorKind::ConnectionRefused)
+        }
+        .kind(),
+        ErrorKind::Network
+    );
+    assert_eq!(
+        TransportError::Timeout { addr, secs: 10 }.kind(),
+        ErrorKind::Timeout
+    );
+    let refused = TransportError::Handshake {
+        addr,
+        source: io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate),
+        ),
+    };
+    assert_eq!(refused.kind(), ErrorKind::Peer);
+    assert_eq!(
+        peer_alert(&refused),
+        Some(rustls::AlertDescription::BadCertificate)
+    );
+    let reset = TransportError::Handshake {
+        addr,
+        source: io::Error::from(io::ErrorKind::ConnectionReset),
+    };
+    assert_eq!(reset.kind(), ErrorKind::Network);
+    assert_eq!(peer_alert(&reset), None);
+}
