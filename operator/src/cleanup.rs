@@ -106,6 +106,7 @@ mod tests {
             ip: None,
             node: None,
             message: None,
+            exit_code: None,
             deleting: false,
         }
     }

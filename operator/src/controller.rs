@@ -428,12 +428,13 @@ fn pod_view(p: &Pod) -> PodView {
         .iter()
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    let message = status
+    let terminated = status
         .container_statuses
         .iter()
         .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
-        .next();
+        .find_map(|c| c.state.as_ref()?.terminated.clone());
+    let message = terminated.as_ref().and_then(|t| t.message.clone());
+    let exit_code = terminated.map(|t| t.exit_code);
     PodView {
         name: p.name_any(),
         phase,
@@ -441,6 +442,7 @@ fn pod_view(p: &Pod) -> PodView {
         ip: status.pod_ip.filter(|ip| !ip.is_empty()),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         message,
+        exit_code,
         deleting: p.metadata.deletion_timestamp.is_some(),
     }
 }

@@ -16,6 +16,7 @@ use crate::api::{
 };
 use crate::names::{self, MoverRole};
 use crate::placement::{Blocked, SidePlacement};
+use ferry_mover::kind::ErrorKind;
 use ferry_proto::progress::v1::{Phase as MoverPhase, ProgressUpdate};
 
 /// First retry delay; each further failure doubles it, up to [`BACKOFF_MAX`].
@@ -44,6 +45,8 @@ pub struct PodView {
     pub node: Option<String>,
     /// The container's termination message (the mover's last error lines).
     pub message: Option<String>,
+    /// The container's exit status once it terminated (the mover's status says the error kind).
+    pub exit_code: Option<i32>,
     /// Being deleted already.
     pub deleting: bool,
 }
@@ -455,13 +458,29 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
 
-    if let Some(message) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
+    if let Some(Failure { message, kind }) =
+        attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
     {
         cx.st.throughput = None;
         cx.st.eta = None;
         let failures = cx.st.failures + 1;
         cx.st.failures = failures;
         cx.delete_children(uid, false);
+        if let Some(kind) = kind.filter(|k| is_permanent(*k)) {
+            let reason = match kind {
+                ErrorKind::Source => Reason::SourceUnreadable,
+                _ => Reason::DestinationUnwritable,
+            };
+            cx.finish(
+                Phase::Failed,
+                reason,
+                &format!(
+                    "attempt {} failed ({kind}), which a retry cannot fix: {message}",
+                    cx.st.attempts
+                ),
+            );
+            return None;
+        }
         if failures > spec.backoff_limit {
             cx.finish(
                 Phase::Failed,
@@ -635,13 +654,42 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
 
 /// Why the current attempt failed, if it did: a mover exited non-zero, or a mover this attempt
 /// had is gone (its pod was deleted or its node lost it).
+/// A failed attempt: what happened, and where the fault lies when a mover said so.
+struct Failure {
+    message: String,
+    kind: Option<ErrorKind>,
+}
+
+/// The error kind a failed mover reported: its exit status (which survives in the pod status), or
+/// else its final progress update.
+fn reported_kind(p: &PodView, progress: &Option<ProgressUpdate>) -> Option<ErrorKind> {
+    let by_exit = p.exit_code.and_then(|code| {
+        ErrorKind::ALL
+            .into_iter()
+            .find(|k| i32::from(k.exit_code()) == code)
+    });
+    by_exit.or_else(|| {
+        progress
+            .as_ref()
+            .filter(|u| u.error_kind != 0)
+            .map(|u| ErrorKind::from_pb(u.error_kind))
+    })
+}
+
+/// Faults a retry cannot fix: the source cannot be read (missing, permission denied) or the
+/// destination cannot be written (permission denied, a full disk, digests that differ). The
+/// Transfer fails at once; fixing the cause and changing `spec.trigger` runs it again, resuming.
+fn is_permanent(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::Source | ErrorKind::Destination)
+}
+
 fn attempt_failure(
     cx: &Ctx<'_>,
     recv: Option<&PodView>,
     send: Option<&PodView>,
     recv_name: &str,
     send_name: &str,
-) -> Option<String> {
+) -> Option<Failure> {
     let had = |r: &Option<MoverRef>, name: &str| r.as_ref().is_some_and(|m| m.pod == name);
     let text = |p: &PodView, role: &str, progress: &Option<ProgressUpdate>| {
         let from_progress = progress
@@ -655,23 +703,43 @@ fn attempt_failure(
     };
     // Both sides usually fail together; the text of each helps (one names the cause, the
     // other what it saw of it).
-    let failed: Vec<String> = [
-        recv.filter(|p| p.phase == PodPhase::Failed)
-            .map(|p| text(p, "receiver", &cx.obs.receiver_progress)),
-        send.filter(|p| p.phase == PodPhase::Failed)
-            .map(|p| text(p, "sender", &cx.obs.sender_progress)),
+    let failed: Vec<(String, Option<ErrorKind>)> = [
+        recv.filter(|p| p.phase == PodPhase::Failed).map(|p| {
+            let progress = &cx.obs.receiver_progress;
+            (text(p, "receiver", progress), reported_kind(p, progress))
+        }),
+        send.filter(|p| p.phase == PodPhase::Failed).map(|p| {
+            let progress = &cx.obs.sender_progress;
+            (text(p, "sender", progress), reported_kind(p, progress))
+        }),
     ]
     .into_iter()
     .flatten()
     .collect();
     if !failed.is_empty() {
-        return Some(failed.join("; "));
+        // A permanent fault on either side decides; otherwise the first kind reported.
+        let kinds: Vec<ErrorKind> = failed.iter().filter_map(|(_, k)| *k).collect();
+        let kind = kinds
+            .iter()
+            .copied()
+            .find(|k| is_permanent(*k))
+            .or(kinds.first().copied());
+        let message = failed
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Some(Failure { message, kind });
     }
+    let lost = |what: &str, name: &str| Failure {
+        message: format!("{what} pod {name} disappeared"),
+        kind: None,
+    };
     if recv.is_none_or(|p| p.deleting) && had(&cx.st.receiver, recv_name) {
-        return Some(format!("receiver pod {recv_name} disappeared"));
+        return Some(lost("receiver", recv_name));
     }
     if send.is_none_or(|p| p.deleting) && had(&cx.st.sender, send_name) {
-        return Some(format!("sender pod {send_name} disappeared"));
+        return Some(lost("sender", send_name));
     }
     None
 }
@@ -850,6 +918,7 @@ pub(crate) mod tests {
             ip: Some("127.2.0.5".into()),
             node: Some("b".into()),
             message: None,
+            exit_code: None,
             deleting: false,
         }
     }
@@ -1047,6 +1116,50 @@ pub(crate) mod tests {
         assert_eq!(p.status.phase, Phase::Failed);
         assert_eq!(cond(&p, "Failed").reason, "BackoffLimitExceeded");
         assert!(cond(&p, "Failed").message.contains("disappeared"));
+    }
+
+    #[test]
+    fn faults_a_retry_cannot_fix_fail_at_once_others_retry() {
+        let failed_with = |code: i32| {
+            let mut t = transfer();
+            advance(&mut t, &obs(0));
+            let mut o = obs(1);
+            o.pods = vec![
+                pod(1, 1, MoverRole::Receiver, PodPhase::Failed, false),
+                pod(1, 1, MoverRole::Sender, PodPhase::Failed, false),
+            ];
+            o.pods[0].exit_code = Some(code);
+            o.pods[1].exit_code = Some(13);
+            plan(&t, &o)
+        };
+        let dest = failed_with(12);
+        assert_eq!(dest.status.phase, Phase::Failed);
+        assert_eq!(cond(&dest, "Failed").reason, "DestinationUnwritable");
+        assert!(
+            cond(&dest, "Failed").message.contains("destination"),
+            "{:?}",
+            dest.status
+        );
+        let src = failed_with(11);
+        assert_eq!(cond(&src, "Failed").reason, "SourceUnreadable");
+        for retryable in [10, 13, 14, 15, 1, 137] {
+            assert_eq!(
+                failed_with(retryable).status.phase,
+                Phase::Retrying,
+                "exit {retryable}"
+            );
+        }
+        // Without an exit status, the final progress update's kind counts.
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let mut o = obs(1);
+        o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Failed, false)];
+        o.sender_progress = Some(ProgressUpdate {
+            error_kind: ferry_proto::wire::v1::ErrorKind::Source as i32,
+            last_error: "failed to open source".into(),
+            ..ProgressUpdate::default()
+        });
+        assert_eq!(cond(&plan(&t, &o), "Failed").reason, "SourceUnreadable");
     }
 
     #[test]

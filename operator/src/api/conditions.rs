@@ -45,6 +45,8 @@ pub enum Reason {
     Unsupported,
     PodSecurityForbidsHostPath,
     DigestMismatch,
+    SourceUnreadable,
+    DestinationUnwritable,
 }
 
 impl Reason {
@@ -67,6 +69,8 @@ impl Reason {
             Reason::Unsupported => "Unsupported",
             Reason::PodSecurityForbidsHostPath => "PodSecurityForbidsHostPath",
             Reason::DigestMismatch => "DigestMismatch",
+            Reason::SourceUnreadable => "SourceUnreadable",
+            Reason::DestinationUnwritable => "DestinationUnwritable",
         }
     }
 }

@@ -765,3 +765,39 @@ async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn an_unreadable_source_fails_at_once_with_its_reason() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("xfer-unreadable").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 5, 0, &ns.name)?;
+    // A directory of the source the movers' user may not read: a fault no retry fixes.
+    let private = src_host.join("private");
+    std::fs::create_dir(&private)?;
+    std::fs::write(private.join("secret"), b"x")?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "unreadable",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let t = wait_phase(&api, "unreadable", Duration::from_secs(90), Phase::Failed).await?;
+    let st = t.status.context("status")?;
+    assert_eq!(st.attempts, 1, "retried a fault no retry fixes: {st:?}");
+    let failed = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed")
+        .context("no Failed condition")?;
+    assert_eq!(failed.reason, "SourceUnreadable", "{failed:?}");
+    assert!(failed.message.contains("private"), "{}", failed.message);
+    ns.delete().await
+}
