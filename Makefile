@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster demo crds bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster demo crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
@@ -22,6 +22,7 @@ test: deps lint build k8s-bin
 	exit $$rc
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-selftest
+	$(MAKE) --no-print-directory chart-check
 
 # The README's first command: a real Transfer end to end on the local cluster, with live progress.
 # The cluster stays up afterwards (`make cluster-down` stops it).
@@ -31,6 +32,11 @@ demo: deps build k8s-bin
 # The Transfer CRD generated from the Rust types (a unit test fails when crds/ drifts).
 crds:
 	$(CARGO) run -q -p ferry-operator --bin crdgen > crds/ferry.dev_transfers.yaml
+	charts/ferry/sync-crd.sh
+
+# The Helm chart offline: lint, renders, the values schema's refusals, RBAC equal to deploy/rbac.yaml.
+chart-check: k8s-bin
+	charts/ferry/check.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# Offline checks of the ferry chart (no cluster): lint, renders, schema rejections, the CRD and the
+# RBAC rules against the repository's sources. Exits non-zero on the first failure.
+#
+#   charts/ferry/check.sh             (HELM=/path/to/helm to pick the binary)
+set -euo pipefail
+
+chart=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$chart/../.." && pwd)
+HELM=${HELM:-}
+if [[ -z $HELM ]]; then
+  if [[ -x "${FERRY_CACHE:-$HOME/.cache/ferry}/k8s-v1.35.4/bin/helm" ]]; then
+    HELM="${FERRY_CACHE:-$HOME/.cache/ferry}/k8s-v1.35.4/bin/helm"
+  else
+    HELM=$(command -v helm) || { echo "check: helm not found (set HELM=)" >&2; exit 1; }
+  fi
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+step=0
+ok() { echo "ok   $*"; }
+fail() { echo "FAIL $*" >&2; exit 1; }
+run() { step=$((step + 1)); echo "---- [$step] $*"; }
+
+# Structured checks need PyYAML; without it (or with CHECK_NO_PYYAML=1) text comparisons stand in.
+have_yaml=0
+if [[ -z ${CHECK_NO_PYYAML:-} ]] && python3 -c 'import yaml' 2>/dev/null; then have_yaml=1; fi
+
+render() { # render OUT [helm template args...]
+  local out=$1; shift
+  "$HELM" template ferry "$chart" --namespace ferry-system "$@" >"$out" 2>"$out.err" \
+    || { cat "$out.err" >&2; fail "helm template $* did not render"; }
+}
+
+expect_reject() { # expect_reject WHAT PATTERN [helm template args...]: must fail, stderr matching PATTERN
+  local what=$1 pattern=$2; shift 2
+  if "$HELM" template ferry "$chart" --namespace ferry-system "$@" >/dev/null 2>"$work/reject.err"; then
+    fail "$what: helm template accepted it"
+  fi
+  grep -Eq -- "$pattern" "$work/reject.err" \
+    || { cat "$work/reject.err" >&2; fail "$what: rejected, but the error does not match /$pattern/"; }
+  ok "$what: rejected ($(grep -E -m1 -- "$pattern" "$work/reject.err" | sed 's/^[- ]*//'))"
+}
+
+run "helm: $("$HELM" version --short 2>/dev/null || echo "$HELM"); PyYAML: $([[ $have_yaml == 1 ]] && echo yes || echo no, text comparisons)"
+
+run "the CRD template is in sync with crds/ferry.dev_transfers.yaml"
+"$chart/sync-crd.sh" --check
+
+run "helm lint --strict (default values, ci/full-values.yaml)"
+"$HELM" lint --strict "$chart" || fail "helm lint --strict"
+"$HELM" lint --strict "$chart" -f "$chart/ci/full-values.yaml" || fail "helm lint --strict -f ci/full-values.yaml"
+ok "lint clean"
+
+run "helm template: default values and ci/full-values.yaml"
+render "$work/default.yaml"
+render "$work/full.yaml" -f "$chart/ci/full-values.yaml"
+render "$work/install.yaml" --set 'hostRoots[0].namespace=ml,hostRoots[0].root=/data'
+for f in default full install; do
+  echo "ok   $f: $(grep -c '^kind:' "$work/$f.yaml") objects: $(grep '^kind:' "$work/$f.yaml" | awk '{print $2}' | sort | paste -sd' ')"
+done
+
+run "the values schema rejects bad values"
+expect_reject "tests/bad-hostroot-values.yaml (relative root)" "hostRoots/1/root.*does not match pattern '\^/'" \
+  -f "$chart/tests/bad-hostroot-values.yaml"
+expect_reject "a root with a '..' component" "hostRoots/0/root" \
+  --set 'hostRoots[0].namespace=ml,hostRoots[0].root=/data/../etc'
+expect_reject "a hostRoots entry without root" "hostRoots/0.*missing propert.*root" \
+  --set 'hostRoots[0].namespace=ml'
+expect_reject "a hostRoots entry with a misspelt key" "hostRoots/0.*additional propert.*path" \
+  --set 'hostRoots[0].namespace=ml,hostRoots[0].root=/data,hostRoots[0].path=/x'
+expect_reject "replicas=0" "/replicas.*minimum" --set replicas=0
+expect_reject "logFormat=yaml" "/logFormat.*(text|json)" --set logFormat=yaml
+expect_reject "maxActive=-1" "/maxActive.*minimum" --set maxActive=-1
+expect_reject "maxActivePerNode=-2" "/maxActivePerNode.*minimum" --set maxActivePerNode=-2
+expect_reject "a mover label in ferry.dev/" "moverDefaults/labels/ferry.dev" --set 'moverDefaults.labels.ferry\.dev/x=y'
+expect_reject "cas.capBytes=0" "/cas/capBytes.*minimum" --set cas.capBytes=0
+expect_reject "an unknown top-level value" "additional propert.*hostRoot" --set 'hostRoot=x'
+expect_reject "a relative root with --skip-schema-validation (template guard)" \
+  "hostRoots\[1\]\.root must be an absolute path" \
+  --skip-schema-validation -f "$chart/tests/bad-hostroot-values.yaml"
+expect_reject "extraArgs repeating a rendered flag" "extraArgs: --log-format is already rendered" \
+  --set 'extraArgs[0]=--log-format=json'
+
+run "the rendered RBAC rules equal deploy/rbac.yaml's"
+if [[ $have_yaml == 1 ]]; then
+  python3 - "$repo/deploy/rbac.yaml" "$work/default.yaml" "$work/full.yaml" <<'EOF'
+import sys, yaml
+
+def docs(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+def one(ds, kind, path):
+    found = [d for d in ds if d.get("kind") == kind]
+    if len(found) != 1:
+        sys.exit(f"FAIL {path}: expected one {kind}, found {len(found)}")
+    return found[0]
+
+ref = docs(sys.argv[1])
+for path in sys.argv[2:]:
+    ds = docs(path)
+    for kind in ("ClusterRole", "Role"):
+        want, got = one(ref, kind, sys.argv[1])["rules"], one(ds, kind, path)["rules"]
+        if want != got:
+            sys.exit(f"FAIL {path}: {kind} rules differ from deploy/rbac.yaml:\n  want {want}\n  got  {got}")
+    sa = one(ds, "ServiceAccount", path)
+    role, crole = one(ds, "Role", path), one(ds, "ClusterRole", path)
+    for kind, target in (("ClusterRoleBinding", crole), ("RoleBinding", role)):
+        b = one(ds, kind, path)
+        if b["roleRef"]["name"] != target["metadata"]["name"]:
+            sys.exit(f"FAIL {path}: {kind} refers to {b['roleRef']['name']}, not {target['metadata']['name']}")
+        subj = [(s["kind"], s["name"], s["namespace"]) for s in b["subjects"]]
+        if subj != [("ServiceAccount", sa["metadata"]["name"], "ferry-system")]:
+            sys.exit(f"FAIL {path}: {kind} subjects {subj}")
+    dep = one(ds, "Deployment", path)
+    if dep["spec"]["template"]["spec"]["serviceAccountName"] != sa["metadata"]["name"]:
+        sys.exit(f"FAIL {path}: the Deployment does not run as the ServiceAccount")
+    if role["metadata"]["namespace"] != "ferry-system":
+        sys.exit(f"FAIL {path}: the Role is not in the release namespace")
+    print(f"ok   {path.rsplit('/', 1)[-1]}: ClusterRole and Role rules equal; bindings name "
+          f"{sa['metadata']['name']} in ferry-system")
+EOF
+else
+  # Text fallback: the chart writes the rules in deploy/rbac.yaml's own flow style, so the rules
+  # blocks of the ClusterRole and the Role compare line for line.
+  rules() { # rules FILE KIND: the rules block of the document of that kind
+    awk -v kind="$2" '
+      /^---/ { if (is) exit; inrules = 0; next }
+      $0 == "kind: " kind { is = 1 }
+      /^rules:/ { inrules = 1 }
+      /^[a-z]/ && !/^rules:/ { inrules = 0 }
+      inrules { body = body $0 "\n" }
+      END { if (is) printf "%s", body }
+    ' "$1" | sed 's/[[:space:]]*$//'
+  }
+  for f in default full; do
+    for kind in ClusterRole Role; do
+      diff <(rules "$repo/deploy/rbac.yaml" "$kind") <(rules "$work/$f.yaml" "$kind") \
+        || fail "$f: $kind rules differ from deploy/rbac.yaml"
+      [[ -n $(rules "$work/$f.yaml" "$kind") ]] || fail "$f: no $kind rules rendered"
+    done
+    ok "$f: ClusterRole and Role rules equal (text)"
+  done
+fi
+
+run "the rendered CRD is crds/ferry.dev_transfers.yaml (plus the keep annotation)"
+render "$work/crd-keep.yaml" --show-only templates/crd-transfers.yaml
+render "$work/crd-nokeep.yaml" --show-only templates/crd-transfers.yaml --set crds.keep=false
+grep -q 'helm.sh/resource-policy: keep' "$work/crd-keep.yaml" || fail "crds.keep=true: no keep annotation"
+grep -q 'helm.sh/resource-policy' "$work/crd-nokeep.yaml" && fail "crds.keep=false: keep annotation rendered"
+# Byte for byte, but for Helm's "---"/"# Source:" header and the generator's comment.
+diff <(grep -v -e '^---$' -e '^# Source:' "$work/crd-nokeep.yaml") \
+  <(grep -v '^#' "$repo/crds/ferry.dev_transfers.yaml") || fail "the rendered CRD differs from crds/"
+ok "crds.keep=false renders crds/ferry.dev_transfers.yaml byte for byte; crds.keep=true adds the annotation"
+if "$HELM" template ferry "$chart" --set crds.install=false | grep -q '^kind: CustomResourceDefinition'; then
+  fail "crds.install=false still renders the CRD"
+fi
+ok "crds.install=false renders no CRD"
+
+run "the operator's command line from ci/full-values.yaml"
+expect_arg() {
+  grep -Fq -- "- $1" "$work/full.yaml" || fail "full: argument $1 not rendered"
+}
+for a in --cluster-name=prod-eu-1 \
+  --mover-image=registry.example.com/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
+  --mover-uid=10001 --allow-root-movers --host-root=ml=/data --host-root=ml=/scratch/ \
+  '--host-root=*=/srv/shared' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
+  --max-active=20 --max-active-per-node=2 --cert-days=7 --data-port=7500 --progress-port=7501 \
+  --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
+  '--metrics-addr=[::]:9090' --leader-election-id=ferry-operator-lease --log-format=json; do
+  expect_arg "$a"
+done
+grep -Fq -- '--cas-root=' "$work/default.yaml" || fail "default: no --cas-root"
+render "$work/nocas.yaml" --set cas.root= --show-only templates/deployment.yaml
+grep -Eq -- '- "?--cas-root="?$' "$work/nocas.yaml" || fail 'cas.root="" does not render --cas-root= (dedup off)'
+if [[ $have_yaml == 1 ]]; then
+  python3 - "$work/full.yaml" "$work/default.yaml" <<'EOF'
+import json, sys, yaml
+
+def deployment(path):
+    with open(path) as f:
+        return next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Deployment")
+
+def flag(args, name):
+    vals = [a.split("=", 1)[1] for a in args if a.startswith(name + "=")]
+    return vals
+
+d = deployment(sys.argv[1])
+pod = d["spec"]["template"]["spec"]
+c = pod["containers"][0]
+args = c["args"]
+tol = json.loads(flag(args, "--mover-tolerations")[0])
+if tol != [
+    {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"},
+    {"effect": "NoExecute", "key": "node.kubernetes.io/unreachable", "operator": "Exists", "tolerationSeconds": 300},
+    ]:
+    sys.exit(f"FAIL full: --mover-tolerations {tol}")
+res = json.loads(flag(args, "--mover-resources")[0])
+# Every quantity a string (the operator's Quantity type), big integers not in float notation.
+if res != {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1", "memory": "1073741824"}}:
+    sys.exit(f"FAIL full: --mover-resources {res}")
+names = [x.split("=", 1)[0] for x in args if not x.startswith(("--host-root", "--mover-label"))]
+if len(names) != len(set(names)):
+    sys.exit(f"FAIL full: a flag is repeated: {names}")
+print("ok   full: --mover-tolerations and --mover-resources are the values as JSON (quantities strings); no flag repeated")
+
+for path in sys.argv[1:]:
+    d = deployment(path)
+    pod = d["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in c["env"]}
+    name = path.rsplit("/", 1)[-1]
+    def check(cond, what):
+        if not cond:
+            sys.exit(f"FAIL {name}: {what}")
+    check(env.get("POD_NAMESPACE") == "metadata.namespace" and env.get("POD_NAME") == "metadata.name",
+          f"POD_NAMESPACE/POD_NAME not from the downward API: {env}")
+    check(c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"},
+          f"liveness probe is not GET /healthz on port metrics: {c['livenessProbe']}")
+    check(c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"},
+          f"readiness probe is not GET /readyz on port metrics: {c['readinessProbe']}")
+    port = [p for p in c["ports"] if p["name"] == "metrics"][0]["containerPort"]
+    check(any(a.startswith("--metrics-addr=") and a.endswith(f":{port}") for a in c["args"]),
+          f"--metrics-addr does not use the metrics port {port}")
+    sc, psc = c["securityContext"], pod["securityContext"]
+    check(sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+          and sc["capabilities"]["drop"] == ["ALL"], f"container securityContext {sc}")
+    check(psc["runAsNonRoot"] is True and psc["runAsUser"] == 65532
+          and psc["seccompProfile"]["type"] == "RuntimeDefault", f"pod securityContext {psc}")
+    check(pod["automountServiceAccountToken"] is True, "automountServiceAccountToken is not true")
+    check(pod["terminationGracePeriodSeconds"] >= 30, "terminationGracePeriodSeconds < 30")
+    check(d["spec"]["strategy"]["type"] == "RollingUpdate", "strategy is not RollingUpdate")
+    check(any(a.startswith("--leader-election-id=") for a in c["args"]), "no --leader-election-id")
+    print(f"ok   {path.rsplit('/', 1)[-1]}: downward-API env, probes on the metrics port, locked-down security context, RollingUpdate")
+EOF
+else
+  grep -Fq -- '--mover-tolerations=[{"effect":"NoSchedule","key":"nvidia.com/gpu","operator":"Exists"}' "$work/full.yaml" \
+    || fail "full: --mover-tolerations"
+  grep -Fq -- '"requests":{"cpu":"1","memory":"1073741824"}' "$work/full.yaml" || fail "full: --mover-resources"
+  for f in default full; do
+    grep -q 'fieldPath: metadata.namespace' "$work/$f.yaml" && grep -q 'path: /readyz' "$work/$f.yaml" \
+      && grep -q 'readOnlyRootFilesystem: true' "$work/$f.yaml" || fail "$f: env, probes or securityContext"
+  done
+fi
+ok "operator flags rendered from every value"
+
+run "optional objects: ServiceMonitor, PodDisruptionBudget, Service"
+grep -q '^kind: ServiceMonitor' "$work/default.yaml" && fail "default: a ServiceMonitor is rendered"
+grep -q '^apiVersion: monitoring.coreos.com/v1' "$work/full.yaml" || fail "full: no ServiceMonitor"
+grep -q '^kind: PodDisruptionBudget' "$work/full.yaml" || fail "full: no PodDisruptionBudget"
+grep -A3 '^  ports:' "$work/default.yaml" | grep -q 'name: metrics' || fail "default: no Service port named metrics"
+ok "ServiceMonitor only when enabled; PDB when enabled; Service port metrics"
+
+if [[ $have_yaml == 1 ]]; then
+  run "ci/full-values.yaml sets every value of values.yaml"
+  python3 - "$chart/values.yaml" "$chart/ci/full-values.yaml" <<'EOF'
+import sys, yaml
+def leaves(v, p=""):
+    if isinstance(v, dict) and v:
+        for k, x in v.items():
+            yield from leaves(x, f"{p}.{k}" if p else k)
+    else:
+        yield p
+defaults = yaml.safe_load(open(sys.argv[1]))
+full = yaml.safe_load(open(sys.argv[2]))
+def get(d, path):
+    for k in path.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return KeyError
+        d = d[k]
+    return d
+missing = [p for p in leaves(defaults) if get(full, p) is KeyError]
+if missing:
+    sys.exit(f"FAIL ci/full-values.yaml does not set: {', '.join(missing)}")
+print(f"ok   all {len(list(leaves(defaults)))} leaf values are set")
+EOF
+fi
+
+run "helm package (the .helmignore keeps the dev scripts out)"
+"$HELM" package "$chart" -d "$work" >/dev/null || fail "helm package"
+tar -tzf "$work"/ferry-0.1.0.tgz >"$work/files"
+grep -Eq 'check\.sh|sync-crd\.sh|/tests/' "$work/files" && fail "the package contains dev files: $(cat "$work/files")"
+ok "ferry-0.1.0.tgz: $(wc -l <"$work/files") files"
+
+echo "---- all chart checks passed"
