@@ -440,3 +440,37 @@ fn two_processes_insert_while_a_third_reads() {
     assert!(files_under(&store_dir.join("tmp")).is_empty());
     eprintln!("reads served while importing: {served}");
 }
+
+/// Opening a store removes temps whose writer died (unlocked ones). A writer's temp is unlocked
+/// for an instant after it is created; writers racing with a stream of opens must still succeed
+/// every time (leases and blocks alike).
+#[test]
+fn writers_survive_concurrent_opens_that_clean_temps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let store = CasStore::open(&store_dir, 1 << 40).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cleaners: Vec<_> = (0..2)
+        .map(|_| {
+            let (d, stop) = (store_dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut opens = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    CasStore::open_existing(&d).unwrap();
+                    opens += 1;
+                }
+                opens
+            })
+        })
+        .collect();
+    for i in 0..300u64 {
+        let data = block(10_000 + i, 4096);
+        let outcome = store.insert(&BlockHash::of(&data), &data).unwrap();
+        assert_eq!(outcome, InsertOutcome::Inserted, "block {i}");
+        drop(store.lease(&format!("t{i}")).unwrap());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let opens: u32 = cleaners.into_iter().map(|c| c.join().unwrap()).sum();
+    assert!(opens > 0);
+    assert!(files_under(&store_dir.join("tmp")).is_empty());
+}

@@ -2,7 +2,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
@@ -84,39 +84,49 @@ pub(crate) struct TempFile {
     published: bool,
 }
 
+/// Names tried before [`TempFile::create`] gives up (each lost only to a concurrent cleaner).
+const TEMP_CREATE_TRIES: usize = 16;
+
 impl TempFile {
     pub(crate) fn create(tmp_dir: &Path, suffix: &str) -> Result<Self> {
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let path = tmp_dir.join(format!("{}-{nanos}-{seq}.{suffix}", std::process::id()));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&path)
-            .map_err(|e| CasError::io("create temp file", &path, e))?;
-        match lock::try_lock_file(&file) {
-            Ok(true) => {}
-            // Nobody else can have opened a name this unique yet; treat anything else as an I/O
-            // failure rather than writing unprotected.
-            Ok(false) => {
-                return Err(CasError::io(
-                    "lock temp file",
-                    &path,
-                    io::Error::from(io::ErrorKind::WouldBlock),
-                ));
+        // Between creating a temp and locking it, another process opening the store may find it
+        // unlocked, take it for a dead writer's and unlink it. So a temp counts only once it is
+        // locked *and* still the file at its name; otherwise it is given up and a new name tried.
+        for _ in 0..TEMP_CREATE_TRIES {
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let seq = TEMP_SEQ.fetch_add(1, Ordering::Relaxed);
+            let path = tmp_dir.join(format!("{}-{nanos}-{seq}.{suffix}", std::process::id()));
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&path)
+                .map_err(|e| CasError::io("create temp file", &path, e))?;
+            // A cleaner holds the lock: it is about to unlink this name.
+            if !lock::try_lock_file(&file).map_err(|e| CasError::io("lock temp file", &path, e))? {
+                continue;
             }
-            Err(e) => return Err(CasError::io("lock temp file", &path, e)),
+            let ours = match (file.metadata(), fs::symlink_metadata(&path)) {
+                (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+                _ => false,
+            };
+            if ours {
+                return Ok(Self {
+                    path,
+                    file,
+                    published: false,
+                });
+            }
         }
-        Ok(Self {
-            path,
-            file,
-            published: false,
-        })
+        Err(CasError::io(
+            "create temp file in",
+            tmp_dir,
+            io::Error::other("temp files kept vanishing (a cleaner raced every attempt)"),
+        ))
     }
 
     pub(crate) fn mark_published(&mut self) {
