@@ -89,8 +89,10 @@ if [[ $have_yaml == 1 ]]; then
 import sys, yaml
 
 def docs(path):
+    # The release's objects; hooks (the pre-delete Job and its own RBAC) are checked apart.
     with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d]
+        return [d for d in yaml.safe_load_all(f)
+                if d and "helm.sh/hook" not in (d.get("metadata", {}).get("annotations") or {})]
 
 def one(ds, kind, path):
     found = [d for d in ds if d.get("kind") == kind]
@@ -277,6 +279,38 @@ if missing:
 print(f"ok   all {len(list(leaves(defaults)))} leaf values are set")
 EOF
 fi
+
+run "the pre-delete hook: refuses by default, deletes with uninstall.deleteTransfers, none when off"
+render "$work/hook.yaml" --show-only templates/pre-delete-hook.yaml
+render "$work/hook-delete.yaml" --show-only templates/pre-delete-hook.yaml --set uninstall.deleteTransfers=true
+grep -q 'helm.sh/hook: pre-delete' "$work/hook.yaml" || fail "default: no pre-delete hook"
+grep -Fq 'verbs: ["list"]' "$work/hook.yaml" || fail "default: the hook may do more than list Transfers"
+grep -Fq -- '--delete-transfers' "$work/hook.yaml" && fail "default: the hook deletes Transfers"
+grep -Fq 'verbs: ["list", "delete"]' "$work/hook-delete.yaml" || fail "deleteTransfers: the hook cannot delete"
+grep -Fq -- '- --delete-transfers' "$work/hook-delete.yaml" || fail "deleteTransfers: no --delete-transfers"
+if "$HELM" template ferry "$chart" --set uninstall.hook=false | grep -q 'helm.sh/hook'; then
+  fail "uninstall.hook=false still renders a hook"
+fi
+expect_reject "uninstall.timeoutSeconds=5" "/uninstall/timeoutSeconds.*minimum" --set uninstall.timeoutSeconds=5
+ok "hook: list-only refusal by default; list+delete with deleteTransfers; absent when off"
+
+run "ci/local-values.yaml (make deploy-local): the operator binds its own pod address"
+render "$work/local.yaml" -f "$chart/ci/local-values.yaml"
+grep -Fq -- '- --metrics-addr=$(POD_IP):8080' "$work/local.yaml" || fail "local: --metrics-addr is not \$(POD_IP):8080"
+grep -Fq -- '- --host-root=*=/data' "$work/local.yaml" || fail "local: /data is not granted to every namespace"
+grep -A3 'name: POD_IP' "$work/local.yaml" | grep -q 'fieldPath: status.podIP' || fail "local: POD_IP not from status.podIP"
+ok "local: --metrics-addr=\$(POD_IP):8080, --host-root=*=/data"
+
+run "deploy/Dockerfile and the chart agree on users; deploy/install.yaml is current"
+stage_user() { # the USER of Dockerfile stage $1
+  awk -v s="$1" 'toupper($1) == "FROM" { cur = (tolower($(NF-1)) == "as") ? $NF : "" } cur == s && toupper($1) == "USER" { print $2 }' "$repo/deploy/Dockerfile"
+}
+[[ $(stage_user ferry-operator) == 65532:65532 ]] || fail "Dockerfile: ferry-operator USER is $(stage_user ferry-operator), not 65532:65532"
+grep -q 'runAsUser: 65532' "$work/default.yaml" || fail "the chart's operator does not run as the image's uid 65532"
+[[ $(stage_user ferry-mover) == "$(sed -n 's/^moverUid: //p' "$chart/values.yaml"):$(sed -n 's/^moverUid: //p' "$chart/values.yaml")" ]] \
+  || fail "Dockerfile: ferry-mover USER $(stage_user ferry-mover) is not the chart's moverUid"
+ok "operator and mover images run as 65532:65532, as the chart's pods do"
+HELM="$HELM" "$repo/deploy/render-manifests.sh" --check || fail "deploy/install.yaml is stale: make manifests"
 
 run "helm package (the .helmignore keeps the dev scripts out)"
 "$HELM" package "$chart" -d "$work" >/dev/null || fail "helm package"

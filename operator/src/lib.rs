@@ -16,6 +16,7 @@ pub mod placement;
 pub mod plan;
 pub mod progress;
 pub mod status;
+pub mod uninstall;
 
 /// The API group all ferry resources live in.
 pub const API_GROUP: &str = "ferry.dev";

@@ -76,6 +76,22 @@ struct Cli {
     /// Log format.
     #[arg(long, value_parser = ["text", "json"], default_value = "text")]
     log_format: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// The Helm pre-delete hook: fails while Transfers exist (their finalizer needs a running
+    /// operator), or with --delete-transfers deletes them all and waits until they are gone.
+    PreUninstall {
+        /// Delete every Transfer instead of refusing.
+        #[arg(long)]
+        delete_transfers: bool,
+        /// How long to wait for the operator to clean up the deleted Transfers.
+        #[arg(long, default_value_t = 300)]
+        timeout_seconds: u64,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -90,6 +106,13 @@ fn main() -> anyhow::Result<()> {
         builder.json().init();
     } else {
         builder.init();
+    }
+    if let Some(Command::PreUninstall {
+        delete_transfers,
+        timeout_seconds,
+    }) = cli.command
+    {
+        return pre_uninstall(delete_transfers, timeout_seconds);
     }
     let config = Config {
         cluster_name: cli.cluster_name,
@@ -164,6 +187,29 @@ fn main() -> anyhow::Result<()> {
         elector.release().await;
         result
     })
+}
+
+fn pre_uninstall(delete_transfers: bool, timeout_seconds: u64) -> anyhow::Result<()> {
+    use ferry_operator::uninstall::{Policy, run};
+    let policy = if delete_transfers {
+        Policy::DeleteAll
+    } else {
+        Policy::Refuse
+    };
+    let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
+    let outcome = rt.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("failed to configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
+        run(
+            client,
+            policy,
+            std::time::Duration::from_secs(timeout_seconds),
+        )
+        .await
+    })?;
+    println!("{outcome}");
+    Ok(())
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {

@@ -19,3 +19,13 @@ scheduler_port="${FERRY_SCHEDULER_PORT:-10359}"
 nodes="${FERRY_NODES:-node-a,node-b}"
 # debug or release: which build of the workspace binaries the pods run.
 profile="${FERRY_PROFILE:-debug}"
+
+# True when a cluster started by up.sh is serving: its node agent runs and the apiserver is ready.
+# $1 = kubectl binary.
+cluster_running() {
+  local pid
+  [[ -f "$kubeconfig" && -f "$pid_dir/node-agent.pid" ]] || return 1
+  pid="$(cat "$pid_dir/node-agent.pid")"
+  kill -0 "$pid" 2>/dev/null || return 1
+  "$1" --kubeconfig "$kubeconfig" get --raw /readyz >/dev/null 2>&1
+}

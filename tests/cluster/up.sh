@@ -175,7 +175,8 @@ if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/fer
 fi
 start node-agent "$target_dir/ferry-node-agent" \
   --kubeconfig "$pki_dir/node-agent.kubeconfig" --cluster-dir "$cluster_dir" --nodes "$nodes" \
-  --apiserver-host 127.0.0.1 --apiserver-port "$apiserver_port" --bin-dir "$pod_bin_dir"
+  --apiserver-host 127.0.0.1 --apiserver-port "$apiserver_port" --bin-dir "$pod_bin_dir" \
+  --dockerfile "$repo_root/deploy/Dockerfile"
 
 kc() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 nodes_ready() {

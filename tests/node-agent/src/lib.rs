@@ -29,8 +29,8 @@ pub struct AgentConfig {
     pub nodes: Vec<String>,
     pub apiserver_host: String,
     pub apiserver_port: u16,
-    pub bin_dir: PathBuf,
-    pub image_overrides: Vec<(String, PathBuf)>,
+    /// Image -> local binary (and the image's declared user).
+    pub images: images::Catalog,
     /// The cluster CA, handed to pods as `ca.crt` of their service account token volume.
     pub ca_file: PathBuf,
 }

@@ -33,6 +33,10 @@ struct Args {
     /// Extra image mappings `REPOSITORY_SUFFIX=PATH`, checked before --bin-dir.
     #[arg(long = "image", value_parser = parse_image_mapping)]
     images: Vec<(String, PathBuf)>,
+    /// A Dockerfile whose stages (`FROM ... AS NAME`) declare the images NAME: their pods run the
+    /// stage's ENTRYPOINT binary as its USER, as a container runtime would.
+    #[arg(long)]
+    dockerfile: Option<PathBuf>,
 }
 
 fn parse_image_mapping(s: &str) -> Result<(String, PathBuf), String> {
@@ -59,6 +63,15 @@ async fn main() -> anyhow::Result<()> {
             .context("the agent's executable has no parent directory")?
             .to_path_buf(),
     };
+    let declared = match &args.dockerfile {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("failed to read {}", path.display()))?;
+            ferry_node_agent::images::parse_dockerfile(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => Default::default(),
+    };
     let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig)
         .with_context(|| format!("failed to read kubeconfig {}", args.kubeconfig.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -77,8 +90,11 @@ async fn main() -> anyhow::Result<()> {
         nodes: args.nodes,
         apiserver_host: args.apiserver_host,
         apiserver_port: args.apiserver_port,
-        bin_dir,
-        image_overrides: args.images,
+        images: ferry_node_agent::images::Catalog {
+            overrides: args.images,
+            bin_dir,
+            declared,
+        },
     };
     run_agent(client, agent).await
 }

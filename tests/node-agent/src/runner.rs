@@ -378,7 +378,13 @@ impl PodRunner {
     ) -> Result<Ctr, PrepareError> {
         let config = &self.ctx.config;
         let image = spec.image.clone().unwrap_or_default();
+        let mapped = config.images.resolve(&image);
         let (uid, gid, groups) = identity(pod_sc, spec.security_context.as_ref());
+        // The image's USER when the pod sets none, as a container runtime does.
+        let (uid, gid) = match (uid, mapped.as_ref().and_then(|m| m.user)) {
+            (None, Some((u, g))) => (Some(u), gid.or(Some(g))),
+            _ => (uid, gid),
+        };
         let env = container_env(
             &self.ctx.client,
             &self.pod,
@@ -392,7 +398,7 @@ impl PodRunner {
         let expand = |s: &String| crate::env::expand(s, &vars);
         let command: Vec<String> = spec.command.iter().flatten().map(expand).collect();
         let args: Vec<String> = spec.args.iter().flatten().map(expand).collect();
-        let mapped = crate::images::resolve(&image, &config.image_overrides, &config.bin_dir);
+        let mapped = mapped.map(|m| m.program);
         let path_var = vars.get("PATH").cloned().unwrap_or_default();
         let (program, mut argv) = match (mapped, command.split_first()) {
             (Some(bin), None) => (bin, Vec::new()),
