@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster demo crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
@@ -24,10 +24,23 @@ test: deps lint build k8s-bin
 	$(MAKE) --no-print-directory bench-selftest
 	$(MAKE) --no-print-directory chart-check
 
-# The README's first command: a real Transfer end to end on the local cluster, with live progress.
-# The cluster stays up afterwards (`make cluster-down` stops it).
-demo: deps build k8s-bin
+# The README's first command: builds what is missing, starts the local cluster, installs ferry with
+# its chart and runs a real Transfer end to end with live progress. The cluster stays up afterwards;
+# running it again shows block-store hits; `make demo-down` removes everything.
+demo:
 	tests/demo/run.sh
+
+demo-down:
+	tests/demo/down.sh
+
+# Installs or upgrades ferry through the Helm chart into the local cluster (started when none runs),
+# /data granted to every namespace. HELM_ARGS are passed on (HELM_ARGS="--set maxActive=4").
+deploy-local: deps build k8s-bin
+	tests/demo/deploy-local.sh $(HELM_ARGS)
+
+# deploy/install.yaml rendered from the chart (charts/ferry/check.sh fails when it is stale).
+manifests: k8s-bin
+	deploy/render-manifests.sh
 
 # The Transfer CRD generated from the Rust types (a unit test fails when crds/ drifts).
 crds:

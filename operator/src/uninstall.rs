@@ -52,10 +52,12 @@ pub fn refusal(transfers: &[Transfer]) -> String {
     let more = list.len().saturating_sub(shown.len());
     format!(
         "refusing to uninstall ferry: {} Transfer(s) exist, and without the operator their \
-         finalizer would never be removed: {}{}. Delete them first (kubectl delete transfers \
-         --all -A; the data already moved stays), or let the uninstall delete them: helm upgrade \
-         RELEASE charts/ferry --reuse-values --set uninstall.deleteTransfers=true, then helm \
-         uninstall again.",
+         finalizer would never be removed: {}{}. Nothing was changed and the operator keeps \
+         running (Helm shows the release as 'uninstalling'). Either delete the Transfers \
+         (kubectl delete transfers --all -A; the data already moved stays) and run helm \
+         uninstall again, or let the uninstall delete them: helm rollback RELEASE; helm upgrade \
+         RELEASE CHART --reuse-values --set uninstall.deleteTransfers=true; helm uninstall \
+         RELEASE.",
         list.len(),
         shown.join(", "),
         if more > 0 {

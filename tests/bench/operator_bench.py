@@ -87,17 +87,9 @@ def start_operator() -> tuple[subprocess.Popen, str]:
     kubectl("apply", "--server-side", "-f", str(REPO / "crds/ferry.dev_transfers.yaml"))
     kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"))
     kubectl("wait", "--for=condition=Established", "crd/transfers.ferry.dev", "--timeout=60s")
-    token = kubectl("create", "token", "ferry-operator", "-n", "ferry-system", "--duration=8h").strip()
-    server = kubectl("config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.server}")
-    ca = kubectl("config", "view", "--raw", "-o", "jsonpath={.clusters[0].cluster.certificate-authority-data}")
     kc = CLUSTER / "ferry-operator-bench.kubeconfig"
-    kc.write_text(f"""apiVersion: v1
-kind: Config
-clusters: [{{name: local, cluster: {{server: "{server}", certificate-authority-data: "{ca}"}}}}]
-users: [{{name: op, user: {{token: "{token}"}}}}]
-contexts: [{{name: op, context: {{cluster: local, user: op}}}}]
-current-context: op
-""")
+    subprocess.run([str(REPO / "tests/cluster/sa-kubeconfig.sh"), "ferry-system", "ferry-operator", str(kc)],
+                   check=True)
     for node in ("node-a", "node-b"):
         owned_dir(node_path(node, ROOT))
     log = open(CLUSTER / "logs" / "ferry-operator-bench.log", "w")

@@ -1,129 +1,148 @@
 #!/usr/bin/env bash
 # `make demo`: a real Transfer end to end on the local cluster, with live progress.
 #
-# Starts the local cluster (a real control plane, two simulated nodes), installs the CRD and the
-# operator's RBAC from this repository, runs ferry-operator under its own service account, writes
-# a dataset on node-a, applies a Transfer to node-b and shows its status as it moves. The cluster
-# stays up afterwards for a look around; `make cluster-down` stops it.
+# Builds what is missing, starts the local cluster (a real control plane, two simulated nodes) unless
+# one is running, installs ferry through its Helm chart (make deploy-local), writes a dataset on
+# node-a, applies a Transfer to node-b, shows its progress live until it succeeds, verifies the copy
+# and prints the figures from the Transfer's status. Run it again: the second Transfer finds its
+# blocks in node-b's block store. `make demo-down` removes everything.
+#
+# Knobs (environment): DEMO_FILES=2000 DEMO_LARGE_MIB=192 DEMO_BANDWIDTH_LIMIT=48Mi ("" for none)
+# DEMO_SKIP_BUILD=1 (the tests: everything is built already).
 set -euo pipefail
 source "$(dirname "$0")/../cluster/common.sh"
 
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+files="${DEMO_FILES:-2000}"
+large_mib="${DEMO_LARGE_MIB:-192}"
+limit="${DEMO_BANDWIDTH_LIMIT-48Mi}"
 ns=demo
-root=/ferry-demo
+root=/data/demo
+name=stage-imagenet
 mover_uid=65532
-
-say "starting the local cluster (etcd, apiserver, controller-manager, scheduler, 2 nodes)"
-"$repo_root/tests/cluster/up.sh"
-export KUBECONFIG="$kubeconfig"
-bin="$("$repo_root/tests/k8s/build.sh")"
-export PATH="$bin:$PATH"
 target="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
 
-say "installing the Transfer CRD and the operator's RBAC"
-kubectl apply --server-side -f "$repo_root/crds/ferry.dev_transfers.yaml" >/dev/null
-kubectl apply --server-side -f "$repo_root/deploy/rbac.yaml" >/dev/null
-kubectl wait --for=condition=Established crd/transfers.ferry.dev --timeout=60s >/dev/null
+bold=""; plain=""
+if [[ -t 1 ]]; then bold=$'\033[1m'; plain=$'\033[0m'; fi
+steps=6; n=0; t0=$SECONDS
+step() { n=$((n + 1)); printf '\n%s[%d/%d] %s%s  (%ds)\n' "$bold" "$n" "$steps" "$*" "$plain" "$((SECONDS - t0))"; }
 
-# The operator runs as a host process under its service account's token (as it would in its pod).
-token="$(kubectl create token ferry-operator -n ferry-system --duration=8h)"
-server="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')"
-ca="$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')"
-op_kubeconfig="$cluster_dir/ferry-operator.kubeconfig"
-cat > "$op_kubeconfig" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "$server", certificate-authority-data: "$ca"}}]
-users: [{name: ferry-operator, user: {token: "$token"}}]
-contexts: [{name: ferry-operator, context: {cluster: local, user: ferry-operator}}]
-current-context: ferry-operator
-KUBECONFIG
+if [[ -z "${DEMO_SKIP_BUILD:-}" ]]; then
+  steps=9
+  step "Debian packages the cluster needs (installed once, then a no-op)"
+  "$repo_root/tests/scripts/deps.sh"
+  step "building ferry: cargo build --workspace (the first build takes several minutes)"
+  (cd "$repo_root" && cargo build --workspace)
+  step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kubectl, helm (first time about 10 minutes, then cached in ${cache_dir/#$HOME/\~})"
+  "$repo_root/tests/k8s/build.sh" >/dev/null
+fi
+bin="$("$repo_root/tests/k8s/build.sh")"
+export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig"
 
-# Host directories the movers write must belong to the movers' uid (an admin's one-time step).
-for node in node-a node-b; do
-  install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/$node$root" "$cluster_dir/nodes/$node$root/cas"
-done
-install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/node-b$root/imagenet"
+if cluster_running "$bin/kubectl"; then
+  step "the local cluster is already running: using it"
+else
+  step "starting the local cluster: etcd, apiserver, controller-manager, scheduler, nodes node-a and node-b"
+  "$repo_root/tests/cluster/up.sh"
+fi
+kubectl get nodes
 
-say "starting ferry-operator (log: $log_dir/ferry-operator.log)"
-KUBECONFIG="$op_kubeconfig" POD_NAME=ferry-operator-demo RUST_LOG=info \
-  setsid "$target/ferry-operator" --namespace ferry-system --host-root "$ns=$root" \
-  --cas-root "$root/cas" --mover-image ghcr.io/ferry-dev/ferry-mover:dev \
-  --metrics-addr 127.0.0.1:0 >"$log_dir/ferry-operator.log" 2>&1 &
-echo $! > "$pid_dir/ferry-operator.pid"
-for _ in $(seq 1 100); do
-  grep -q "leading" "$log_dir/ferry-operator.log" && break
-  sleep 0.2
-done
-grep -o 'user=[^ ]*' "$log_dir/ferry-operator.log" | head -1 | sed 's/^/operator authenticated as /'
+step "installing ferry with its Helm chart (make deploy-local): the operator runs as a pod"
+"$repo_root/tests/demo/deploy-local.sh" >/dev/null
+kubectl -n ferry-system get pods -l app.kubernetes.io/component=operator -o wide
 
-say "writing a dataset on node-a: 2000 small files and a 192 MiB file"
 src="$cluster_dir/nodes/node-a$root/imagenet"
-python3 - "$src" <<'PY'
+dst="$cluster_dir/nodes/node-b$root/imagenet"
+for node in node-a node-b; do
+  install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/$node$root"
+done
+if [[ -f "$src/.complete" ]]; then
+  step "the dataset on node-a is there from an earlier run ($(du -sh "$src" | cut -f1))"
+else
+  step "writing a dataset on node-a: $files small files and a ${large_mib} MiB file"
+  rm -rf "$src"
+  python3 - "$src" "$files" "$large_mib" <<'PY'
 import os, sys, random
-root = sys.argv[1]
+root, files, large = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(7)
-for i in range(2000):
+for i in range(files):
     d = os.path.join(root, "train", f"n{i % 40:05d}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"img{i:05d}.jpg"), "wb") as f:
         f.write(rng.randbytes(1024 + rng.randrange(8192)))
 with open(os.path.join(root, "shard-000.tar"), "wb") as f:
-    for _ in range(192):
+    for _ in range(large):
         f.write(rng.randbytes(1 << 20))
 PY
-chown -R "$mover_uid:$mover_uid" "$src"
+  touch "$src/.complete"
+  chown -R "$mover_uid:$mover_uid" "$src"
+fi
 
-kubectl create namespace "$ns" >/dev/null
-say "applying a Transfer (node-a:$root/imagenet -> node-b:$root/imagenet, capped at 48Mi/s so the progress is easy to watch)"
+# A second run starts from an empty destination: its blocks come from node-b's block store.
+kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+if kubectl -n "$ns" get transfer "$name" >/dev/null 2>&1; then
+  kubectl -n "$ns" delete transfer "$name" --wait --timeout=120s >/dev/null
+fi
+rm -rf "$dst"
+install -d -o "$mover_uid" -g "$mover_uid" "$dst"
+
+step "applying a Transfer: node-a:$root/imagenet -> node-b:$root/imagenet${limit:+, capped at $limit/s so the progress is easy to watch}"
 cat <<YAML | tee /dev/stderr | kubectl apply -f - >/dev/null
 apiVersion: ferry.dev/v1alpha1
 kind: Transfer
-metadata: {name: stage-imagenet, namespace: $ns}
+metadata: {name: $name, namespace: $ns}
 spec:
   source: {hostPath: {node: node-a, path: $root/imagenet}}
   destination: {hostPath: {node: node-b, path: $root/imagenet}}
-  streams: 4
-  bandwidthLimit: 48Mi
+  streams: 4${limit:+
+  bandwidthLimit: $limit}
 YAML
+echo
+if [[ -x "$target/kubectl-ferry" ]]; then
+  "$target/kubectl-ferry" watch -n "$ns" "$name" --timeout 600s || {
+    "$target/kubectl-ferry" describe -n "$ns" "$name" || true
+    echo "demo: the Transfer did not succeed" >&2
+    exit 1
+  }
+else
+  kubectl get transfer -n "$ns" -w &
+  watcher=$!
+  ok=1
+  kubectl wait -n "$ns" --for=condition=Succeeded "transfer/$name" --timeout=600s >/dev/null || ok=0
+  kill "$watcher" 2>/dev/null || true
+  wait "$watcher" 2>/dev/null || true
+  if [[ $ok == 0 ]]; then
+    kubectl get transfer -n "$ns" "$name" -o yaml
+    echo "demo: the Transfer did not succeed" >&2
+    exit 1
+  fi
+fi
 
-say "kubectl get transfer -w"
-kubectl get transfer -n "$ns" -w &
-watcher=$!
-kubectl wait -n "$ns" --for=condition=Succeeded transfer/stage-imagenet --timeout=300s >/dev/null || {
-  kill "$watcher" 2>/dev/null
-  kubectl get transfer -n "$ns" stage-imagenet -o yaml
-  echo "demo: the Transfer did not succeed; operator log: $log_dir/ferry-operator.log" >&2
-  exit 1
-}
-sleep 1
-kill "$watcher" 2>/dev/null || true
-wait "$watcher" 2>/dev/null || true
-
-say "result"
-kubectl get transfer -n "$ns" stage-imagenet -o jsonpath='{.status}' | python3 -c "$(cat <<'PY'
+echo
+echo "${bold}result${plain}"
+kubectl get transfer -n "$ns" "$name" -o jsonpath='{.status}' | python3 -c "$(cat <<'PY'
 import json, sys
 s = json.load(sys.stdin)
 p, w, t = s["progress"], s.get("wire", {}), s.get("throughput", {})
 print("phase %s after %d attempt(s): %d files, %d bytes" % (s["phase"], s["attempts"], p["filesDone"], p["bytesDone"]))
-print("average %s, %d bytes on the wire, %d blocks from the block store" % (t.get("display", "?"), w.get("bytes", 0), w.get("dedupBlocks", 0)))
+print("average %s, %d bytes on the wire, %d blocks (%d bytes) from node-b's block store"
+      % (t.get("display", "?"), w.get("bytes", 0), w.get("dedupBlocks", 0), w.get("dedupBytes", 0)))
 print("receiver %s on %s, sender %s on %s" % (s["receiver"]["pod"], s["receiver"]["node"], s["sender"]["pod"], s["sender"]["node"]))
+print("digest %s (both movers agree)" % s.get("digest", "?"))
 PY
 )"
-if diff -r "$src" "$cluster_dir/nodes/node-b$root/imagenet" >/dev/null; then
+if diff -r --exclude=.complete "$src" "$dst" >/dev/null; then
   echo "node-b's copy is identical to node-a's dataset (diff -r)"
 else
   echo "demo: the copy differs from the source" >&2
   exit 1
 fi
-kubectl get events -n "$ns" --field-selector involvedObject.name=stage-imagenet \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message 2>/dev/null | head -8 || true
 
 cat <<DONE
 
-The cluster is still up. Try:
-  export KUBECONFIG=$kubeconfig PATH=$bin:\$PATH
-  kubectl describe transfer -n $ns stage-imagenet
-  kubectl patch transfer -n $ns stage-imagenet --type merge -p '{"spec":{"trigger":"again"}}'   # run it again: unchanged files are skipped
-  make cluster-down                                                                         # stop everything
+Done in $((SECONDS - t0)) s. The cluster is still up. Try:
+  export KUBECONFIG=$kubeconfig PATH=$bin:${target}:\$PATH
+  kubectl ferry describe -n $ns $name
+  kubectl get events -n $ns
+  make demo        # again: the blocks now come from node-b's block store
+  make demo-down   # remove ferry, the demo's data and the cluster
 DONE

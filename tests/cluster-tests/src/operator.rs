@@ -91,35 +91,22 @@ pub fn install_crd_and_rbac() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A kubeconfig that authenticates as the operator's service account (a bound token).
+/// A kubeconfig that authenticates as the operator's service account (a bound token), written by
+/// the script the benchmarks use too.
 fn operator_kubeconfig(path: &Path) -> anyhow::Result<()> {
-    let token = kubectl(&[
-        "create",
-        "token",
-        "ferry-operator",
-        "-n",
-        "ferry-system",
-        "--duration=4h",
-    ])?;
-    let server = kubectl(&[
-        "config",
-        "view",
-        "--raw",
-        "-o",
-        "jsonpath={.clusters[0].cluster.server}",
-    ])?;
-    let ca = kubectl(&[
-        "config",
-        "view",
-        "--raw",
-        "-o",
-        "jsonpath={.clusters[0].cluster.certificate-authority-data}",
-    ])?;
-    let config = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: ferry-operator\n  user:\n    token: {}\ncontexts:\n- name: ferry-operator\n  context: {{cluster: local, user: ferry-operator}}\ncurrent-context: ferry-operator\n",
-        token.trim()
-    );
-    std::fs::write(path, config)?;
+    let out = Command::new(repo_file("tests/cluster/sa-kubeconfig.sh"))
+        .args(["ferry-system", "ferry-operator"])
+        .arg(path)
+        .args(["4h"])
+        .env("FERRY_CLUSTER_DIR", cluster_dir())
+        .output()
+        .context("failed to run tests/cluster/sa-kubeconfig.sh")?;
+    if !out.status.success() {
+        bail!(
+            "tests/cluster/sa-kubeconfig.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Ok(())
 }
 
