@@ -14,6 +14,7 @@ pub mod names;
 pub mod pki;
 pub mod placement;
 pub mod plan;
+pub mod plugin;
 pub mod progress;
 pub mod status;
 pub mod uninstall;

@@ -1,0 +1,170 @@
+//! `kubectl ferry`: the kubectl plugin for Transfers (docs/kubectl-ferry.md).
+//!
+//! Exit codes: 0 done (for `watch`: the Transfer Succeeded); 1 an error, a missing Transfer,
+//! a Failed or deleted Transfer (`watch`), logs the cluster could not serve (`logs`);
+//! 2 `watch --timeout` passed, or the command line was invalid.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ferry_operator::names::MoverRole;
+use ferry_operator::plugin::commands::{self, Scope, WatchEnd, error_chain, timeout_text};
+use ferry_operator::plugin::format::parse_duration;
+
+/// Show ferry Transfers (ferry.dev/v1alpha1) with their progress, follow one live, explain one.
+#[derive(Parser, Debug)]
+#[command(name = "kubectl ferry", bin_name = "kubectl ferry", version)]
+struct Cli {
+    /// Namespace (default: the kubeconfig context's namespace, else "default").
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    /// Transfers of every namespace (`get` only).
+    #[arg(short = 'A', long, global = true)]
+    all_namespaces: bool,
+    /// The kubeconfig context to use instead of the current one.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List Transfers (or one) with phase, progress, files, throughput, ETA, attempts and age.
+    Get {
+        name: Option<String>,
+        /// `wide` adds the mover nodes and the digest.
+        #[arg(short = 'o', long = "output", value_enum)]
+        output: Option<Output>,
+    },
+    /// Follow one Transfer as a live progress line until it finished (exit 0 Succeeded,
+    /// 1 Failed, 2 timed out).
+    Watch {
+        name: String,
+        /// Give up after this long ("90s", "5m", "1h30m"; a plain number is seconds).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+    },
+    /// Spec, status, conditions, mover pods (exit codes, termination messages) and Events.
+    Describe { name: String },
+    /// The movers' logs (of the newest attempt), through the pods/log API.
+    Logs {
+        name: String,
+        /// Only this mover.
+        #[arg(long, value_enum)]
+        role: Option<Role>,
+        /// Lines from the end of each log.
+        #[arg(long)]
+        tail: Option<i64>,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Output {
+    Wide,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Role {
+    Sender,
+    Receiver,
+}
+
+impl From<Role> for MoverRole {
+    fn from(r: Role) -> Self {
+        match r {
+            Role::Sender => MoverRole::Sender,
+            Role::Receiver => MoverRole::Receiver,
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", error_chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
+    if cli.all_namespaces && !matches!(cli.command, Command::Get { .. }) {
+        eprintln!("error: --all-namespaces works with `get` only; name the namespace with -n");
+        return Ok(ExitCode::from(2));
+    }
+    let (client, default_ns) = commands::connect(cli.context.as_deref()).await?;
+    let ns = cli.namespace.unwrap_or(default_ns);
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr();
+    match cli.command {
+        Command::Get { name, output } => {
+            let scope = if cli.all_namespaces {
+                Scope::AllNamespaces
+            } else {
+                Scope::Namespace(ns)
+            };
+            commands::get(
+                &client,
+                &scope,
+                name.as_deref(),
+                output.is_some(),
+                &mut out,
+                &mut err,
+            )
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Watch { name, timeout } => {
+            let tty = std::io::stdout().is_terminal();
+            let end = commands::watch(&client, &ns, &name, timeout, tty, &mut out).await?;
+            let _ = out.flush();
+            Ok(match end {
+                WatchEnd::Succeeded => ExitCode::SUCCESS,
+                WatchEnd::Failed => ExitCode::from(1),
+                WatchEnd::Deleted => {
+                    eprintln!("error: transfer {ns}/{name} was deleted");
+                    ExitCode::from(1)
+                }
+                WatchEnd::TimedOut(last) => {
+                    eprintln!(
+                        "error: timed out after {} waiting for transfer {ns}/{name} to finish{}",
+                        timeout.map(timeout_text).unwrap_or_default(),
+                        last.map(|l| format!(
+                            " (last: {})",
+                            l.split_whitespace().collect::<Vec<_>>().join(" ")
+                        ))
+                        .unwrap_or_default()
+                    );
+                    ExitCode::from(2)
+                }
+            })
+        }
+        Command::Describe { name } => {
+            commands::describe(&client, &ns, &name, &mut out, &mut err).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs { name, role, tail } => {
+            let served = commands::logs(
+                &client,
+                &ns,
+                &name,
+                role.map(Into::into),
+                tail,
+                &mut out,
+                &mut err,
+            )
+            .await?;
+            Ok(if served {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! `kubectl ferry` (the `kubectl-ferry` binary of `make build`) against the local cluster, as a
+//! user runs it: with the cluster's admin kubeconfig, on Transfers a test operator serves.
+//!
+//! One `ferry-operator` process (its own leader-election Lease) serves every test of this file;
+//! it runs on the host and dies with the test process.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use ferry_cluster_tests::operator::{
+    OperatorProcess, install_crd_and_rbac, prepare_nodes, workspace_bin,
+};
+use ferry_cluster_tests::{TestNamespace, cluster_dir, node_root};
+use ferry_operator::api::{Phase, Transfer};
+use kube::api::{Api, PostParams};
+
+/// Host root the test operator grants (to every namespace).
+const HOST_ROOT: &str = "/ferry-plugin-e2e";
+/// The uid the operator runs movers as (its default).
+const MOVER_UID: u32 = 65532;
+const NODE_A: &str = "node-a";
+const NODE_B: &str = "node-b";
+/// Longest any one plugin command may take before the test fails.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(240);
+
+static OPERATOR: tokio::sync::OnceCell<Result<OperatorProcess, String>> =
+    tokio::sync::OnceCell::const_new();
+
+async fn ensure_operator() -> anyhow::Result<()> {
+    let started = OPERATOR
+        .get_or_init(|| async {
+            async {
+                install_crd_and_rbac()?;
+                prepare_nodes(HOST_ROOT, MOVER_UID, &[NODE_A, NODE_B])?;
+                OperatorProcess::start(
+                    "ferry-operator-plugin-tests",
+                    HOST_ROOT,
+                    "ferry-operator-plugin-tests",
+                )
+                .await
+            }
+            .await
+            .map_err(|e| format!("{e:#}"))
+        })
+        .await;
+    match started {
+        Ok(_) => Ok(()),
+        Err(e) => bail!("the test operator did not start: {e}"),
+    }
+}
+
+/// What one run of the plugin did.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn lines(&self) -> Vec<&str> {
+        self.stdout.lines().collect()
+    }
+}
+
+/// Runs `kubectl-ferry args` with the cluster's admin kubeconfig; fails if it does not end
+/// within [`COMMAND_TIMEOUT`] or ends by a signal (a crash).
+async fn plugin(args: &[&str]) -> anyhow::Result<Run> {
+    plugin_with_env(
+        args,
+        &[("KUBECONFIG", Some(cluster_dir().join("kubeconfig")))],
+    )
+    .await
+}
+
+async fn plugin_with_env(args: &[&str], env: &[(&str, Option<PathBuf>)]) -> anyhow::Result<Run> {
+    let mut cmd = tokio::process::Command::new(workspace_bin("kubectl-ferry")?);
+    cmd.args(args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    for (key, value) in env {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let out = tokio::time::timeout(COMMAND_TIMEOUT, cmd.output())
+        .await
+        .with_context(|| format!("kubectl ferry {args:?} did not end within {COMMAND_TIMEOUT:?}"))?
+        .context("failed to run kubectl-ferry")?;
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    if out.status.code().is_none() || run.code == 101 || run.stderr.contains("panicked") {
+        bail!("kubectl ferry {args:?} crashed: {run:?}");
+    }
+    Ok(run)
+}
+
+/// A directory on a node under the granted host root, owned by the movers' uid.
+fn node_dir(node: &str, ns: &str, name: &str) -> anyhow::Result<(String, PathBuf)> {
+    let rel = format!("{HOST_ROOT}/{ns}/{name}");
+    let on_host = node_root(node).join(rel.trim_start_matches('/'));
+    std::fs::create_dir_all(&on_host)?;
+    for p in [on_host.parent().context("parent")?, &on_host] {
+        std::os::unix::fs::chown(p, Some(MOVER_UID), Some(MOVER_UID))?;
+    }
+    Ok((rel, on_host))
+}
+
+/// `files` small files and one `large_mib` MiB file (content unique to `seed`), all owned by
+/// the movers' uid.
+fn make_tree(root: &Path, files: usize, large_mib: usize, seed: &str) -> anyhow::Result<()> {
+    for i in 0..files {
+        let body: Vec<u8> = (0..(i * 97 % 4000 + 1)).map(|j| (i + j) as u8).collect();
+        std::fs::write(root.join(format!("f{i}.bin")), body)?;
+    }
+    let mut x = u64::from_le_bytes(blake3::hash(seed.as_bytes()).as_bytes()[..8].try_into()?) | 1;
+    let mut big = Vec::with_capacity(large_mib << 20);
+    while big.len() < large_mib << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        big.extend_from_slice(&x.to_le_bytes());
+    }
+    std::fs::write(root.join("large.bin"), big)?;
+    for e in std::fs::read_dir(root)? {
+        std::os::unix::fs::chown(e?.path(), Some(MOVER_UID), Some(MOVER_UID))?;
+    }
+    Ok(())
+}
+
+fn transfer(
+    name: &str,
+    src: &str,
+    dst: &str,
+    extra: serde_json::Value,
+) -> anyhow::Result<Transfer> {
+    let mut spec = serde_json::json!({
+        "source": {"hostPath": {"node": NODE_A, "path": src}},
+        "destination": {"hostPath": {"node": NODE_B, "path": dst}},
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+}
+
+/// The cells of the first line of `text` whose first cell is `first`.
+fn row<'a>(text: &'a str, first: &str) -> Option<Vec<&'a str>> {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&first))
+}
+
+#[tokio::test]
+async fn watch_get_describe_and_logs_follow_a_transfer_to_success() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("plugin-ok").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 40, 12, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    // Limited to 4 MiB/s, so the watch sees it run for a few seconds.
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "copy",
+            &src,
+            &dst,
+            serde_json::json!({"bandwidthLimit": "4Mi", "compression": "none", "dedup": false}),
+        )?,
+    )
+    .await?;
+    let watch = plugin(&["watch", "copy", "-n", &ns.name, "--timeout", "180s"]).await?;
+    assert_eq!(watch.code, 0, "{watch:?}");
+    assert!(
+        !watch.stdout.contains(['\r', '\x1b']),
+        "terminal control characters in piped output: {:?}",
+        watch.stdout
+    );
+    let lines = watch.lines();
+    let last = lines.last().copied().unwrap_or_default();
+    assert!(last.starts_with("Succeeded: 41 files, "), "{watch:?}");
+    let progress: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("] ") && l.contains('%'))
+        .collect();
+    assert!(
+        progress.iter().any(|l| l.starts_with("Running ")),
+        "no progress line while running: {watch:?}"
+    );
+    assert!(
+        progress
+            .last()
+            .is_some_and(|l| l.starts_with("Succeeded ") && l.contains("100%")),
+        "{watch:?}"
+    );
+
+    let t = api.get("copy").await?;
+    let st = t.status.context("status")?;
+    assert_eq!(st.phase, Phase::Succeeded);
+    let sender = st.sender.context("sender")?.pod;
+    let receiver = st.receiver.context("receiver")?.pod;
+    let digest = st.digest.context("digest")?;
+
+    let get = plugin(&["get", "copy", "-n", &ns.name]).await?;
+    assert_eq!(get.code, 0, "{get:?}");
+    let cells = row(&get.stdout, "copy").context(get.stdout.clone())?;
+    assert_eq!(cells[1..3], ["Succeeded", "100%"], "{get:?}");
+    assert!(get.stdout.starts_with("NAME "), "{get:?}");
+    for header in [
+        "PROGRESS",
+        "FILES",
+        "THROUGHPUT",
+        "AVG",
+        "ETA",
+        "ATTEMPTS",
+        "AGE",
+    ] {
+        assert!(get.lines()[0].contains(header), "{header} missing: {get:?}");
+    }
+    assert!(cells.contains(&"41/41"), "{get:?}");
+    let all = plugin(&["get", "-A"]).await?;
+    assert_eq!(all.code, 0, "{all:?}");
+    assert!(
+        row(&all.stdout, &ns.name).is_some_and(|c| c[1] == "copy"),
+        "{all:?}"
+    );
+    let wide = plugin(&["get", "-n", &ns.name, "-o", "wide"]).await?;
+    let cells = row(&wide.stdout, "copy").context(wide.stdout.clone())?;
+    assert_eq!(
+        cells[cells.len() - 3..],
+        [NODE_A, NODE_B, &digest],
+        "{wide:?}"
+    );
+
+    // The operator records its Events right after the status: wait for the last one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let describe = loop {
+        let run = plugin(&["describe", "copy", "-n", &ns.name]).await?;
+        let has_event = run
+            .stdout
+            .split_once("Events:")
+            .is_some_and(|(_, events)| events.contains("Succeeded"));
+        if run.code == 0 && has_event {
+            break run;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("describe never showed the Succeeded Event: {run:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let text = &describe.stdout;
+    assert!(text.contains("Phase:         Succeeded\n"), "{text}");
+    assert!(
+        text.contains(&format!("Source:        hostPath {NODE_A}:{src}\n")),
+        "{text}"
+    );
+    let conditions = text
+        .split_once("Conditions:")
+        .and_then(|(_, rest)| rest.split_once("Mover Pods:"))
+        .context(text.clone())?;
+    assert_eq!(
+        row(conditions.0, "Succeeded").map(|c| c[..3].to_vec()),
+        Some(vec!["Succeeded", "True", "Completed"]),
+        "{text}"
+    );
+    for (pod, role, node) in [(&sender, "sender", NODE_A), (&receiver, "receiver", NODE_B)] {
+        let cells = row(conditions.1, pod).with_context(|| format!("{pod} missing: {text}"))?;
+        assert_eq!(cells[1..], [role, "1-1", node, "Succeeded", "0"], "{text}");
+    }
+
+    // This cluster's nodes run no kubelet API: the log API fails, and the plugin says so.
+    let logs = plugin(&["logs", "copy", "-n", &ns.name]).await?;
+    match logs.code {
+        0 => assert!(!logs.stdout.is_empty(), "{logs:?}"),
+        1 => {
+            assert!(
+                logs.stderr
+                    .contains("did not serve the logs of 2 mover pods"),
+                "{logs:?}"
+            );
+            assert!(
+                logs.stderr.contains(&sender) && logs.stderr.contains(&receiver),
+                "{logs:?}"
+            );
+        }
+        _ => bail!("unexpected exit code: {logs:?}"),
+    }
+    let one = plugin(&[
+        "logs", "copy", "-n", &ns.name, "--role", "sender", "--tail", "5",
+    ])
+    .await?;
+    assert!(one.code == 0 || one.stderr.contains(&sender), "{one:?}");
+    assert!(!one.stderr.contains(&receiver), "{one:?}");
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn watch_exits_1_with_the_reason_when_the_transfer_fails() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("plugin-fail").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 3, 1, &ns.name)?;
+    // A directory of the source the movers' user may not read: it fails at once.
+    let private = src_host.join("private");
+    std::fs::create_dir(&private)?;
+    std::fs::write(private.join("secret"), b"x")?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer("broken", &src, &dst, serde_json::json!({}))?,
+    )
+    .await?;
+    let watch = plugin(&["watch", "broken", "-n", &ns.name, "--timeout", "180s"]).await?;
+    assert_eq!(watch.code, 1, "{watch:?}");
+    let last = watch.lines().last().copied().unwrap_or_default();
+    assert!(
+        last.starts_with("Failed: SourceUnreadable: ") && last.contains("private"),
+        "{watch:?}"
+    );
+    let get = plugin(&["get", "broken", "-n", &ns.name]).await?;
+    assert_eq!(get.code, 0, "{get:?}");
+    assert_eq!(
+        row(&get.stdout, "broken").map(|c| c[1]),
+        Some("Failed"),
+        "{get:?}"
+    );
+    let describe = plugin(&["describe", "broken", "-n", &ns.name]).await?;
+    assert!(
+        describe
+            .stdout
+            .contains("Last Error:    SourceUnreadable: "),
+        "{describe:?}"
+    );
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn missing_transfers_timeouts_and_kubeconfigs_get_clear_errors() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("plugin-errors").await?;
+    for cmd in ["get", "watch", "describe", "logs"] {
+        let run = plugin(&[cmd, "nope", "-n", &ns.name]).await?;
+        assert_eq!(run.code, 1, "{cmd}: {run:?}");
+        assert_eq!(
+            run.stderr.trim_end(),
+            format!(
+                "error: transfer \"nope\" not found in namespace \"{}\"",
+                ns.name
+            ),
+            "{cmd}: {run:?}"
+        );
+    }
+    let empty = plugin(&["get", "-n", &ns.name]).await?;
+    assert_eq!(empty.code, 0, "{empty:?}");
+    assert!(empty.stderr.contains("No transfers found"), "{empty:?}");
+
+    // A suspended Transfer never finishes: --timeout ends the watch with exit code 2.
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "held",
+            &format!("{HOST_ROOT}/none"),
+            &format!("{HOST_ROOT}/none2"),
+            serde_json::json!({"suspend": true}),
+        )?,
+    )
+    .await?;
+    let watch = plugin(&["watch", "held", "-n", &ns.name, "--timeout", "2s"]).await?;
+    assert_eq!(watch.code, 2, "{watch:?}");
+    assert!(watch.stderr.contains("timed out after 2s"), "{watch:?}");
+
+    let missing = plugin_with_env(
+        &["get"],
+        &[("KUBECONFIG", Some(PathBuf::from("/nonexistent/kubeconfig")))],
+    )
+    .await?;
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(
+        missing
+            .stderr
+            .contains("the kubeconfig /nonexistent/kubeconfig named by KUBECONFIG does not exist"),
+        "{missing:?}"
+    );
+    let home = std::env::temp_dir().join(format!("plugin-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home)?;
+    let none = plugin_with_env(
+        &["get"],
+        &[("KUBECONFIG", None), ("HOME", Some(home.clone()))],
+    )
+    .await?;
+    std::fs::remove_dir_all(&home)?;
+    assert_eq!(none.code, 1, "{none:?}");
+    assert!(
+        none.stderr.contains("no kubeconfig: KUBECONFIG is not set"),
+        "{none:?}"
+    );
+    ns.delete().await
+}
