@@ -17,7 +17,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
-use crate::api::{Phase, Side, Transfer};
+use crate::api::{Phase, Side, Transfer, TransferStatus};
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::limits;
@@ -136,6 +136,7 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
     }
     let obs = observe(&t, &ctx).await?;
     let plan = plan::plan(&t, &obs);
+    log_failure(&t, &obs, &plan.status);
     apply(&t, &ctx, &obs, &plan).await?;
     let deferred = write_status(&t, &ctx, &plan.status).await?;
     record(&t, &ctx, &plan.notes).await;
@@ -148,6 +149,28 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
         Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
         None => Requeue::await_change(),
     })
+}
+
+/// An attempt that just failed, with what each mover pod showed: the operator's log is where an
+/// admin looks first, and the Transfer's message keeps only the movers' words.
+fn log_failure(t: &Transfer, obs: &plan::Observed, next: &TransferStatus) {
+    let before = t.status.as_ref().map(|s| s.failures).unwrap_or(0);
+    if next.failures <= before {
+        return;
+    }
+    let pods: Vec<String> = obs
+        .pods
+        .iter()
+        .map(|p| format!("{} {:?} exit {:?}", p.name, p.phase, p.exit_code))
+        .collect();
+    tracing::info!(
+        transfer = %format!("{}/{}", t.namespace().unwrap_or_default(), t.name_any()),
+        phase = ?next.phase,
+        attempt = next.attempts,
+        pods = %pods.join(", "),
+        "attempt failed: {}",
+        next.last_error.as_ref().map(|e| e.message.as_str()).unwrap_or("")
+    );
 }
 
 /// Adds or removes our finalizer (a merge patch with the resourceVersion, so a concurrent

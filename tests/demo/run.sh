@@ -23,11 +23,11 @@ target="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
 
 bold=""; plain=""
 if [[ -t 1 ]]; then bold=$'\033[1m'; plain=$'\033[0m'; fi
-steps=6; n=0; t0=$SECONDS
+steps=4; n=0; t0=$SECONDS
 step() { n=$((n + 1)); printf '\n%s[%d/%d] %s%s  (%ds)\n' "$bold" "$n" "$steps" "$*" "$plain" "$((SECONDS - t0))"; }
 
 if [[ -z "${DEMO_SKIP_BUILD:-}" ]]; then
-  steps=9
+  steps=7
   step "Debian packages the cluster needs (installed once, then a no-op)"
   "$repo_root/tests/scripts/deps.sh"
   step "building ferry: cargo build --workspace (the first build takes several minutes)"
@@ -55,11 +55,12 @@ dst="$cluster_dir/nodes/node-b$root/imagenet"
 for node in node-a node-b; do
   install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/$node$root"
 done
-if [[ -f "$src/.complete" ]]; then
+dataset_id="files=$files large_mib=$large_mib"
+if [[ "$(cat "$src.complete" 2>/dev/null)" == "$dataset_id" ]]; then
   step "the dataset on node-a is there from an earlier run ($(du -sh "$src" | cut -f1))"
 else
   step "writing a dataset on node-a: $files small files and a ${large_mib} MiB file"
-  rm -rf "$src"
+  rm -rf "$src" "$src.complete"
   python3 - "$src" "$files" "$large_mib" <<'PY'
 import os, sys, random
 root, files, large = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -73,7 +74,7 @@ with open(os.path.join(root, "shard-000.tar"), "wb") as f:
     for _ in range(large):
         f.write(rng.randbytes(1 << 20))
 PY
-  touch "$src/.complete"
+  echo "$dataset_id" > "$src.complete"
   chown -R "$mover_uid:$mover_uid" "$src"
 fi
 
@@ -86,7 +87,7 @@ rm -rf "$dst"
 install -d -o "$mover_uid" -g "$mover_uid" "$dst"
 
 step "applying a Transfer: node-a:$root/imagenet -> node-b:$root/imagenet${limit:+, capped at $limit/s so the progress is easy to watch}"
-cat <<YAML | tee /dev/stderr | kubectl apply -f - >/dev/null
+manifest="$(cat <<YAML
 apiVersion: ferry.dev/v1alpha1
 kind: Transfer
 metadata: {name: $name, namespace: $ns}
@@ -96,6 +97,9 @@ spec:
   streams: 4${limit:+
   bandwidthLimit: $limit}
 YAML
+)"
+echo "$manifest"
+kubectl apply -f - <<<"$manifest" >/dev/null
 echo
 if [[ -x "$target/kubectl-ferry" ]]; then
   "$target/kubectl-ferry" watch -n "$ns" "$name" --timeout 600s || {
@@ -130,7 +134,7 @@ print("receiver %s on %s, sender %s on %s" % (s["receiver"]["pod"], s["receiver"
 print("digest %s (both movers agree)" % s.get("digest", "?"))
 PY
 )"
-if diff -r --exclude=.complete "$src" "$dst" >/dev/null; then
+if diff -r "$src" "$dst" >/dev/null; then
   echo "node-b's copy is identical to node-a's dataset (diff -r)"
 else
   echo "demo: the copy differs from the source" >&2
