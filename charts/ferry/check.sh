@@ -75,6 +75,8 @@ expect_reject "logFormat=yaml" "/logFormat.*(text|json)" --set logFormat=yaml
 expect_reject "maxActive=-1" "/maxActive.*minimum" --set maxActive=-1
 expect_reject "maxActivePerNode=-2" "/maxActivePerNode.*minimum" --set maxActivePerNode=-2
 expect_reject "a mover label in ferry.dev/" "moverDefaults/labels/ferry.dev" --set 'moverDefaults.labels.ferry\.dev/x=y'
+expect_reject "moverDefaults.streams=17" "/moverDefaults/streams.*maximum" --set moverDefaults.streams=17
+expect_reject "moverDefaults.compression=gzip" "/moverDefaults/compression.*(auto|zstd)" --set moverDefaults.compression=gzip
 expect_reject "cas.capBytes=0" "/cas/capBytes.*minimum" --set cas.capBytes=0
 expect_reject "an unknown top-level value" "additional propert.*hostRoot" --set 'hostRoot=x'
 expect_reject "a relative root with --skip-schema-validation (template guard)" \
@@ -169,7 +171,7 @@ for a in --cluster-name=prod-eu-1 \
   --mover-image=registry.example.com/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
   --mover-uid=10001 --allow-root-movers --host-root=ml=/data --host-root=ml=/scratch/ \
   '--host-root=*=/srv/shared' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
-  --max-active=20 --max-active-per-node=2 --cert-days=7 --data-port=7500 --progress-port=7501 \
+  --max-active=20 --max-active-per-node=2 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
   --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
   '--metrics-addr=[::]:9090' --leader-election-id=ferry-operator-lease --log-format=json; do
   expect_arg "$a"

@@ -7,6 +7,8 @@ use std::path::{Component, Path};
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 
+use crate::api::{Compression, DEFAULT_STREAMS};
+
 /// One grant: namespaces `namespace` (or `*`) may use host paths under `root`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRootGrant {
@@ -63,6 +65,9 @@ pub struct Config {
     pub data_port: u16,
     pub progress_port: u16,
     pub extra_labels: BTreeMap<String, String>,
+    /// Streams and compression of Transfers that set none.
+    pub default_streams: u32,
+    pub default_compression: Compression,
 }
 
 impl Default for Config {
@@ -85,6 +90,8 @@ impl Default for Config {
             data_port: 7400,
             progress_port: 7401,
             extra_labels: BTreeMap::new(),
+            default_streams: DEFAULT_STREAMS,
+            default_compression: Compression::Auto,
         }
     }
 }

@@ -59,6 +59,12 @@ struct Cli {
     /// Extra label of every mover pod (KEY=VALUE, repeatable).
     #[arg(long = "mover-label", value_parser = parse_label)]
     mover_labels: Vec<(String, String)>,
+    /// Streams of Transfers that set none (1-16).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
+    default_streams: u32,
+    /// Compression of Transfers that set none: auto, zstd, lz4 or none.
+    #[arg(long, default_value = "auto", value_parser = parse_compression)]
+    default_compression: ferry_operator::api::Compression,
     /// Days a mover certificate stays valid.
     #[arg(long, default_value_t = 2)]
     cert_days: u32,
@@ -132,6 +138,8 @@ fn main() -> anyhow::Result<()> {
         cert_days: cli.cert_days,
         data_port: cli.data_port,
         progress_port: cli.progress_port,
+        default_streams: cli.default_streams,
+        default_compression: cli.default_compression,
     };
     let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     rt.block_on(async move {
@@ -214,6 +222,11 @@ fn pre_uninstall(delete_transfers: bool, timeout_seconds: u64) -> anyhow::Result
 
 fn parse_json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
     serde_json::from_str(s).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+fn parse_compression(s: &str) -> Result<ferry_operator::api::Compression, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_owned()))
+        .map_err(|_| format!("{s:?}: expected auto, zstd, lz4 or none"))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

@@ -96,9 +96,15 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
                 cfg.data_port
             ));
             push("--streams");
-            push(&spec.streams.clamp(1, 16).to_string());
+            push(
+                &spec
+                    .streams
+                    .unwrap_or(cfg.default_streams)
+                    .clamp(1, 16)
+                    .to_string(),
+            );
             push("--compress");
-            push(spec.compression.flag());
+            push(spec.compression.unwrap_or(cfg.default_compression).flag());
             if spec.delete_extraneous {
                 push("--delete");
             }
@@ -514,5 +520,43 @@ mod tests {
             vol.persistent_volume_claim.as_ref().expect("pvc").read_only,
             Some(true)
         );
+    }
+
+    /// Streams and compression a Transfer leaves unset come from the operator's configuration;
+    /// a Transfer's own values win.
+    #[test]
+    fn unset_streams_and_compression_take_the_operators_defaults() {
+        let cfg = Config {
+            default_streams: 9,
+            default_compression: crate::api::Compression::Zstd,
+            ..Config::default()
+        };
+        let placement = SidePlacement {
+            volume: VolumeRef::Claim {
+                claim: "data".into(),
+            },
+            sub_path: String::new(),
+            node: None,
+        };
+        let sender_args = |t: &Transfer| {
+            args_of(&mover_pod(&MoverPodInput {
+                transfer: t,
+                config: &cfg,
+                role: MoverRole::Sender,
+                run: 1,
+                attempt: 1,
+                placement: &placement,
+                receiver_ip: Some("10.1.2.3"),
+                use_cas: false,
+            }))
+            .join(" ")
+        };
+        let mut t = transfer();
+        let args = sender_args(&t);
+        assert!(args.contains("--streams 9 --compress zstd"), "{args}");
+        t.spec.streams = Some(2);
+        t.spec.compression = Some(crate::api::Compression::None);
+        let args = sender_args(&t);
+        assert!(args.contains("--streams 2 --compress none"), "{args}");
     }
 }

@@ -158,6 +158,8 @@ The operator's command line, one flag per list item in --flag=value form (a valu
   (printf "--max-active=%d" (int64 $v.maxActive))
   (printf "--max-active-per-node=%d" (int64 $v.maxActivePerNode))
   (printf "--cert-days=%d" (int64 $v.certDays))
+  (printf "--default-streams=%d" (int64 $v.moverDefaults.streams))
+  (printf "--default-compression=%s" $v.moverDefaults.compression)
   (printf "--data-port=%d" (int64 $v.moverPorts.data))
   (printf "--progress-port=%d" (int64 $v.moverPorts.progress))
 }}

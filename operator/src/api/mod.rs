@@ -46,13 +46,15 @@ pub struct TransferSpec {
     pub source: Endpoint,
     /// Where the tree is written to.
     pub destination: Endpoint,
-    /// Parallel mutual-TLS streams between the movers (1-16).
-    #[serde(default = "default_streams")]
+    /// Parallel mutual-TLS streams between the movers (1-16); unset: the operator's default
+    /// (`--default-streams`, 4 unless the admin changed it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
-    pub streams: u32,
-    /// Per-block compression: `auto` compresses only where the link is slower than the compressor.
-    #[serde(default)]
-    pub compression: Compression,
+    pub streams: Option<u32>,
+    /// Per-block compression: `auto` compresses only where the link is slower than the
+    /// compressor; unset: the operator's default (`--default-compression`, `auto` unless changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
     /// Take blocks the destination node already holds from its block store instead of the wire.
     #[serde(default = "default_true")]
     pub dedup: bool,
@@ -99,9 +101,6 @@ pub struct TransferSpec {
     pub mover: Option<MoverSettings>,
 }
 
-fn default_streams() -> u32 {
-    DEFAULT_STREAMS
-}
 fn default_true() -> bool {
     true
 }
@@ -258,9 +257,10 @@ mod tests {
             "destination": {"pvc": {"claimName": "c"}}
         }))
         .expect("parse");
-        assert_eq!(spec.streams, 4);
+        // Streams and compression are the operator's defaults (its flags), not the schema's.
+        assert_eq!(spec.streams, None);
         assert!(spec.dedup);
         assert_eq!(spec.backoff_limit, 3);
-        assert_eq!(spec.compression, Compression::Auto);
+        assert_eq!(spec.compression, None);
     }
 }

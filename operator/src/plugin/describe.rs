@@ -53,8 +53,14 @@ pub fn render_describe(input: &DescribeInput<'_>) -> String {
     field("Source", endpoint(&spec.source));
     field("Destination", endpoint(&spec.destination));
     let mut options = vec![
-        format!("streams {}", spec.streams),
-        format!("compression {}", spec.compression.flag()),
+        match spec.streams {
+            Some(n) => format!("streams {n}"),
+            None => "streams (operator default)".into(),
+        },
+        match spec.compression {
+            Some(c) => format!("compression {}", c.flag()),
+            None => "compression (operator default)".into(),
+        },
         format!("dedup {}", on_off(spec.dedup)),
         format!("checksum {}", on_off(spec.checksum)),
         format!("deleteExtraneous {}", on_off(spec.delete_extraneous)),
