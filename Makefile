@@ -13,7 +13,8 @@ release:
 # The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
 # every test with the local cluster up. The cluster goes down afterwards whatever happened, and the
 # exit code is the tests'. On failure the cluster's logs are kept in target/cluster-logs. Then a short
-# fuzzing run of the frame decoder and the benchmark harness's own tests.
+# fuzzing run of the frame decoder, the benchmark harness's own tests, the chart's offline checks and
+# docs/network.md's quick start as written.
 test: deps lint build k8s-bin
 	@rc=0; \
 	tests/cluster/up.sh && $(CARGO) test --workspace || rc=$$?; \
@@ -23,6 +24,7 @@ test: deps lint build k8s-bin
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-selftest
 	$(MAKE) --no-print-directory chart-check
+	tests/scripts/network-quickstart.sh
 
 # The README's first command: builds what is missing, starts the local cluster, installs ferry with
 # its chart and runs a real Transfer end to end with live progress. The cluster stays up afterwards;

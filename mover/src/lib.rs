@@ -9,6 +9,7 @@
 //! - [`digest`]: the end-to-end transfer digest both ends compute and compare;
 //! - [`kind`]: where a failure lies (error kinds, exit status);
 //! - [`progress`]: the gRPC progress service;
+//! - [`quantity`]: byte quantities (`50M`, `1Gi`) shared with the operator;
 //! - [`cas`]: the per-node content-addressed block store;
 //! - [`report`]: summaries (`--json`) and the TTY progress bar;
 //! - [`cli`]: flag parsing and dispatch for the binary.
@@ -20,6 +21,7 @@ pub mod digest;
 pub mod kind;
 pub mod net;
 pub mod progress;
+pub mod quantity;
 pub mod report;
 pub mod session;
 pub mod tree;

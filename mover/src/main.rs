@@ -6,7 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = ferry_mover::cli::Cli::parse();
-    ferry_mover::cli::init_tracing(cli.verbose);
+    ferry_mover::cli::init_output(&cli);
     match ferry_mover::cli::run(cli) {
         Ok(code) => code,
         Err(err) => {

@@ -125,31 +125,7 @@ pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
     }
 }
 
-/// A Kubernetes quantity as a whole number (`10M` = 10^7, `1Gi` = 2^30, `1.5k` = 1500).
-pub fn parse_quantity(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "Ki" => 1024.0,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        _ => return None,
-    };
-    let v: f64 = num.parse().ok()?;
-    let bytes = (v * mult).round();
-    (bytes.is_finite() && (0.0..1.8e19).contains(&bytes)).then_some(bytes as u64)
-}
+pub use ferry_mover::quantity::parse_quantity;
 
 /// Spec fields this operator cannot honour yet, refused instead of silently ignored.
 fn unsupported(spec: &TransferSpec) -> Option<Blocked> {

@@ -63,7 +63,7 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     })?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
-    } else {
+    } else if !crate::report::quiet() {
         eprintln!("{}", summary.human());
     }
     Ok(if summary.failed > 0 {

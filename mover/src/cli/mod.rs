@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod addr;
 pub mod cas;
 pub mod copy;
 pub mod net;
@@ -13,9 +14,18 @@ pub mod staging;
 #[derive(Parser, Debug)]
 #[command(name = "ferry-mover", version, about, propagate_version = true)]
 pub struct Cli {
-    /// More log output (repeat for more); RUST_LOG overrides.
+    /// More log output (repeat for more); --log-level and RUST_LOG override.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Log level: error, warn (the default), info, debug or trace; RUST_LOG overrides.
+    #[arg(long, global = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
+    pub log_level: Option<String>,
+    /// Errors only: no progress bar, no summary (--json output stays).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    /// No progress bar (it is drawn only when stderr is a terminal anyway).
+    #[arg(long, global = true)]
+    pub no_progress: bool,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -37,6 +47,11 @@ pub enum Command {
     Cas(cas::CasCommand),
     /// Remove a transfer's resume state from a destination (`.ferry-staging/`).
     CleanStaging(staging::CleanStagingArgs),
+    /// Print a shell completion script (for example: ferry-mover completions bash >
+    /// /etc/bash_completion.d/ferry-mover).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff; man -l <(ferry-mover man)).
+    Man,
 }
 
 /// Runs a parsed command line; the exit code reflects partial failures (for example files that
@@ -49,21 +64,46 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Receive(args) => net::run_receive(args),
         Command::Cas(cmd) => cas::run(cmd),
         Command::CleanStaging(args) => staging::run(args),
+        // Rendered into memory first: the generators panic on a closed pipe (`| head`).
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "ferry-mover", &mut script);
+            print_ignoring_closed_pipe(&script)
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
+            print_ignoring_closed_pipe(&page)
+        }
     }
 }
 
-/// Logs go to stderr so stdout stays machine-readable (`--json`, bound addresses).
-pub fn init_tracing(verbose: u8) {
-    let default = match verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
+fn print_ignoring_closed_pipe(bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
+    }
+}
+
+/// Logs go to stderr so stdout stays machine-readable (`--json`, bound addresses), coloured only
+/// when stderr is a terminal. Also applies `--quiet` and `--no-progress`.
+pub fn init_output(cli: &Cli) {
+    crate::report::configure(cli.quiet, cli.no_progress);
+    let default = match (cli.quiet, cli.log_level.as_deref(), cli.verbose) {
+        (_, Some(level), _) => level,
+        (true, None, _) => "error",
+        (false, None, 0) => "warn",
+        (false, None, 1) => "info",
+        (false, None, 2) => "debug",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -26,6 +26,9 @@ pub struct CertsArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 7)]
     pub days: u32,
+    /// Overwrite certificate and key files that exist already.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// TLS material and identity shared by send and receive.
@@ -40,9 +43,10 @@ pub struct TlsArgs {
     /// Own private key (PEM).
     #[arg(long)]
     pub key: PathBuf,
-    /// Transfer id; peers must present a certificate for the same id.
+    /// Transfer id; peers must present a certificate for the same id. Default: the id --cert
+    /// was issued for.
     #[arg(long)]
-    pub transfer: String,
+    pub transfer: Option<String>,
     /// Serve the gRPC progress service on this address (mutual TLS, same CA).
     #[arg(long)]
     pub progress_listen: Option<SocketAddr>,
@@ -75,9 +79,9 @@ impl TlsArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct SendArgs {
-    /// Receiver address.
+    /// Receiver address: HOST:PORT (a name or an IP; [v6]:PORT), or :PORT for this host.
     #[arg(long)]
-    pub connect: SocketAddr,
+    pub connect: String,
     /// Tree to send.
     #[arg(long)]
     pub root: PathBuf,
@@ -93,8 +97,9 @@ pub struct SendArgs {
     /// Compare file contents (BLAKE3) instead of size and mtime to skip unchanged files.
     #[arg(long)]
     pub checksum: bool,
-    /// Cap on bytes per second written to the network, over all streams.
-    #[arg(long)]
+    /// Cap on bytes per second written to the network, over all streams: a quantity (`50M` =
+    /// 50 000 000, `1Gi` = 2^30, as a Transfer's bandwidthLimit); 0 means no limit.
+    #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
     pub bandwidth_limit: Option<u64>,
     #[command(flatten)]
     pub tls: TlsArgs,
@@ -102,9 +107,10 @@ pub struct SendArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ReceiveArgs {
-    /// Address to listen on; the bound address is the first line on stdout.
+    /// Address to listen on: HOST:PORT (a name or an IP), or :PORT for every interface; port 0
+    /// picks a free one. The bound address is the first line on stdout.
     #[arg(long)]
-    pub listen: SocketAddr,
+    pub listen: String,
     /// Destination root.
     #[arg(long)]
     pub root: PathBuf,
@@ -124,11 +130,39 @@ pub struct ReceiveArgs {
 
 pub fn run_certs(args: CertsArgs) -> anyhow::Result<ExitCode> {
     let certs = net::generate_certs(&args.transfer, args.days)?;
+    if !args.force {
+        let mut names = vec!["ca.crt".to_owned()];
+        for (role, _, _) in &certs.leaves {
+            names.push(format!("{role}.crt"));
+            names.push(format!("{role}.key"));
+        }
+        let existing: Vec<String> = names
+            .iter()
+            .map(|n| args.out.join(n))
+            .filter(|p| p.symlink_metadata().is_ok())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !existing.is_empty() {
+            anyhow::bail!(
+                "refusing to overwrite {} (pass --force to replace them)",
+                existing.join(", ")
+            );
+        }
+    }
     let written = net::write_certs(&args.out, &certs)?;
     for p in written {
         eprintln!("wrote {}", p.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--transfer`, or the id the mover's own certificate was issued for.
+fn transfer_id(tls: &TlsArgs) -> anyhow::Result<String> {
+    match &tls.transfer {
+        Some(t) => Ok(t.clone()),
+        None => net::own_transfer_id(&tls.cert)
+            .context("no --transfer given, and it cannot be read from --cert"),
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -143,7 +177,7 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
     if json {
         serde_json::to_writer(&mut out, s)?;
         writeln!(out)?;
-    } else {
+    } else if !crate::report::quiet() {
         let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
         eprintln!(
             "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
@@ -228,36 +262,38 @@ fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
 /// entries out (the first few reasons printed), 10-15 by kind when the session failed (the
 /// receiver's reason when it gave one), 2 for failures before the session.
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    let transfer = transfer_id(&args.tls)?;
     let files = net::load_files(
         &args.tls.ca,
         &args.tls.cert,
         &args.tls.key,
-        &args.tls.transfer,
+        &transfer,
         Role::Sender,
     )?;
     let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
     let timeouts = args.tls.timeouts();
     let cfg = SenderConfig {
         root: args.root.clone(),
-        transfer_id: args.tls.transfer.clone(),
+        transfer_id: transfer.clone(),
         compress: args.compress,
         delete: args.delete,
         checksum: args.checksum,
         sync: args.tls.sync,
-        bandwidth_limit: args.bandwidth_limit,
+        bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         timeouts,
     };
     if !args.root.is_dir() {
         anyhow::bail!("source root {} is not a directory", args.root.display());
     }
-    let progress = Arc::new(Progress::new(&args.tls.transfer, "sender"));
+    let progress = Arc::new(Progress::new(&transfer, "sender"));
     let rt = runtime()?;
     let outcome = rt.block_on(async {
+        let connect = super::addr::resolve(&args.connect, "localhost").await?;
         start_progress_service(&args.tls, &files, progress.clone()).await?;
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
         let mut streams = Vec::new();
         for _ in 0..args.streams {
-            match net::connect_tls(args.connect, client.clone(), timeouts.handshake).await {
+            match net::connect_tls(connect, client.clone(), timeouts.handshake).await {
                 Ok(s) => streams.push(s),
                 Err(e) => {
                     let message = session::anyhow_chain(&e);
@@ -284,11 +320,12 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
 /// Exit status 0 when every session succeeded, 1 when one left entries out (each logged); with
 /// `--once`, 10-15 by kind when the session failed (the sender was told why).
 pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
+    let transfer = transfer_id(&args.tls)?;
     let files = net::load_files(
         &args.tls.ca,
         &args.tls.cert,
         &args.tls.key,
-        &args.tls.transfer,
+        &transfer,
         Role::Receiver,
     )?;
     let server = Arc::new(net::server_config(&files, &[Role::Sender])?);
@@ -307,21 +344,22 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     };
     let cfg = ReceiverConfig {
         root: args.root.clone(),
-        transfer_id: args.tls.transfer.clone(),
+        transfer_id: transfer.clone(),
         timeouts: args.tls.timeouts(),
         sync: args.tls.sync,
         cas,
         identity: Some(files.identity.clone()),
     };
-    let progress = Arc::new(Progress::new(&args.tls.transfer, "receiver"));
+    let progress = Arc::new(Progress::new(&transfer, "receiver"));
     let rt = runtime()?;
     let json = args.tls.json;
     let failed = std::cell::Cell::new(false);
-    let transfer_id = args.tls.transfer.clone();
+    let transfer_id = transfer.clone();
     let served = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listen = super::addr::resolve(&args.listen, "0.0.0.0").await?;
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .with_context(|| format!("failed to listen on {}", args.listen))?;
+            .with_context(|| format!("failed to listen on {listen} ({})", args.listen))?;
         {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{}", listener.local_addr()?)?;

@@ -13,5 +13,5 @@ mod transport;
 
 pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
 pub use identity::{Identity, IdentityError, Role, Scope};
-pub use tls::{TlsError, TlsFiles, client_config, load_files, server_config};
+pub use tls::{TlsError, TlsFiles, client_config, load_files, own_transfer_id, server_config};
 pub use transport::{TransportError, accept_tls, connect_tls};

@@ -124,6 +124,29 @@ pub fn load_files(
     })
 }
 
+/// The transfer id the certificate at `cert` was issued for (its leaf's URI SAN), for a mover
+/// started without `--transfer`.
+pub fn own_transfer_id(cert: &Path) -> Result<String, TlsError> {
+    let read_err = |source| TlsError::Read {
+        what: "certificates",
+        path: cert.to_owned(),
+        source,
+    };
+    let leaf = CertificateDer::pem_file_iter(cert)
+        .map_err(read_err)?
+        .next()
+        .ok_or_else(|| TlsError::Empty {
+            what: "certificate",
+            path: cert.to_owned(),
+        })?
+        .map_err(read_err)?;
+    let identity = Identity::from_cert_der(&leaf).map_err(|source| TlsError::OwnIdentity {
+        path: cert.to_owned(),
+        source,
+    })?;
+    Ok(identity.transfer_id)
+}
+
 /// aws-lc-rs with TLS 1.3 suites only, AES-128-GCM first (fastest with AES-NI/VAES).
 fn provider() -> Arc<CryptoProvider> {
     let mut p = aws_lc_rs::default_provider();

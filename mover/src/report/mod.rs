@@ -12,6 +12,22 @@ use std::time::Duration;
 
 pub use crate::progress::Progress;
 
+/// What the command line asked to see (`--quiet`, `--no-progress`), for every command.
+static QUIET: AtomicBool = AtomicBool::new(false);
+static NO_PROGRESS: AtomicBool = AtomicBool::new(false);
+
+/// Set once from the command line: `quiet` drops the bar and the human summary (errors and
+/// `--json` output stay), `no_progress` the bar alone.
+pub fn configure(quiet: bool, no_progress: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+    NO_PROGRESS.store(no_progress || quiet, Ordering::Relaxed);
+}
+
+/// Whether human-readable summaries are wanted.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
 /// A progress bar on stderr, redrawn by its own thread; finish it with [`ProgressBar::finish`].
 pub struct ProgressBar {
     stop: Arc<AtomicBool>,
@@ -22,7 +38,7 @@ impl ProgressBar {
     /// Starts a bar when `enabled` and stderr is a terminal; otherwise a no-op handle.
     pub fn start(progress: Arc<Progress>, enabled: bool) -> ProgressBar {
         let stop = Arc::new(AtomicBool::new(false));
-        if !enabled || !std::io::stderr().is_terminal() {
+        if !enabled || NO_PROGRESS.load(Ordering::Relaxed) || !std::io::stderr().is_terminal() {
             return ProgressBar { stop, thread: None };
         }
         let flag = stop.clone();
