@@ -286,7 +286,9 @@ impl ReceiveError {
             | ReceiveError::Streams(_) => ErrorKind::Peer,
             ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_kind(e),
             ReceiveError::Staging(StagingError::Dest(e)) => dest_kind(e),
+            ReceiveError::Staging(StagingError::Busy(_)) => ErrorKind::Peer,
             ReceiveError::Staging(StagingError::Io { .. })
+            | ReceiveError::Staging(StagingError::Incomplete(_))
             | ReceiveError::Commit { .. }
             | ReceiveError::Write { .. }
             | ReceiveError::Cas(_)
