@@ -171,7 +171,7 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
 /// one itself), with how many more there were.
 fn print_failures(role: &str, s: &Summary) {
     for msg in &s.failures {
-        eprintln!("{role}: failed: {msg}");
+        eprintln!("{role}: failed: {}", session::escape_text(msg));
     }
     let more = s.failed.saturating_sub(s.failures.len() as u64);
     if more > 0 {
@@ -220,7 +220,11 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
 /// A failed session as the user sees it: `ferry-mover: error (<kind>): <message>` on stderr and
 /// the kind's exit status (docs/protocol.md, "Errors").
 fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
-    eprintln!("ferry-mover: error ({kind}): {message}");
+    // The message may carry the peer's words and paths: never raw control characters.
+    eprintln!(
+        "ferry-mover: error ({kind}): {}",
+        session::escape_text(message)
+    );
     ExitCode::from(kind.exit_code())
 }
 

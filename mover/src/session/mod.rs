@@ -32,7 +32,7 @@ use crate::wire::Message;
 pub use compress::Compress;
 pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
-pub use listen::{ListenError, anyhow_chain, serve};
+pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, anyhow_chain, serve};
 pub use receiver::{
     Accepted, BlockSource, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
     failure_message, receive_session,
@@ -103,6 +103,27 @@ impl Abort {
     }
 }
 
+/// Text from a peer (its Error message, its Summary's failures) or naming a peer's path, made
+/// safe for a terminal and a log line: every control character (newline, carriage return,
+/// escape and the C1 controls that start ANSI sequences, ...) is shown escaped (`\n`,
+/// `\u{1b}`), and the text is cut to [`MAX_ERROR_MESSAGE`] bytes. Applying it twice changes
+/// nothing more.
+pub fn escape_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_ERROR_MESSAGE));
+    for c in s.chars() {
+        if out.len() >= MAX_ERROR_MESSAGE {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Best effort, bounded by [`PEER_GRACE`]: sends `Error{kind, message}` and closes the stream
 /// (TLS close_notify), so the peer can report why instead of a broken connection.
 pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
@@ -141,7 +162,7 @@ pub(crate) async fn pending_peer_error<R: AsyncRead + Unpin>(
     loop {
         match tokio::time::timeout_at(deadline, reader.next()).await {
             Ok(Ok(Some(Message::Error(e)))) => {
-                return Some((ErrorKind::from_pb(e.kind), e.message));
+                return Some((ErrorKind::from_pb(e.kind), escape_text(&e.message)));
             }
             Ok(Ok(Some(_))) => continue,
             _ => return None,
@@ -221,5 +242,22 @@ impl Summary {
             line.push_str(first);
         }
         Some(line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_text_shows_control_characters_escaped() {
+        let evil = "failed\n\u{1b}[31mFAKE: ok\r\u{9b}2J\u{7f}";
+        let shown = escape_text(evil);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(shown, "failed\\n\\u{1b}[31mFAKE: ok\\r\\u{9b}2J\\u{7f}");
+        assert_eq!(escape_text(&shown), shown, "idempotent");
+        assert_eq!(escape_text("naïve — ok"), "naïve — ok");
+        let long = escape_text(&"x".repeat(100_000));
+        assert!(long.len() <= MAX_ERROR_MESSAGE + 3);
     }
 }

@@ -324,7 +324,8 @@ impl Shared {
     /// Records one entry left out while the session goes on: logged, counted in `failed`, and
     /// among the first few messages kept for the Summary that the sender reports too.
     fn fail_entry(&self, err: &dyn std::error::Error) {
-        let msg = super::anyhow_chain(err);
+        // Messages name peer paths, which may hold newlines or escape sequences.
+        let msg = super::escape_text(&super::anyhow_chain(err));
         tracing::error!("{msg}");
         self.progress.add_failed(1);
         if let Ok(mut kept) = self.failures.lock()
@@ -802,7 +803,7 @@ where
                 Message::Error(e) => {
                     return Err(ReceiveError::Remote {
                         kind: ErrorKind::from_pb(e.kind),
-                        message: e.message,
+                        message: super::escape_text(&e.message),
                     });
                 }
                 other => {
@@ -849,7 +850,7 @@ where
             Message::Error(e) => {
                 return Err(ReceiveError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             other => {

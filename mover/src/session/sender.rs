@@ -379,7 +379,7 @@ where
             Ok(Message::Error(e)) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             Ok(other) => {
@@ -433,8 +433,9 @@ where
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
-            .into_iter()
+            .iter()
             .take(super::MAX_REPORTED_FAILURES)
+            .map(|f| super::escape_text(f))
             .collect(),
     })
 }
@@ -544,7 +545,7 @@ async fn read_want<R: AsyncRead + Unpin>(
         }),
         Message::Error(e) => Err(SendError::Remote {
             kind: ErrorKind::from_pb(e.kind),
-            message: e.message,
+            message: super::escape_text(&e.message),
         }),
         other => Err(SendError::Unexpected {
             stream: reader.stream(),
@@ -766,7 +767,7 @@ where
             Message::Error(e) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             other => {
