@@ -474,3 +474,70 @@ fn writers_survive_concurrent_opens_that_clean_temps() {
     assert!(opens > 0);
     assert!(files_under(&store_dir.join("tmp")).is_empty());
 }
+
+/// A FIFO or a directory under a block's name neither hangs a reader nor makes the hash
+/// unstorable, and `verify` reports it.
+#[test]
+fn fifos_and_directories_under_block_names_are_corrupt_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Arc::new(CasStore::open(tmp.path(), 1 << 30).unwrap());
+    let plant = |seed: u64, fifo: bool| {
+        let data = block(seed, BLOCK_SIZE);
+        let hash = BlockHash::of(&data);
+        let path = store.block_path(&hash);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        if fifo {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &path,
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o644),
+                0,
+            )
+            .unwrap();
+        } else {
+            fs::create_dir(&path).unwrap();
+            fs::write(path.join("inside"), b"x").unwrap();
+        }
+        (hash, data)
+    };
+    // A reader must not hang on the FIFO: run it with a deadline.
+    let (fifo_hash, fifo_data) = plant(901, true);
+    let s = store.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(s.read_verified(&fifo_hash).map(|b| b.is_some())));
+    let found = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("reading a FIFO under a block name hung")
+        .unwrap();
+    assert!(!found);
+    assert_eq!(
+        store.insert(&fifo_hash, &fifo_data).unwrap(),
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        store.read_verified(&fifo_hash).unwrap().as_deref(),
+        Some(&fifo_data[..])
+    );
+    // A directory under a block name: the real block is stored over it.
+    let (dir_hash, dir_data) = plant(902, false);
+    assert_eq!(
+        store.insert(&dir_hash, &dir_data).unwrap(),
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        store.read_verified(&dir_hash).unwrap().as_deref(),
+        Some(&dir_data[..])
+    );
+    // verify discards and reports both kinds.
+    let (h1, _) = plant(903, true);
+    let (h2, _) = plant(904, false);
+    let report = store.verify_all().unwrap();
+    assert_eq!(report.bad_blocks_discarded, 2, "{report:?}");
+    let mut bad = report.bad_hashes.clone();
+    bad.sort();
+    let mut want = vec![h1.to_hex(), h2.to_hex()];
+    want.sort();
+    assert_eq!(bad, want);
+    assert!(!store.block_path(&h1).exists() && !store.block_path(&h2).exists());
+}

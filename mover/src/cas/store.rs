@@ -156,11 +156,12 @@ fn fsync_dir(path: &Path) -> Result<()> {
         .map_err(|e| CasError::io("fsync directory", path, e))
 }
 
-/// Opens a block file without following a symlink planted under a block name.
+/// Opens a block file without following a symlink planted under a block name, and without
+/// blocking on a FIFO planted there (the caller checks that it is a regular file).
 fn open_block(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
 }
 
@@ -326,11 +327,17 @@ impl CasStore {
 
     /// Removes a block that failed verification. Blocks are immutable and published with
     /// no-replace, so whatever sits under this name now is the bad file we just read (or nothing).
-    fn discard(&self, hash: &BlockHash, len: u64, why: &str) {
+    pub(crate) fn discard(&self, hash: &BlockHash, len: u64, why: &str) {
         self.corrupt_discarded.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(block = %hash, reason = why, "discarding corrupt block from the store");
         let path = self.layout.block(hash);
-        if fs::remove_file(&path).is_ok() {
+        let removed = match fs::symlink_metadata(&path) {
+            // A directory under a block name would make the hash unstorable: remove it whole
+            // (remove_dir_all never follows symlinks).
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&path).is_ok(),
+            _ => fs::remove_file(&path).is_ok(),
+        };
+        if removed && len > 0 {
             let _ = usage::add(&self.layout.usage(), -(len as i64));
         }
     }
@@ -503,14 +510,25 @@ impl CasStore {
         Ok(Some(InsertOutcome::Inserted))
     }
 
-    /// Refreshes the last-use time of an existing block; false if there is none.
+    /// Refreshes the last-use time of an existing block; false if there is none. Anything but a
+    /// regular file under the name is discarded (then the caller publishes the real block).
     fn touch_existing(&self, path: &Path) -> bool {
         match open_block(path) {
-            Ok(f) => {
+            Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => {
                 let _ = f.set_modified(SystemTime::now());
                 true
             }
-            Err(_) => false,
+            Ok(_) | Err(_) => {
+                if let Some(hash) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| BlockHash::parse_hex(n).ok())
+                    && fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
+                {
+                    self.discard(&hash, 0, "is not a regular file");
+                }
+                false
+            }
         }
     }
 
