@@ -12,7 +12,7 @@ use rustix::fs::{CWD, RenameFlags, renameat_with};
 use super::error::{CasError, Result};
 use super::hash::BlockHash;
 use super::layout::Layout;
-use super::pop::{PopKey, Proof};
+use super::pop::{PopKey, Proof, Secret, secret_of};
 use super::{BLOCK_SIZE, gc, lock, usage};
 
 const MARKER_HEADER: &str = "ferry-cas 1";
@@ -54,9 +54,27 @@ pub enum Materialized {
     Written(u64),
     /// Not in the store, or it was there but failed verification and has been discarded.
     Missing,
-    /// The store has the block but the sender's proof of possession does not match it.
+    /// The proof of possession does not match (whether or not the store has the block: the
+    /// check reads no block, so both cost the same and neither changes anything).
     ProofRejected,
 }
+
+/// Outcome of [`CasStore::check_proof`] (for local counters only: a peer sees the same answer,
+/// after the same work, for all three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofCheck {
+    Proven,
+    Rejected,
+    /// No block (or no stored secret) under that hash.
+    Absent,
+}
+
+/// Extended attribute holding a block's possession secret (`pop::secret_of` of its bytes),
+/// set when the block is published.
+const SECRET_XATTR: &str = "user.ferry.pop";
+
+/// Secret used when a block has none, so a failed check costs what a real one costs.
+const NO_SECRET: Secret = Secret([0x5a; 32]);
 
 /// A per-node block store in a directory; see the module docs for the layout. Cheap to share
 /// between threads (`&self` everywhere); several processes may open the same directory.
@@ -367,12 +385,47 @@ impl CasStore {
         dst: &File,
         offset: u64,
     ) -> Result<Materialized> {
+        match self.check_proof(hash, key, proof) {
+            ProofCheck::Proven => {}
+            ProofCheck::Rejected => return Ok(Materialized::ProofRejected),
+            ProofCheck::Absent => return Ok(Materialized::Missing),
+        }
+        self.materialize_proven(hash, dst, offset)
+    }
+
+    /// Checks a proof of possession against the secret stored beside the block: no block is
+    /// read, no last-use time refreshed, and the work is the same for a block the store lacks
+    /// (one failed attribute lookup, one keyed hash of 32 bytes, a constant-time compare). A
+    /// block stored without a secret (by an older version) fails until it is inserted again.
+    pub fn check_proof(&self, hash: &BlockHash, key: &PopKey, proof: &Proof) -> ProofCheck {
+        let stored = self.stored_secret(hash);
+        let ok = key.verify_secret(stored.as_ref().unwrap_or(&NO_SECRET), proof);
+        match (ok, stored.is_some()) {
+            (true, true) => ProofCheck::Proven,
+            (_, true) => ProofCheck::Rejected,
+            (_, false) => ProofCheck::Absent,
+        }
+    }
+
+    fn stored_secret(&self, hash: &BlockHash) -> Option<Secret> {
+        let mut buf = [0u8; 32];
+        match rustix::fs::lgetxattr(self.layout.block(hash), SECRET_XATTR, &mut buf[..]) {
+            Ok(32) => Some(Secret(buf)),
+            _ => None,
+        }
+    }
+
+    /// Reads and verifies a block whose proof was checked, and writes it into `dst` at
+    /// `offset` (refreshing its last-use time). `Missing` if it is gone or corrupt.
+    pub fn materialize_proven(
+        &self,
+        hash: &BlockHash,
+        dst: &File,
+        offset: u64,
+    ) -> Result<Materialized> {
         let Some(bytes) = self.read_verified(hash)? else {
             return Ok(Materialized::Missing);
         };
-        if !key.verify(&bytes, proof) {
-            return Ok(Materialized::ProofRejected);
-        }
         dst.write_all_at(&bytes, offset)
             .map_err(|source| CasError::Materialize {
                 hash: *hash,
@@ -421,6 +474,15 @@ impl CasStore {
         }
         let final_path = self.layout.block(hash);
         if self.touch_existing(&final_path) {
+            // A block published by an older version has no secret yet: add it.
+            if self.stored_secret(hash).is_none() {
+                let _ = rustix::fs::lsetxattr(
+                    &final_path,
+                    SECRET_XATTR,
+                    &secret_of(data).0,
+                    rustix::fs::XattrFlags::empty(),
+                );
+            }
             return Ok(InsertOutcome::AlreadyPresent);
         }
         // A concurrent cleaner can only delete our temp in the instant between its creation and
@@ -469,6 +531,16 @@ impl CasStore {
         (&tmp.file)
             .write_all(&data[half..])
             .map_err(|e| CasError::io("write temp block", &tmp.path, e))?;
+        // The possession secret travels with the inode, so it is published atomically with the
+        // bytes. Without it the block is stored but never served (proofs cannot be checked).
+        if let Err(e) = rustix::fs::fsetxattr(
+            &tmp.file,
+            SECRET_XATTR,
+            &secret_of(data).0,
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            tracing::debug!(error = %e, "could not store a block's possession secret");
+        }
         if self.fsync {
             tmp.file
                 .sync_data()
