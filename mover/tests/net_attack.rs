@@ -32,11 +32,20 @@ struct Peer {
 }
 
 async fn connect(root: &Path, transfer: &str, want_caps: u64) -> Peer {
+    connect_with(root, transfer, want_caps, fast_timeouts()).await
+}
+
+async fn connect_with(
+    root: &Path,
+    transfer: &str,
+    want_caps: u64,
+    timeouts: ferry_mover::session::Timeouts,
+) -> Peer {
     let (client, server) = tokio::io::duplex(32 * 1024 * 1024);
     let cfg = ReceiverConfig {
         root: root.to_owned(),
         transfer_id: transfer.into(),
-        timeouts: fast_timeouts(),
+        timeouts,
         sync: false,
         cas: None,
         identity: None,
@@ -373,4 +382,132 @@ async fn a_parent_swapped_for_a_symlink_mid_send_reads_nothing_outside_the_root(
     sent.expect("send");
     received.expect("receive");
     assert!(std::fs::read(dst.path().join("d/big.bin")).unwrap() == content);
+}
+
+/// Short deadlines: a peer that makes no progress for 2 s is cut off (idle is longer, so only
+/// the progress deadline can end these sessions).
+fn stall_timeouts() -> ferry_mover::session::Timeouts {
+    ferry_mover::session::Timeouts {
+        handshake: Duration::from_secs(3),
+        idle: Duration::from_secs(10),
+        progress: Duration::from_secs(2),
+    }
+}
+
+/// What a sender that holds the session without moving anything can do: keepalives only, a
+/// frame trickled a byte at a time, Busy frames whose work counter never grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_authenticated_sender_that_makes_no_progress_is_cut_off() {
+    let dst = tempfile::tempdir().unwrap();
+    let offer = {
+        let mut b = bytes::BytesMut::new();
+        Message::Offer(pb::Offer {
+            offer_id: 1,
+            entries: vec![pb::Entry {
+                path: "x".into(),
+                kind: pb::EntryKind::File as i32,
+                size: 5,
+                ..Default::default()
+            }],
+        })
+        .encode(&mut b)
+        .unwrap();
+        b.to_vec()
+    };
+    for attack in ["keepalives", "trickle", "busy without work"] {
+        let peer = connect_with(dst.path(), "stall", caps::SUPPORTED, stall_timeouts()).await;
+        let started = std::time::Instant::now();
+        let offer = offer.clone();
+        let Peer {
+            reader,
+            mut writer,
+            receiver,
+        } = peer;
+        let act = tokio::spawn(async move {
+            for i in 0..60usize {
+                let r = match attack {
+                    "keepalives" => writer.send(&Message::Keepalive).await,
+                    "trickle" => writer.send_raw(&offer[i % offer.len()..][..1]).await,
+                    _ => writer.send(&Message::Busy(pb::Busy { work: 7 })).await,
+                };
+                if r.is_err() || writer.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+        });
+        let drain = tokio::spawn(async move {
+            let mut reader = reader;
+            while let Ok(Some(_)) = reader.next().await {}
+        });
+        let err = tokio::time::timeout(Duration::from_secs(20), receiver)
+            .await
+            .unwrap_or_else(|_| panic!("{attack}: the session was held for 20 s"))
+            .unwrap()
+            .expect_err("the session must fail");
+        let took = started.elapsed();
+        act.abort();
+        drain.abort();
+        assert!(err.contains("no progress"), "{attack}: {err}");
+        assert!(
+            took < Duration::from_secs(8),
+            "{attack}: cut off after {took:?}"
+        );
+    }
+}
+
+/// A receiver that answers the handshake and then only sends keepalives (so no idle timeout
+/// trips) cannot hold a sender: it fails at its progress deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalling_receiver_cannot_hold_the_sender() {
+    let src = tempfile::tempdir().unwrap();
+    write(&src.path().join("a.txt"), b"hello");
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let fake = tokio::spawn(async move {
+        let (r, w) = tokio::io::split(server);
+        let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
+        let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
+        let Ok(Message::Hello(h)) = reader.expect().await else {
+            return;
+        };
+        let welcome = pb::Welcome {
+            version: h.version,
+            capabilities: h.capabilities & caps::SUPPORTED,
+            session_id: h.session_id,
+            stream_index: h.stream_index,
+            block_size: h.block_size,
+            dedup_nonce: Vec::new(),
+        };
+        let _ = writer.send(&Message::Welcome(welcome)).await;
+        let drain = tokio::spawn(async move { while let Ok(Some(_)) = reader.next().await {} });
+        loop {
+            if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        drain.abort();
+    });
+    let cfg = ferry_mover::session::SenderConfig {
+        root: src.path().to_owned(),
+        transfer_id: "stall".into(),
+        compress: ferry_mover::session::Compress::None,
+        delete: false,
+        checksum: false,
+        sync: false,
+        bandwidth_limit: None,
+        timeouts: stall_timeouts(),
+    };
+    let started = std::time::Instant::now();
+    let progress = Arc::new(Progress::new("stall", "sender"));
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        ferry_mover::session::send_session(&cfg, vec![client], progress),
+    )
+    .await
+    .expect("the sender was held for 20 s");
+    fake.abort();
+    let err = anyhow_chain(&r.expect_err("the send must fail"));
+    assert!(err.contains("no progress"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
 }

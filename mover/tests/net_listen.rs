@@ -100,3 +100,58 @@ fn the_listener_survives_running_out_of_descriptors() {
     );
     assert_same_tree(src.path(), dst.path());
 }
+
+/// One stream of a two-stream session arrives and the other never does: the receiver drops the
+/// half-assembled session after twice its handshake timeout, without waiting for another
+/// connection to arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_assembled_session_is_dropped_after_its_deadline() {
+    use ferry_mover::net::{self, Role};
+    use ferry_mover::session::{FrameReader, FrameWriter};
+    use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
+    use ferry_proto::wire::v1 as pb;
+
+    let pki = pki("half-session");
+    let dst = tempfile::tempdir().unwrap();
+    let (addr, _recv) = start_receiver(&pki, dst.path()).await;
+    let files = pki.files(Role::Sender);
+    let client = std::sync::Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
+    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (r, w) = tokio::io::split(tls);
+    let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
+    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
+    let hello = pb::Hello {
+        version: wire::PROTOCOL_VERSION,
+        capabilities: caps::SUPPORTED,
+        transfer_id: pki.transfer.clone(),
+        session_id: vec![3; 16],
+        stream_index: 0,
+        stream_count: 2,
+        block_size: BLOCK_SIZE as u32,
+    };
+    writer.send(&Message::Hello(hello)).await.unwrap();
+    writer.flush().await.unwrap();
+    assert!(matches!(
+        reader.expect().await.unwrap(),
+        Message::Welcome(_)
+    ));
+    let started = Instant::now();
+    // fast_timeouts(): handshake 3 s, so the receiver lets go after about 6 s.
+    let end = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match reader.next().await {
+                Ok(Some(_)) => {}
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        end.is_ok(),
+        "the half-assembled session was kept for {took:?}"
+    );
+    assert!(took < Duration::from_secs(9), "dropped after {took:?}");
+}

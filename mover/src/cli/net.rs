@@ -59,6 +59,11 @@ pub struct TlsArgs {
     /// Seconds a stream may stay silent before the session is aborted.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
+    /// Seconds the peer may make no progress (move no data, report no growing work counter in
+    /// its Busy frames) before the session is aborted; keepalives and trickled bytes do not
+    /// count.
+    #[arg(long, default_value_t = 120)]
+    pub progress_timeout: u64,
     /// fsync every file before it is renamed into place.
     #[arg(long)]
     pub sync: bool,
@@ -69,6 +74,7 @@ impl TlsArgs {
         Timeouts {
             handshake: Duration::from_secs(self.handshake_timeout.max(1)),
             idle: Duration::from_secs(self.idle_timeout.max(1)),
+            progress: Duration::from_secs(self.progress_timeout.max(1)),
         }
     }
 }

@@ -129,6 +129,21 @@ pub struct ReadHashes {
 /// Read size of [`hash_reader`].
 const READ_PIECE: usize = 256 * 1024;
 
+/// A reader that adds what it reads to a counter (the work an end reports while it hashes).
+pub struct CountingReader<'a, R> {
+    pub inner: R,
+    pub count: &'a std::sync::atomic::AtomicU64,
+}
+
+impl<R: Read> Read for CountingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 /// Reads `r` to its end and returns the content hash (block by block, 4 MiB each) and, with
 /// `whole`, the whole-file BLAKE3 from the same read. `buf` is reused between calls.
 pub fn hash_reader(

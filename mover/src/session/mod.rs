@@ -177,13 +177,94 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// Longest silence on a stream (reads) or refusal to accept data (writes).
     pub idle: Duration,
+    /// Longest time the peer may make no progress: move no data and report no growing work
+    /// counter (keepalives and trickled bytes do not count). The receiver holds a whole session
+    /// to it, the sender each stream it is waiting on.
+    pub progress: Duration,
 }
+
+/// Default of [`Timeouts::progress`].
+pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
             handshake: Duration::from_secs(10),
             idle: Duration::from_secs(60),
+            progress: DEFAULT_PROGRESS_TIMEOUT,
+        }
+    }
+}
+
+/// How often a busy end tells its peer it is working (Busy frames, progress capability).
+pub(crate) const BUSY_EVERY: Duration = Duration::from_secs(5);
+
+/// When the peer last made progress: a frame that moves the session forward, or a Busy frame
+/// whose work counter grew.
+pub(crate) struct ProgressClock {
+    last: std::sync::Mutex<tokio::time::Instant>,
+    work: std::sync::atomic::AtomicU64,
+}
+
+impl ProgressClock {
+    pub fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(tokio::time::Instant::now()),
+            work: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub fn mark(&self) {
+        if let Ok(mut l) = self.last.lock() {
+            *l = tokio::time::Instant::now();
+        }
+    }
+
+    /// A Busy frame: progress only if the counter grew.
+    pub fn busy(&self, work: u64) {
+        if self
+            .work
+            .fetch_max(work, std::sync::atomic::Ordering::Relaxed)
+            < work
+        {
+            self.mark();
+        }
+    }
+
+    /// When the progress deadline passes unless something happens first.
+    pub fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        let last = self
+            .last
+            .lock()
+            .map(|l| *l)
+            .unwrap_or_else(|_| tokio::time::Instant::now());
+        last + timeout
+    }
+}
+
+/// Runs `fut`; while it takes long, calls `work()` every [`BUSY_EVERY`] and tells the peer that
+/// this end is working (a Busy frame with that counter, only when `enabled`), so an honest end
+/// that hashes or writes for minutes is not taken for a stalled one (nor blames its peer).
+pub(crate) async fn while_busy<W, T>(
+    writer: &mut FrameWriter<W>,
+    enabled: bool,
+    work: impl Fn() -> u64,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, FramedError>
+where
+    W: AsyncWrite + Unpin,
+{
+    tokio::pin!(fut);
+    loop {
+        match tokio::time::timeout(BUSY_EVERY, &mut fut).await {
+            Ok(v) => return Ok(v),
+            Err(_) => {
+                let busy = Message::Busy(pb::Busy { work: work() });
+                if enabled {
+                    writer.send(&busy).await?;
+                    writer.flush().await?;
+                }
+            }
         }
     }
 }

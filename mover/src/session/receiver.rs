@@ -109,6 +109,11 @@ pub enum ReceiveError {
     Remote { kind: ErrorKind, message: String },
     #[error("the sender finished but {count} file(s) are incomplete, e.g. {example}")]
     Incomplete { count: usize, example: String },
+    #[error(
+        "the sender made no progress for {secs} s (no data moved and no growing work counter; \
+         keepalives and trickled bytes do not count)"
+    )]
+    NoProgress { secs: u64 },
     #[error("streams of one session disagree: {0}")]
     Streams(String),
     #[error("a blocking filesystem task failed")]
@@ -318,9 +323,32 @@ struct Shared {
     /// The session's first failure: stops every stream.
     abort: Abort,
     transfer_id: String,
+    /// When the sender last made progress (the session's progress deadline).
+    clock: super::ProgressClock,
+    /// The sender reads Busy frames (progress capability).
+    busy: bool,
 }
 
 impl Shared {
+    /// This end's work counter for Busy frames. Called while this end is busy itself, so it
+    /// also holds the sender's progress deadline off: waiting on our own disk is not a stall of
+    /// the sender's.
+    fn work(&self) -> u64 {
+        self.clock.mark();
+        self.progress.work()
+    }
+}
+
+impl Shared {
+    /// A frame from the sender: progress unless it only says it is alive.
+    fn saw(&self, msg: &Message) {
+        match msg {
+            Message::Keepalive => {}
+            Message::Busy(b) => self.clock.busy(b.work),
+            _ => self.clock.mark(),
+        }
+    }
+
     /// Records one entry left out while the session goes on: logged, counted in `failed`, and
     /// among the first few messages kept for the Summary that the sender reports too.
     fn fail_entry(&self, err: &dyn std::error::Error) {
@@ -438,8 +466,12 @@ fn record_unchanged(
             .open_read(p.as_str())
             .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
+        let mut counted = digest::CountingReader {
+            inner: &mut f,
+            count: &s.progress.hashed_bytes,
+        };
         let read = READ_BUF
-            .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, false))
+            .with_borrow_mut(|buf| digest::hash_reader(&mut counted, buf, false))
             .map_err(|e| HashError::new(shown(), e))?;
         if read.len != meta.size {
             return Err(HashError::new(
@@ -584,6 +616,8 @@ where
         digest: Mutex::new(None),
         abort: Abort::default(),
         transfer_id: cfg.transfer_id.clone(),
+        clock: super::ProgressClock::new(),
+        busy: caps & caps::PROGRESS != 0,
     });
     progress.set_phase(Phase::Transferring);
 
@@ -593,9 +627,33 @@ where
         futs.push(run_stream(shared.clone(), s, done.clone(), n));
     }
     // Every stream runs to its end: one that fails stops the others (each tells the sender why),
-    // and the most telling failure is reported.
-    let mut failure: Option<ReceiveError> = None;
-    for r in futures::future::join_all(futs).await {
+    // and the most telling failure is reported. A session whose sender makes no progress for
+    // the progress timeout is stopped the same way.
+    let all = futures::future::join_all(futs);
+    tokio::pin!(all);
+    let limit = cfg.timeouts.progress;
+    let watchdog = async {
+        loop {
+            tokio::time::sleep_until(shared.clock.deadline(limit)).await;
+            if tokio::time::Instant::now() >= shared.clock.deadline(limit) {
+                let e = ReceiveError::NoProgress {
+                    secs: limit.as_secs(),
+                };
+                shared.abort.set(Reason {
+                    kind: e.kind(),
+                    message: e.to_string(),
+                    from_peer: false,
+                });
+                return e;
+            }
+        }
+    };
+    let (results, stalled) = tokio::select! {
+        r = &mut all => (r, None),
+        e = watchdog => (all.await, Some(e)),
+    };
+    let mut failure: Option<ReceiveError> = stalled;
+    for r in results {
         if let Err(e) = r {
             failure = Some(match failure {
                 None => e,
@@ -765,15 +823,24 @@ where
     });
     let main = async {
         loop {
-            match reader.expect().await? {
+            let msg = reader.expect().await?;
+            shared.saw(&msg);
+            let (busy, sh) = (shared.busy, shared.clone());
+            let work = move || sh.work();
+            match msg {
                 Message::Offer(o) => {
                     let sh = shared.clone();
-                    let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                    let task = tokio::task::spawn_blocking(move || handle_offer(&sh, o));
+                    let want = super::while_busy(writer, busy, work, task).await???;
                     writer.send(&Message::Want(want)).await?;
                     writer.flush().await?;
                 }
                 m @ (Message::Batch { .. } | Message::Block { .. }) => {
-                    if work_tx.send(m).await.is_err() {
+                    // Our writer is behind: tell the sender we are busy, not stalled.
+                    if super::while_busy(writer, busy, work, work_tx.send(m))
+                        .await?
+                        .is_err()
+                    {
                         // The worker failed; its error is reported below.
                         return Ok(());
                     }
@@ -783,8 +850,8 @@ where
                         return Err(proto("BlockAnnounce without the dedup capability"));
                     };
                     let sh = shared.clone();
-                    let need = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a))
-                        .await??;
+                    let task = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a));
+                    let need = super::while_busy(writer, busy, work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;
                 }
@@ -793,12 +860,12 @@ where
                         return Err(proto("ResumeCheck without the resume capability"));
                     }
                     let sh = shared.clone();
-                    let need =
-                        tokio::task::spawn_blocking(move || handle_resume_check(&sh, c)).await??;
+                    let task = tokio::task::spawn_blocking(move || handle_resume_check(&sh, c));
+                    let need = super::while_busy(writer, busy, work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;
                 }
-                Message::Keepalive => {}
+                Message::Keepalive | Message::Busy(_) => {}
                 Message::Done(_) => return Ok(()),
                 Message::Error(e) => {
                     return Err(ReceiveError::Remote {
@@ -833,19 +900,25 @@ where
             .map_err(|_| ReceiveError::Internal("session closed"))?;
     }
     shared.progress.set_phase(Phase::Finishing);
+    let (busy, sh) = (shared.busy, shared.clone());
+    let work = move || sh.work();
     loop {
-        match reader.expect().await? {
+        let msg = reader.expect().await?;
+        shared.saw(&msg);
+        match msg {
             Message::Offer(o) => {
                 let sh = shared.clone();
-                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                let task = tokio::task::spawn_blocking(move || handle_offer(&sh, o));
+                let want = super::while_busy(writer, busy, &work, task).await???;
                 writer.send(&Message::Want(want)).await?;
                 writer.flush().await?;
             }
             Message::DirDone(d) => {
                 let sh = shared.clone();
-                tokio::task::spawn_blocking(move || handle_dir_done(&sh, d)).await??;
+                let task = tokio::task::spawn_blocking(move || handle_dir_done(&sh, d));
+                super::while_busy(writer, busy, &work, task).await???;
             }
-            Message::Keepalive => {}
+            Message::Keepalive | Message::Busy(_) => {}
             Message::Finish => break,
             Message::Error(e) => {
                 return Err(ReceiveError::Remote {
@@ -872,7 +945,8 @@ where
         }
     }
     let sh = shared.clone();
-    let digest = tokio::task::spawn_blocking(move || sh.compute_digest()).await??;
+    let task = tokio::task::spawn_blocking(move || sh.compute_digest());
+    let digest = super::while_busy(writer, busy, &work, task).await???;
     let p = shared.progress.snapshot();
     let d = shared
         .dedup
@@ -1174,8 +1248,12 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
 /// content hash.
 fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
     let mut f = sh.dest.open_read(path.as_str())?;
+    let mut counted = digest::CountingReader {
+        inner: &mut f,
+        count: &sh.progress.hashed_bytes,
+    };
     Ok(READ_BUF
-        .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, true))
+        .with_borrow_mut(|buf| digest::hash_reader(&mut counted, buf, true))
         .map_err(|e| HashError::new(path.to_string(), e))?)
 }
 

@@ -151,8 +151,12 @@ pub fn scan(
                 if checksum {
                     let abs = root.join(&e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
+                    let mut counted = digest::CountingReader {
+                        inner: &mut f,
+                        count: &progress.hashed_bytes,
+                    };
                     let read =
-                        digest::hash_reader(&mut f, &mut read_buf, true).map_err(io(&abs))?;
+                        digest::hash_reader(&mut counted, &mut read_buf, true).map_err(io(&abs))?;
                     e.checksum = read.whole.map(|w| w.to_vec()).unwrap_or_default();
                     let h = digest::file_entry(
                         e.size,

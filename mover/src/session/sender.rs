@@ -68,6 +68,11 @@ pub enum SendError {
         kind: FrameType,
         expected: &'static str,
     },
+    #[error(
+        "stream {stream}: the receiver made no progress for {secs} s (no answer and no growing \
+         work counter)"
+    )]
+    NoProgress { stream: u32, secs: u64 },
     #[error("receiver answered offer {got}, expected {expected}")]
     WantMismatch { got: u64, expected: u64 },
     #[error("failed to read source file {path}")]
@@ -175,6 +180,10 @@ struct Ctx {
     content_in_scan: bool,
     /// The receiver resumes only blocks this sender confirms (ResumeCheck).
     resume_check: bool,
+    /// Busy frames instead of keepalives (progress capability).
+    busy: bool,
+    /// How long the receiver may make no progress while this end waits for it.
+    progress_timeout: Duration,
 }
 
 impl Ctx {
@@ -265,7 +274,8 @@ where
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
     // Dedup is always requested: a receiver offers it only when it has a block store.
-    let mut want_caps = caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP | caps::RESUME;
+    let mut want_caps =
+        caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP | caps::RESUME | caps::PROGRESS;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -332,6 +342,8 @@ where
         pool,
         content_in_scan: checksum,
         resume_check: negotiated & caps::RESUME != 0,
+        busy: negotiated & caps::PROGRESS != 0,
+        progress_timeout: cfg.timeouts.progress,
     });
     let root = cfg.root.clone();
     let p = progress.clone();
@@ -374,7 +386,8 @@ where
         let hardlinks = scanner.await??;
         let (reader, writer) = ends.first_mut().ok_or(SendError::Channel)?;
         let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
-        let summary = match reader.expect().await {
+        let mut work = 0;
+        let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
             Ok(Message::Summary(s)) => s,
             Ok(Message::Error(e)) => {
                 return Err(SendError::Remote {
@@ -389,7 +402,7 @@ where
                     expected: "Summary",
                 });
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
         Ok((summary, dirs, links))
     };
@@ -504,7 +517,7 @@ where
             }))
             .await?;
         writer.flush().await?;
-        read_want(reader, offer_id).await?;
+        read_want(reader, offer_id, ctx.progress_timeout).await?;
     }
     let (tx, mut rx) = mpsc::channel(16);
     let root = cfg.root.clone();
@@ -529,14 +542,42 @@ where
     Ok((dirs.finish(), links.finish()))
 }
 
+/// The receiver's next reply on this stream, past Keepalive and Busy frames. Fails when the
+/// receiver makes no progress for `limit`: no reply, and no Busy frame whose work counter grew
+/// (keepalives and trickled bytes do not count).
+async fn next_reply<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    limit: Duration,
+    last_work: &mut u64,
+) -> Result<Message, SendError> {
+    let mut deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, reader.expect())
+            .await
+            .map_err(|_| SendError::NoProgress {
+                stream: reader.stream(),
+                secs: limit.as_secs(),
+            })??;
+        match msg {
+            Message::Keepalive => {}
+            Message::Busy(b) => {
+                if b.work > *last_work {
+                    *last_work = b.work;
+                    deadline = tokio::time::Instant::now() + limit;
+                }
+            }
+            m => return Ok(m),
+        }
+    }
+}
+
 async fn read_want<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     offer_id: u64,
+    limit: Duration,
 ) -> Result<pb::Want, SendError> {
-    let mut msg = reader.expect().await?;
-    while let Message::Keepalive = msg {
-        msg = reader.expect().await?;
-    }
+    let mut work = 0;
+    let msg = next_reply(reader, limit, &mut work).await?;
     match msg {
         Message::Want(w) if w.offer_id == offer_id => Ok(w),
         Message::Want(w) => Err(SendError::WantMismatch {
@@ -687,6 +728,7 @@ where
     let mut expected: VecDeque<(u64, Vec<pb::Entry>)> = VecDeque::new();
     let mut announced: VecDeque<Announced> = VecDeque::new();
     let mut offers_open = true;
+    let mut last_work = 0;
     loop {
         if expected.is_empty() && announced.is_empty() {
             match pending.recv().await {
@@ -694,10 +736,7 @@ where
                 None => break,
             }
         }
-        let mut msg = reader.expect().await?;
-        while let Message::Keepalive = msg {
-            msg = reader.expect().await?;
-        }
+        let msg = next_reply(reader, ctx.progress_timeout, &mut last_work).await?;
         match msg {
             Message::Want(want) => {
                 if expected.is_empty() && offers_open {
@@ -1088,6 +1127,8 @@ fn hash_source_blocks(
             }
         })?;
         ctx.block_digested(fd, index, hash);
+        ctx.progress
+            .add(&ctx.progress.hashed_bytes, block_len(fd.entry.size, index));
     }
     Ok(())
 }
@@ -1106,6 +1147,7 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
             return Err(HashError::new(shown(), changed_size()));
         }
         let hash = blake3::hash(&data);
+        ctx.progress.add(&ctx.progress.hashed_bytes, e.size);
         ctx.file_digested(&e, &digest::content_hash_single(e.size, hash.as_bytes()));
     }
     Ok(())
@@ -1353,7 +1395,17 @@ where
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(_) => {
-                writer.send(&Message::Keepalive).await?;
+                // Nothing to send: say we are alive and, with the progress capability, how much
+                // work (reading, hashing, listing) we did, so a sender busy hashing is not taken
+                // for a stalled one.
+                let alive = if ctx.busy {
+                    Message::Busy(pb::Busy {
+                        work: ctx.progress.work(),
+                    })
+                } else {
+                    Message::Keepalive
+                };
+                writer.send(&alive).await?;
                 writer.flush().await?;
                 continue;
             }

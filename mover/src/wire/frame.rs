@@ -30,6 +30,8 @@ pub enum FrameType {
     Keepalive = 0x0c,
     /// Resume: the sender's hashes of blocks the receiver holds from an earlier run.
     ResumeCheck = 0x0d,
+    /// Liveness with a work counter (progress capability).
+    Busy = 0x0e,
     /// Reserved for the block store (issue 5): sender announces block hashes of a file.
     BlockAnnounce = 0x20,
     /// Reserved for the block store (issue 5): receiver answers which blocks it lacks.
@@ -56,6 +58,7 @@ impl FrameType {
             0x0b => Self::Error,
             0x0c => Self::Keepalive,
             0x0d => Self::ResumeCheck,
+            0x0e => Self::Busy,
             0x20 => Self::BlockAnnounce,
             0x21 => Self::NeedBlocks,
             0x22 => Self::PossessionChallenge,

@@ -36,6 +36,8 @@ pub enum Message {
     NeedBlocks(pb::NeedBlocks),
     /// Resume: the sender's hashes of blocks the receiver holds from an earlier run.
     ResumeCheck(pb::ResumeCheck),
+    /// Liveness with a work counter (progress capability), either direction.
+    Busy(pb::Busy),
 }
 
 impl Message {
@@ -91,6 +93,7 @@ impl Message {
             }
             FrameType::NeedBlocks => Self::NeedBlocks(pb::NeedBlocks::decode(p).map_err(pbe)?),
             FrameType::ResumeCheck => Self::ResumeCheck(pb::ResumeCheck::decode(p).map_err(pbe)?),
+            FrameType::Busy => Self::Busy(pb::Busy::decode(p).map_err(pbe)?),
             FrameType::PossessionChallenge | FrameType::PossessionProof => {
                 return Err(WireError::Reserved { kind });
             }
@@ -114,6 +117,7 @@ impl Message {
             Self::BlockAnnounce(_) => FrameType::BlockAnnounce,
             Self::NeedBlocks(_) => FrameType::NeedBlocks,
             Self::ResumeCheck(_) => FrameType::ResumeCheck,
+            Self::Busy(_) => FrameType::Busy,
         }
     }
 
@@ -150,6 +154,7 @@ impl Message {
             Self::BlockAnnounce(m) => encode_message(FrameType::BlockAnnounce, m, out),
             Self::NeedBlocks(m) => encode_message(FrameType::NeedBlocks, m, out),
             Self::ResumeCheck(m) => encode_message(FrameType::ResumeCheck, m, out),
+            Self::Busy(m) => encode_message(FrameType::Busy, m, out),
         }
     }
 }

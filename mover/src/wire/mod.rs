@@ -40,9 +40,12 @@ pub mod caps {
     /// and the sender confirms every held block with a ResumeCheck. Without it the receiver
     /// does not resume (it asks for every block).
     pub const RESUME: u64 = 1 << 7;
+    /// Busy frames (with a work counter) replace keepalives, and each end holds the other to a
+    /// progress deadline.
+    pub const PROGRESS: u64 = 1 << 8;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
-    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME;
+    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS;
 }
 
 /// Codec identifiers in Block and Batch headers.
