@@ -129,6 +129,16 @@ pub struct ReadHashes {
 /// Read size of [`hash_reader`].
 const READ_PIECE: usize = 256 * 1024;
 
+/// Whether `[off, off + len)` of `f` is a hole with data after it (so within the file): it reads
+/// as zeros without being read. One `lseek(SEEK_DATA)`; false when the filesystem cannot tell
+/// or nothing follows (then the caller reads, which also notices a file that shrank).
+pub fn is_hole(f: &std::fs::File, off: u64, len: u64) -> bool {
+    matches!(
+        rustix::fs::seek(f, rustix::fs::SeekFrom::Data(off)),
+        Ok(data) if data >= off.saturating_add(len)
+    )
+}
+
 /// A reader that adds what it reads to a counter (the work an end reports while it hashes).
 pub struct CountingReader<'a, R> {
     pub inner: R,
@@ -200,6 +210,9 @@ pub fn hash_block_at(
 ) -> std::io::Result<Hash> {
     let off = index * BLOCK_SIZE as u64;
     let len = size.saturating_sub(off).min(BLOCK_SIZE as u64) as usize;
+    if len == BLOCK_SIZE && is_hole(f, off, len as u64) {
+        return Ok(crate::wire::zero_block_hash());
+    }
     if buf.len() < len {
         *buf = vec![0; BLOCK_SIZE];
     }

@@ -1011,6 +1011,10 @@ fn build_announce(
         let mut buf = vec![0u8; BLOCK_SIZE];
         let mut out = Vec::with_capacity(part.len());
         for &index in part {
+            if digest::is_hole(f, index * BLOCK_SIZE as u64, BLOCK_SIZE as u64) {
+                out.push((index, None));
+                continue;
+            }
             f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
                 .map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -1333,6 +1337,24 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
     };
     let len = job.len as usize;
     let off = job.index * BLOCK_SIZE as u64;
+    // A hole of a sparse file: zeros, neither read nor hashed.
+    if len == BLOCK_SIZE && digest::is_hole(&job.file, off, job.len) {
+        let hash = crate::wire::zero_block_hash();
+        if let Some(fd) = &job.digest {
+            ctx.block_digested(fd, job.index, hash);
+        }
+        ctx.progress.add(&ctx.progress.bytes_done, job.len);
+        return Ok(Message::Block {
+            header: pb::BlockHeader {
+                file_id: job.file_id,
+                index: job.index,
+                raw_len: job.len as u32,
+                codec: CODEC_ZERO,
+                hash: hash.to_vec(),
+            },
+            data: Bytes::new(),
+        });
+    }
     // pread into spare capacity: no zeroing of a fresh 4 MiB buffer per block, no reopen.
     let mut buf = Vec::with_capacity(len);
     while buf.len() < len {

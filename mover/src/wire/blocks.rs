@@ -20,6 +20,12 @@ pub fn block_len(size: u64, index: u64) -> u64 {
     size.saturating_sub(start).min(BLOCK_SIZE as u64)
 }
 
+/// BLAKE3 of a full all-zero block (computed once): what a hole in a sparse file hashes to.
+pub fn zero_block_hash() -> [u8; 32] {
+    static HASH: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    *HASH.get_or_init(|| *blake3::hash(&vec![0u8; BLOCK_SIZE]).as_bytes())
+}
+
 /// Most ranges one file's `need_ranges` may carry in a Want. The Want frame is capped at 64 KiB;
 /// a receiver whose resume state is more fragmented than this asks for more blocks instead.
 pub const MAX_WANT_RANGES: usize = 256;

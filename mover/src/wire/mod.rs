@@ -12,7 +12,9 @@ mod blocks;
 mod frame;
 mod message;
 
-pub use blocks::{Bitmap, BlockSet, BlockSetError, MAX_WANT_RANGES, block_count, block_len};
+pub use blocks::{
+    Bitmap, BlockSet, BlockSetError, MAX_WANT_RANGES, block_count, block_len, zero_block_hash,
+};
 
 pub use frame::{
     FRAME_HEADER_LEN, FrameType, MAX_CONTROL_PAYLOAD, MAX_FRAME_PAYLOAD, RawFrame, decode_frame,
