@@ -263,6 +263,7 @@ impl SendError {
             }
             // The destination does not hold what the source holds.
             SendError::DigestMismatch { .. } => ErrorKind::Destination,
+            SendError::NoProgress { .. } => ErrorKind::Timeout,
             SendError::DigestIncomplete
             | SendError::Channel
             | SendError::Join(_)
@@ -284,9 +285,12 @@ impl ReceiveError {
             | ReceiveError::HashMismatch { .. }
             | ReceiveError::Incomplete { .. }
             | ReceiveError::Streams(_) => ErrorKind::Peer,
+            ReceiveError::NoProgress { .. } => ErrorKind::Timeout,
             ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_kind(e),
             ReceiveError::Staging(StagingError::Dest(e)) => dest_kind(e),
+            ReceiveError::Staging(StagingError::Busy(_)) => ErrorKind::Peer,
             ReceiveError::Staging(StagingError::Io { .. })
+            | ReceiveError::Staging(StagingError::Incomplete(_))
             | ReceiveError::Commit { .. }
             | ReceiveError::Write { .. }
             | ReceiveError::Cas(_)

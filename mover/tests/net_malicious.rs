@@ -514,6 +514,7 @@ where
         timeouts: ferry_mover::session::Timeouts {
             handshake: std::time::Duration::from_secs(2),
             idle: std::time::Duration::from_secs(1),
+            progress: std::time::Duration::from_secs(30),
         },
         sync: false,
         cas: None,

@@ -8,9 +8,11 @@
 //! blocks all look the same to the sender, so the answer reveals nothing to a sender that only
 //! knows hashes.
 
+use std::collections::HashSet;
 use std::fs::File;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -19,7 +21,17 @@ use super::error::Result;
 use super::hash::BlockHash;
 use super::lease::Lease;
 use super::pop::{Nonce, PopKey, Proof};
-use super::store::{CasStore, Materialized};
+use super::store::{CasStore, Materialized, ProofCheck};
+
+/// Most distinct blocks one announce may take from the store (each costs a 4 MiB read and two
+/// hashes); the others come over the wire. This sender announces 16 at a time.
+pub const MAX_STORE_READS_PER_ANNOUNCE: usize = 256;
+/// Pins a transfer's lease may hold (about 4 MiB of lease file, 256 GiB of blocks taken from
+/// the store). Beyond it proven blocks are still read, unpinned: one evicted between its proof
+/// check and its read comes over the wire instead.
+pub const MAX_PINS: u64 = 65536;
+/// Rejected proofs are logged at most this often.
+const REJECT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// One full block of a file, as the sender announces it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +93,10 @@ pub struct DedupReceiver {
     dedup_bytes: AtomicU64,
     proofs_rejected: AtomicU64,
     blocks_inserted: AtomicU64,
+    /// Pins written to the lease.
+    pins: AtomicU64,
+    /// When rejected proofs were last logged, and how many since.
+    reject_log: Mutex<(Option<Instant>, u64)>,
 }
 
 impl DedupReceiver {
@@ -94,6 +110,8 @@ impl DedupReceiver {
             dedup_bytes: AtomicU64::new(0),
             proofs_rejected: AtomicU64::new(0),
             blocks_inserted: AtomicU64::new(0),
+            pins: AtomicU64::new(0),
+            reject_log: Mutex::new((None, 0)),
         })
     }
 
@@ -101,56 +119,97 @@ impl DedupReceiver {
         &self.store
     }
 
+    /// This transfer's lease (its pins).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
     /// Handles one announcement for the file open as `dst`, proofs checked under `key` (from the
-    /// nonce of the stream it arrived on): pins the blocks, writes every block the store holds and
-    /// the sender proved, and returns, parallel to `announced`, whether each must still come over
-    /// the wire.
+    /// nonce of the stream it arrived on) and returns, parallel to `announced`, whether each
+    /// block must still come over the wire.
+    ///
+    /// Proofs are checked first, against the secrets stored beside the blocks: a wrong proof
+    /// reads no block, refreshes no last-use time and pins nothing, and costs the same whether
+    /// or not the store holds the block. Each distinct hash is checked once (a repeat comes over
+    /// the wire), at most [`MAX_STORE_READS_PER_ANNOUNCE`] proven blocks are read, and only
+    /// those are pinned (at most [`MAX_PINS`] per transfer), then read, verified and written (on
+    /// every core).
     pub fn materialize_announced(
         &self,
         key: &PopKey,
         dst: &File,
         announced: &[AnnouncedBlock],
     ) -> Result<Vec<bool>> {
-        let hashes: Vec<BlockHash> = announced.iter().map(|a| a.hash).collect();
+        let mut need = vec![true; announced.len()];
+        let mut seen = HashSet::with_capacity(announced.len().min(MAX_STORE_READS_PER_ANNOUNCE));
+        let mut proven: Vec<usize> = Vec::new();
+        let mut rejected = 0u64;
+        for (i, a) in announced.iter().enumerate() {
+            if seen.len() >= MAX_STORE_READS_PER_ANNOUNCE || !seen.insert(a.hash) {
+                continue;
+            }
+            match self.store.check_proof(&a.hash, key, &a.proof) {
+                ProofCheck::Proven => proven.push(i),
+                ProofCheck::Rejected => rejected += 1,
+                ProofCheck::Absent => {}
+            }
+        }
+        if rejected > 0 {
+            self.proofs_rejected.fetch_add(rejected, Ordering::Relaxed);
+            self.log_rejected(rejected);
+        }
+        if proven.is_empty() {
+            return Ok(need);
+        }
+        // Pinned before they are read, so gc cannot evict them under the read, and kept for the
+        // transfer (up to MAX_PINS): only proven blocks, so a forged announce pins nothing.
+        let room = MAX_PINS.saturating_sub(self.pins.load(Ordering::Relaxed)) as usize;
+        let hashes: Vec<BlockHash> = proven
+            .iter()
+            .take(room)
+            .map(|&i| announced[i].hash)
+            .collect();
+        self.pins.fetch_add(hashes.len() as u64, Ordering::Relaxed);
         self.lease.pin(&hashes)?;
-        // Reading, two hashes per block and the write spread over the cores.
-        let parts = par_chunks(announced, |part| -> Result<Vec<bool>> {
+        let parts = par_chunks(&proven, |part| -> Result<Vec<(usize, bool)>> {
             part.iter()
-                .map(|a| self.materialize_one(key, dst, a))
+                .map(|&i| {
+                    let a = &announced[i];
+                    let offset = a.index.saturating_mul(BLOCK_SIZE as u64);
+                    Ok((
+                        i,
+                        match self.store.materialize_proven(&a.hash, dst, offset)? {
+                            Materialized::Written(len) => {
+                                self.dedup_blocks.fetch_add(1, Ordering::Relaxed);
+                                self.dedup_bytes.fetch_add(len, Ordering::Relaxed);
+                                false
+                            }
+                            Materialized::Missing | Materialized::ProofRejected => true,
+                        },
+                    ))
+                })
                 .collect()
         });
-        let mut need = Vec::with_capacity(announced.len());
         for part in parts {
-            need.extend(part?);
+            for (i, n) in part? {
+                need[i] = n;
+            }
         }
         Ok(need)
     }
 
-    /// One block: `true` if it must still come over the wire.
-    fn materialize_one(&self, key: &PopKey, dst: &File, a: &AnnouncedBlock) -> Result<bool> {
-        let offset = a.index.saturating_mul(BLOCK_SIZE as u64);
-        Ok(
-            match self
-                .store
-                .materialize(&a.hash, key, &a.proof, dst, offset)?
-            {
-                Materialized::Written(len) => {
-                    self.dedup_blocks.fetch_add(1, Ordering::Relaxed);
-                    self.dedup_bytes.fetch_add(len, Ordering::Relaxed);
-                    false
-                }
-                Materialized::ProofRejected => {
-                    self.proofs_rejected.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        block = %a.hash,
-                        "sender's proof of possession does not match the stored block; \
-                         fetching it over the wire"
-                    );
-                    true
-                }
-                Materialized::Missing => true,
-            },
-        )
+    /// Rejected proofs are logged at most every 10 s, with how many there were since.
+    fn log_rejected(&self, n: u64) {
+        let mut log = self.reject_log.lock().unwrap_or_else(|e| e.into_inner());
+        log.1 += n;
+        if log.0.is_none_or(|t| t.elapsed() >= REJECT_LOG_EVERY) {
+            tracing::warn!(
+                rejected = log.1,
+                "proofs of possession did not match stored blocks (fetched over the wire \
+                 instead); a sender that knows hashes but not content may be probing the store"
+            );
+            *log = (Some(std::time::Instant::now()), 0);
+        }
     }
 
     /// Adds a block that arrived over the wire and that the caller has verified against `hash`.

@@ -106,6 +106,17 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// Size of the lease file (bytes of pins).
+    pub fn len(&self) -> u64 {
+        fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);

@@ -2,15 +2,36 @@
 //! receiver materialises that block from its store.
 //!
 //! The receiver picks a fresh random [`Nonce`] per transfer. For a block the sender wants served
-//! from the store it sends `keyed_hash(derive_key(CONTEXT, nonce), block_bytes)`; the receiver
-//! computes the same over the bytes it has stored and compares. The key is unknown before the
+//! from the store it sends `keyed_hash(derive_key(CONTEXT, nonce), secret)` with
+//! `secret = derive_key(SECRET_CONTEXT, block_bytes)` (a second hash of the whole block, which the
+//! block's name does not reveal); the receiver computes the same from the secret it stored beside
+//! the block when it was inserted and compares. So checking a proof reads no block: a wrong
+//! proof costs the same whether or not the store holds the block, and changes nothing. The key is unknown before the
 //! nonce is, so proofs cannot be precomputed or replayed across transfers, and computing one needs
 //! every byte of the block: a hash alone (which may have leaked, or been guessed from a public
 //! file) is never enough to read another tenant's data out of a shared store.
 
 /// Domain separation for the key derivation, so these keys can never collide with another use of
 /// BLAKE3 keyed hashing in ferry.
-const CONTEXT: &str = "ferry.dev 2026-11 cas proof-of-possession v1";
+const CONTEXT: &str = "ferry.dev 2026-11 cas proof-of-possession v2";
+/// Domain separation for a block's possession secret.
+const SECRET_CONTEXT: &str = "ferry.dev 2026-11 cas possession secret v2";
+
+/// What proves possession of a block: derived from all of its bytes, kept by the store beside
+/// the block, never sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Secret(pub [u8; 32]);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// The possession secret of `block`.
+pub fn secret_of(block: &[u8]) -> Secret {
+    Secret(blake3::derive_key(SECRET_CONTEXT, block))
+}
 
 /// A receiver-chosen random challenge, one per transfer.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -37,12 +58,22 @@ impl PopKey {
     }
 
     pub fn prove(&self, block: &[u8]) -> Proof {
-        Proof(*blake3::keyed_hash(&self.0, block).as_bytes())
+        self.prove_secret(&secret_of(block))
     }
 
-    /// Constant-time comparison (`blake3::Hash`'s equality is constant-time).
+    pub fn prove_secret(&self, secret: &Secret) -> Proof {
+        Proof(*blake3::keyed_hash(&self.0, &secret.0).as_bytes())
+    }
+
+    /// Does `proof` match these stored bytes?
     pub fn verify(&self, stored_block: &[u8], proof: &Proof) -> bool {
-        blake3::keyed_hash(&self.0, stored_block) == blake3::Hash::from_bytes(proof.0)
+        self.verify_secret(&secret_of(stored_block), proof)
+    }
+
+    /// Does `proof` match the stored secret? Constant-time comparison (`blake3::Hash`'s
+    /// equality is constant-time), and the same work whatever the inputs.
+    pub fn verify_secret(&self, secret: &Secret, proof: &Proof) -> bool {
+        blake3::keyed_hash(&self.0, &secret.0) == blake3::Hash::from_bytes(proof.0)
     }
 }
 

@@ -11,10 +11,16 @@ use super::layout::Layout;
 use super::lru::Candidate;
 
 /// Files under `blocks/` that are not named like a block in its right shard (left alone).
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct ScanExtra {
     pub stray_files: u64,
+    /// Block names that hold something other than a regular file (a directory, a FIFO, a
+    /// symlink, ...): never served; `verify` discards and reports them. At most 4096 listed.
+    pub not_regular: Vec<BlockHash>,
 }
+
+/// Most non-regular block names a scan lists (all are counted in `stray_files`).
+const MAX_NOT_REGULAR: usize = 4096;
 
 fn is_shard_name(name: &str) -> bool {
     name.len() == 2
@@ -79,6 +85,9 @@ pub fn scan_blocks(
                 };
                 if !meta.is_file() {
                     extra.stray_files += 1;
+                    if extra.not_regular.len() < MAX_NOT_REGULAR {
+                        extra.not_regular.push(hash);
+                    }
                     continue;
                 }
                 f(Candidate {

@@ -12,7 +12,7 @@ use rustix::fs::{CWD, RenameFlags, renameat_with};
 use super::error::{CasError, Result};
 use super::hash::BlockHash;
 use super::layout::Layout;
-use super::pop::{PopKey, Proof};
+use super::pop::{PopKey, Proof, Secret, secret_of};
 use super::{BLOCK_SIZE, gc, lock, usage};
 
 const MARKER_HEADER: &str = "ferry-cas 1";
@@ -54,9 +54,27 @@ pub enum Materialized {
     Written(u64),
     /// Not in the store, or it was there but failed verification and has been discarded.
     Missing,
-    /// The store has the block but the sender's proof of possession does not match it.
+    /// The proof of possession does not match (whether or not the store has the block: the
+    /// check reads no block, so both cost the same and neither changes anything).
     ProofRejected,
 }
+
+/// Outcome of [`CasStore::check_proof`] (for local counters only: a peer sees the same answer,
+/// after the same work, for all three).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofCheck {
+    Proven,
+    Rejected,
+    /// No block (or no stored secret) under that hash.
+    Absent,
+}
+
+/// Extended attribute holding a block's possession secret (`pop::secret_of` of its bytes),
+/// set when the block is published.
+const SECRET_XATTR: &str = "user.ferry.pop";
+
+/// Secret used when a block has none, so a failed check costs what a real one costs.
+const NO_SECRET: Secret = Secret([0x5a; 32]);
 
 /// A per-node block store in a directory; see the module docs for the layout. Cheap to share
 /// between threads (`&self` everywhere); several processes may open the same directory.
@@ -156,11 +174,12 @@ fn fsync_dir(path: &Path) -> Result<()> {
         .map_err(|e| CasError::io("fsync directory", path, e))
 }
 
-/// Opens a block file without following a symlink planted under a block name.
+/// Opens a block file without following a symlink planted under a block name, and without
+/// blocking on a FIFO planted there (the caller checks that it is a regular file).
 fn open_block(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
 }
 
@@ -326,11 +345,17 @@ impl CasStore {
 
     /// Removes a block that failed verification. Blocks are immutable and published with
     /// no-replace, so whatever sits under this name now is the bad file we just read (or nothing).
-    fn discard(&self, hash: &BlockHash, len: u64, why: &str) {
+    pub(crate) fn discard(&self, hash: &BlockHash, len: u64, why: &str) {
         self.corrupt_discarded.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(block = %hash, reason = why, "discarding corrupt block from the store");
         let path = self.layout.block(hash);
-        if fs::remove_file(&path).is_ok() {
+        let removed = match fs::symlink_metadata(&path) {
+            // A directory under a block name would make the hash unstorable: remove it whole
+            // (remove_dir_all never follows symlinks).
+            Ok(m) if m.is_dir() => fs::remove_dir_all(&path).is_ok(),
+            _ => fs::remove_file(&path).is_ok(),
+        };
+        if removed && len > 0 {
             let _ = usage::add(&self.layout.usage(), -(len as i64));
         }
     }
@@ -360,12 +385,47 @@ impl CasStore {
         dst: &File,
         offset: u64,
     ) -> Result<Materialized> {
+        match self.check_proof(hash, key, proof) {
+            ProofCheck::Proven => {}
+            ProofCheck::Rejected => return Ok(Materialized::ProofRejected),
+            ProofCheck::Absent => return Ok(Materialized::Missing),
+        }
+        self.materialize_proven(hash, dst, offset)
+    }
+
+    /// Checks a proof of possession against the secret stored beside the block: no block is
+    /// read, no last-use time refreshed, and the work is the same for a block the store lacks
+    /// (one failed attribute lookup, one keyed hash of 32 bytes, a constant-time compare). A
+    /// block stored without a secret (by an older version) fails until it is inserted again.
+    pub fn check_proof(&self, hash: &BlockHash, key: &PopKey, proof: &Proof) -> ProofCheck {
+        let stored = self.stored_secret(hash);
+        let ok = key.verify_secret(stored.as_ref().unwrap_or(&NO_SECRET), proof);
+        match (ok, stored.is_some()) {
+            (true, true) => ProofCheck::Proven,
+            (_, true) => ProofCheck::Rejected,
+            (_, false) => ProofCheck::Absent,
+        }
+    }
+
+    fn stored_secret(&self, hash: &BlockHash) -> Option<Secret> {
+        let mut buf = [0u8; 32];
+        match rustix::fs::lgetxattr(self.layout.block(hash), SECRET_XATTR, &mut buf[..]) {
+            Ok(32) => Some(Secret(buf)),
+            _ => None,
+        }
+    }
+
+    /// Reads and verifies a block whose proof was checked, and writes it into `dst` at
+    /// `offset` (refreshing its last-use time). `Missing` if it is gone or corrupt.
+    pub fn materialize_proven(
+        &self,
+        hash: &BlockHash,
+        dst: &File,
+        offset: u64,
+    ) -> Result<Materialized> {
         let Some(bytes) = self.read_verified(hash)? else {
             return Ok(Materialized::Missing);
         };
-        if !key.verify(&bytes, proof) {
-            return Ok(Materialized::ProofRejected);
-        }
         dst.write_all_at(&bytes, offset)
             .map_err(|source| CasError::Materialize {
                 hash: *hash,
@@ -414,6 +474,15 @@ impl CasStore {
         }
         let final_path = self.layout.block(hash);
         if self.touch_existing(&final_path) {
+            // A block published by an older version has no secret yet: add it.
+            if self.stored_secret(hash).is_none() {
+                let _ = rustix::fs::lsetxattr(
+                    &final_path,
+                    SECRET_XATTR,
+                    &secret_of(data).0,
+                    rustix::fs::XattrFlags::empty(),
+                );
+            }
             return Ok(InsertOutcome::AlreadyPresent);
         }
         // A concurrent cleaner can only delete our temp in the instant between its creation and
@@ -462,6 +531,16 @@ impl CasStore {
         (&tmp.file)
             .write_all(&data[half..])
             .map_err(|e| CasError::io("write temp block", &tmp.path, e))?;
+        // The possession secret travels with the inode, so it is published atomically with the
+        // bytes. Without it the block is stored but never served (proofs cannot be checked).
+        if let Err(e) = rustix::fs::fsetxattr(
+            &tmp.file,
+            SECRET_XATTR,
+            &secret_of(data).0,
+            rustix::fs::XattrFlags::empty(),
+        ) {
+            tracing::debug!(error = %e, "could not store a block's possession secret");
+        }
         if self.fsync {
             tmp.file
                 .sync_data()
@@ -503,14 +582,25 @@ impl CasStore {
         Ok(Some(InsertOutcome::Inserted))
     }
 
-    /// Refreshes the last-use time of an existing block; false if there is none.
+    /// Refreshes the last-use time of an existing block; false if there is none. Anything but a
+    /// regular file under the name is discarded (then the caller publishes the real block).
     fn touch_existing(&self, path: &Path) -> bool {
         match open_block(path) {
-            Ok(f) => {
+            Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => {
                 let _ = f.set_modified(SystemTime::now());
                 true
             }
-            Err(_) => false,
+            Ok(_) | Err(_) => {
+                if let Some(hash) = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| BlockHash::parse_hex(n).ok())
+                    && fs::symlink_metadata(path).is_ok_and(|m| !m.is_file())
+                {
+                    self.discard(&hash, 0, "is not a regular file");
+                }
+                false
+            }
         }
     }
 

@@ -88,7 +88,7 @@ impl CasStore {
             bad_hashes: Vec::new(),
             stale_temps_removed: clean_stale_temps(layout)? + self.take_temps_removed_on_open(),
         };
-        scan_blocks(layout, |c| {
+        let extra = scan_blocks(layout, |c| {
             report.blocks_checked += 1;
             match self.read_checked(&c.hash, false)? {
                 Some(bytes) => report.bytes_checked += bytes.len() as u64,
@@ -101,6 +101,16 @@ impl CasStore {
             }
             Ok(())
         })?;
+        // A directory, FIFO or link under a block name is corrupt too: it would make the hash
+        // unstorable (or hang a reader).
+        for hash in extra.not_regular {
+            report.blocks_checked += 1;
+            report.bad_blocks_discarded += 1;
+            self.discard(&hash, 0, "is not a regular file");
+            if report.bad_hashes.len() < MAX_LISTED {
+                report.bad_hashes.push(hash.to_hex());
+            }
+        }
         Ok(report)
     }
 }

@@ -63,6 +63,11 @@ pub struct TlsArgs {
     /// Seconds a stream may stay silent before the session is aborted.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
+    /// Seconds the peer may make no progress (move no data, report no growing work counter in
+    /// its Busy frames) before the session is aborted; keepalives and trickled bytes do not
+    /// count.
+    #[arg(long, default_value_t = 120)]
+    pub progress_timeout: u64,
     /// fsync every file before it is renamed into place.
     #[arg(long)]
     pub sync: bool,
@@ -73,6 +78,7 @@ impl TlsArgs {
         Timeouts {
             handshake: Duration::from_secs(self.handshake_timeout.max(1)),
             idle: Duration::from_secs(self.idle_timeout.max(1)),
+            progress: Duration::from_secs(self.progress_timeout.max(1)),
         }
     }
 }
@@ -205,7 +211,7 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
 /// one itself), with how many more there were.
 fn print_failures(role: &str, s: &Summary) {
     for msg in &s.failures {
-        eprintln!("{role}: failed: {msg}");
+        eprintln!("{role}: failed: {}", session::escape_text(msg));
     }
     let more = s.failed.saturating_sub(s.failures.len() as u64);
     if more > 0 {
@@ -254,7 +260,11 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
 /// A failed session as the user sees it: `ferry-mover: error (<kind>): <message>` on stderr and
 /// the kind's exit status (docs/protocol.md, "Errors").
 fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
-    eprintln!("ferry-mover: error ({kind}): {message}");
+    // The message may carry the peer's words and paths: never raw control characters.
+    eprintln!(
+        "ferry-mover: error ({kind}): {}",
+        session::escape_text(message)
+    );
     ExitCode::from(kind.exit_code())
 }
 

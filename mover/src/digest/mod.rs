@@ -129,6 +129,31 @@ pub struct ReadHashes {
 /// Read size of [`hash_reader`].
 const READ_PIECE: usize = 256 * 1024;
 
+/// Whether `[off, off + len)` of `f` is a hole with data after it (so within the file): it reads
+/// as zeros without being read. One `lseek(SEEK_DATA)`; false when the filesystem cannot tell
+/// or nothing follows (then the caller reads, which also notices a file that shrank).
+pub fn is_hole(f: &std::fs::File, off: u64, len: u64) -> bool {
+    matches!(
+        rustix::fs::seek(f, rustix::fs::SeekFrom::Data(off)),
+        Ok(data) if data >= off.saturating_add(len)
+    )
+}
+
+/// A reader that adds what it reads to a counter (the work an end reports while it hashes).
+pub struct CountingReader<'a, R> {
+    pub inner: R,
+    pub count: &'a std::sync::atomic::AtomicU64,
+}
+
+impl<R: Read> Read for CountingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 /// Reads `r` to its end and returns the content hash (block by block, 4 MiB each) and, with
 /// `whole`, the whole-file BLAKE3 from the same read. `buf` is reused between calls.
 pub fn hash_reader(
@@ -185,6 +210,9 @@ pub fn hash_block_at(
 ) -> std::io::Result<Hash> {
     let off = index * BLOCK_SIZE as u64;
     let len = size.saturating_sub(off).min(BLOCK_SIZE as u64) as usize;
+    if len == BLOCK_SIZE && is_hole(f, off, len as u64) {
+        return Ok(crate::wire::zero_block_hash());
+    }
     if buf.len() < len {
         *buf = vec![0; BLOCK_SIZE];
     }

@@ -53,6 +53,9 @@ pub struct Progress {
     /// Blocks (and their bytes) the receiver took from its block store instead of the wire.
     pub dedup_blocks: AtomicU64,
     pub dedup_bytes: AtomicU64,
+    /// Bytes read only to hash them (the sender's `--checksum` walk and digest reads, the
+    /// receiver's digest reads): work that moves no data, reported in Busy frames.
+    pub hashed_bytes: AtomicU64,
     last_error: Mutex<String>,
     /// Where the fault behind `last_error` lies.
     error_kind: Mutex<Option<ErrorKind>>,
@@ -90,6 +93,18 @@ pub struct Snapshot {
 }
 
 impl Progress {
+    /// A counter that grows while this end moves or hashes data (sent in Busy frames).
+    pub fn work(&self) -> u64 {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        l(&self.bytes_done)
+            .wrapping_add(l(&self.hashed_bytes))
+            .wrapping_add(l(&self.files_done))
+            .wrapping_add(l(&self.files_total))
+            .wrapping_add(l(&self.skipped))
+            .wrapping_add(l(&self.resumed_bytes))
+            .wrapping_add(l(&self.dedup_bytes))
+    }
+
     pub fn new(transfer_id: &str, role: &str) -> Self {
         Self {
             phase: AtomicU8::new(Phase::Connecting as u8),
@@ -104,6 +119,7 @@ impl Progress {
             resumed_bytes: AtomicU64::new(0),
             dedup_blocks: AtomicU64::new(0),
             dedup_bytes: AtomicU64::new(0),
+            hashed_bytes: AtomicU64::new(0),
             last_error: Mutex::new(String::new()),
             error_kind: Mutex::new(None),
             digest: Mutex::new(String::new()),

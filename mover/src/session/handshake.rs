@@ -68,7 +68,7 @@ where
         }
         Message::Error(e) => Err(HandshakeError::Refused {
             kind: crate::kind::ErrorKind::from_pb(e.kind),
-            message: e.message,
+            message: super::escape_text(&e.message),
         }),
         other => Err(HandshakeError::Unexpected {
             stream,

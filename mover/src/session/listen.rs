@@ -1,12 +1,27 @@
-//! The receiver's accept loop: TLS and Hello under the handshake deadline (at most 64 at once),
-//! streams grouped by session id, each complete session run to its end.
+//! The receiver's accept loop: TLS and Hello under one handshake deadline, streams grouped by
+//! session id, each complete session run to its end.
+//!
+//! Nothing a peer does before it authenticates can starve an honest sender:
+//! - at most [`MAX_HANDSHAKES`] handshakes run at once, and a new connection that finds them all
+//!   taken ends the oldest one (an honest handshake takes milliseconds, so only connections that
+//!   sit idle or trickle are ever the oldest; no per-address limit, since behind a NodePort every
+//!   remote sender may share one source address);
+//! - a failed `accept` (for example `EMFILE`) backs off and accepting goes on;
+//! - half-assembled sessions are dropped after twice the handshake timeout, checked every
+//!   second, not only when another stream arrives;
+//! - sessions run one at a time in their own task (two sessions of one transfer would share its
+//!   staging), while handshakes and assembly go on; at most [`MAX_QUEUED_SESSIONS`] complete
+//!   sessions wait, and a running session that stops making progress is ended by its progress
+//!   deadline (`Timeouts::progress`).
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
@@ -14,11 +29,16 @@ use super::Summary;
 use super::receiver::{
     Accepted, ReceiveError, ReceiverConfig, accept_stream, failure_message, receive_session,
 };
-use crate::kind::peer_alert;
+use crate::kind::{ErrorKind, peer_alert};
 use crate::net::{Identity, Role, TransportError, accept_tls};
 use crate::progress::Progress;
 
-const MAX_HANDSHAKES: usize = 64;
+/// Handshakes (TLS + Hello) running at once.
+pub const MAX_HANDSHAKES: usize = 64;
+/// Complete sessions waiting while another one runs.
+pub const MAX_QUEUED_SESSIONS: usize = 4;
+/// Longest pause between attempts when `accept` fails (out of descriptors, memory).
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 type TlsAccepted = Accepted<TlsStream<TcpStream>>;
 
@@ -40,49 +60,53 @@ pub async fn serve(
     progress: Arc<Progress>,
     mut on_session: impl FnMut(&Result<Summary, ReceiveError>),
 ) -> Result<(), ListenError> {
-    let (tx, mut rx) = mpsc::channel::<Accepted<TlsStream<TcpStream>>>(MAX_HANDSHAKES);
-    let limit = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+    let (tx, mut rx) = mpsc::channel::<TlsAccepted>(MAX_HANDSHAKES);
     let cfg = Arc::new(cfg);
     let wire = progress.wire_bytes.clone();
-    let c = cfg.clone();
-    let acceptor_task = tokio::spawn(async move {
-        loop {
-            let (tcp, addr) = listener.accept().await.map_err(ListenError::Accept)?;
-            let Ok(permit) = limit.clone().acquire_owned().await else {
-                return Ok::<(), ListenError>(());
-            };
-            let (tx, acceptor, cfg, wire) = (tx.clone(), acceptor.clone(), c.clone(), wire.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                let r = async {
-                    let tls = match accept_tls(tcp, addr, &acceptor, cfg.timeouts.handshake).await {
-                        Ok(tls) => tls,
-                        Err(e) => return Err(refusal(&e, cfg.identity.as_ref())),
-                    };
-                    accept_stream(tls, &cfg, wire, 0)
-                        .await
-                        .map_err(|e| anyhow_chain(&e))
-                }
-                .await;
-                match r {
-                    Ok(acc) => {
-                        let _ = tx.send(acc).await;
-                    }
-                    Err(msg) if msg.is_empty() => {
-                        tracing::debug!("connection from {addr} closed before the TLS handshake")
-                    }
-                    Err(msg) => tracing::warn!("refused connection from {addr}: {msg}"),
-                }
-            });
+    let acceptor_task = tokio::spawn(accept_loop(listener, acceptor, cfg.clone(), tx, wire));
+
+    // Sessions run one at a time, beside handshakes and assembly.
+    let (session_tx, mut session_rx) = mpsc::channel::<Vec<TlsAccepted>>(MAX_QUEUED_SESSIONS);
+    let (result_tx, mut result_rx) = mpsc::channel(1);
+    let (c, p) = (cfg.clone(), progress.clone());
+    let runner = tokio::spawn(async move {
+        while let Some(streams) = session_rx.recv().await {
+            let r = receive_session(&c, streams, p.clone()).await;
+            if result_tx.send(r).await.is_err() {
+                break;
+            }
         }
     });
 
     let mut pending: HashMap<Vec<u8>, (Instant, Vec<TlsAccepted>)> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     let result = loop {
-        let Some(acc) = rx.recv().await else {
-            break Ok(());
+        let acc = tokio::select! {
+            acc = rx.recv() => match acc {
+                Some(acc) => acc,
+                None => break Ok(()),
+            },
+            r = result_rx.recv() => {
+                let Some(r) = r else { break Ok(()) };
+                if let Err(e) = &r {
+                    tracing::warn!(
+                        "session failed ({}): {}",
+                        e.kind(),
+                        super::escape_text(&failure_message(e, &cfg.transfer_id))
+                    );
+                }
+                on_session(&r);
+                if once {
+                    break r.map(|_| ()).map_err(ListenError::from);
+                }
+                continue;
+            }
+            _ = tick.tick() => {
+                // Drop half-assembled sessions whose other streams never came.
+                pending.retain(|_, (t, _)| t.elapsed() < cfg.timeouts.handshake * 2);
+                continue;
+            }
         };
-        // Drop half-assembled sessions whose other streams never came.
         pending.retain(|_, (t, _)| t.elapsed() < cfg.timeouts.handshake * 2);
         let sid = acc.hello.session_id.clone();
         let count = acc.hello.stream_count as usize;
@@ -107,21 +131,92 @@ pub async fn serve(
         let Some((_, streams)) = pending.remove(&sid) else {
             continue;
         };
-        let r = receive_session(&cfg, streams, progress.clone()).await;
-        if let Err(e) = &r {
-            tracing::warn!(
-                "session failed ({}): {}",
-                e.kind(),
-                failure_message(e, &cfg.transfer_id)
-            );
-        }
-        on_session(&r);
-        if once {
-            break r.map(|_| ()).map_err(ListenError::from);
+        if let Err(mpsc::error::TrySendError::Full(mut streams)) = session_tx.try_send(streams) {
+            tracing::warn!("refused a session: {MAX_QUEUED_SESSIONS} sessions already wait");
+            tokio::spawn(async move {
+                let busy = "the receiver is busy with other sessions of this transfer; retry later";
+                for s in &mut streams {
+                    super::tell_peer(&mut s.writer, ErrorKind::Network, busy).await;
+                }
+            });
         }
     };
     acceptor_task.abort();
+    runner.abort();
     result
+}
+
+/// Accepts connections forever: each gets one deadline for TLS and Hello; when every handshake
+/// slot is taken the oldest handshake is ended; a failed accept backs off.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    cfg: Arc<ReceiverConfig>,
+    tx: mpsc::Sender<TlsAccepted>,
+    wire: Arc<AtomicU64>,
+) {
+    let slots: Arc<Mutex<VecDeque<AbortHandle>>> = Arc::default();
+    let mut backoff = Duration::from_millis(5);
+    let mut last_warn: Option<Instant> = None;
+    loop {
+        let (tcp, addr) = match listener.accept().await {
+            Ok(c) => {
+                backoff = Duration::from_millis(5);
+                c
+            }
+            Err(e) => {
+                // Out of descriptors or memory, or a connection reset before accept: none of
+                // these is a reason to stop serving.
+                if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                    tracing::warn!("accept failed, retrying in {backoff:?}: {e}");
+                    last_warn = Some(Instant::now());
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_ACCEPT_BACKOFF);
+                continue;
+            }
+        };
+        {
+            let mut s = slots.lock().unwrap_or_else(|e| e.into_inner());
+            s.retain(|h| !h.is_finished());
+            if s.len() >= MAX_HANDSHAKES
+                && let Some(oldest) = s.pop_front()
+            {
+                oldest.abort();
+            }
+        }
+        let (tx, acceptor, cfg, wire) = (tx.clone(), acceptor.clone(), cfg.clone(), wire.clone());
+        let task = tokio::spawn(async move {
+            let deadline = cfg.timeouts.handshake;
+            let r = tokio::time::timeout(deadline, async {
+                let tls = match accept_tls(tcp, addr, &acceptor, deadline).await {
+                    Ok(tls) => tls,
+                    Err(e) => return Err(refusal(&e, cfg.identity.as_ref())),
+                };
+                accept_stream(tls, &cfg, wire, 0)
+                    .await
+                    .map_err(|e| anyhow_chain(&e))
+            })
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "TLS handshake and Hello not done within {} s",
+                    deadline.as_secs()
+                ))
+            });
+            match r {
+                Ok(acc) => {
+                    let _ = tx.send(acc).await;
+                }
+                Err(msg) if msg.is_empty() => {
+                    tracing::debug!("connection from {addr} closed before the TLS handshake")
+                }
+                Err(msg) => tracing::warn!("refused connection from {addr}: {msg}"),
+            }
+        });
+        let mut s = slots.lock().unwrap_or_else(|e| e.into_inner());
+        s.push_back(task.abort_handle());
+    }
 }
 
 /// Why a TLS handshake failed, for the log (empty for a TCP probe that sent nothing). When the

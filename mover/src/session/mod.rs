@@ -32,7 +32,7 @@ use crate::wire::Message;
 pub use compress::Compress;
 pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
-pub use listen::{ListenError, anyhow_chain, serve};
+pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, anyhow_chain, serve};
 pub use receiver::{
     Accepted, BlockSource, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
     failure_message, receive_session,
@@ -103,6 +103,27 @@ impl Abort {
     }
 }
 
+/// Text from a peer (its Error message, its Summary's failures) or naming a peer's path, made
+/// safe for a terminal and a log line: every control character (newline, carriage return,
+/// escape and the C1 controls that start ANSI sequences, ...) is shown escaped (`\n`,
+/// `\u{1b}`), and the text is cut to [`MAX_ERROR_MESSAGE`] bytes. Applying it twice changes
+/// nothing more.
+pub fn escape_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_ERROR_MESSAGE));
+    for c in s.chars() {
+        if out.len() >= MAX_ERROR_MESSAGE {
+            out.push_str("...");
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Best effort, bounded by [`PEER_GRACE`]: sends `Error{kind, message}` and closes the stream
 /// (TLS close_notify), so the peer can report why instead of a broken connection.
 pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
@@ -141,7 +162,7 @@ pub(crate) async fn pending_peer_error<R: AsyncRead + Unpin>(
     loop {
         match tokio::time::timeout_at(deadline, reader.next()).await {
             Ok(Ok(Some(Message::Error(e)))) => {
-                return Some((ErrorKind::from_pb(e.kind), e.message));
+                return Some((ErrorKind::from_pb(e.kind), escape_text(&e.message)));
             }
             Ok(Ok(Some(_))) => continue,
             _ => return None,
@@ -156,13 +177,94 @@ pub struct Timeouts {
     pub handshake: Duration,
     /// Longest silence on a stream (reads) or refusal to accept data (writes).
     pub idle: Duration,
+    /// Longest time the peer may make no progress: move no data and report no growing work
+    /// counter (keepalives and trickled bytes do not count). The receiver holds a whole session
+    /// to it, the sender each stream it is waiting on.
+    pub progress: Duration,
 }
+
+/// Default of [`Timeouts::progress`].
+pub const DEFAULT_PROGRESS_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Default for Timeouts {
     fn default() -> Self {
         Self {
             handshake: Duration::from_secs(10),
             idle: Duration::from_secs(60),
+            progress: DEFAULT_PROGRESS_TIMEOUT,
+        }
+    }
+}
+
+/// How often a busy end tells its peer it is working (Busy frames, progress capability).
+pub(crate) const BUSY_EVERY: Duration = Duration::from_secs(5);
+
+/// When the peer last made progress: a frame that moves the session forward, or a Busy frame
+/// whose work counter grew.
+pub(crate) struct ProgressClock {
+    last: std::sync::Mutex<tokio::time::Instant>,
+    work: std::sync::atomic::AtomicU64,
+}
+
+impl ProgressClock {
+    pub fn new() -> Self {
+        Self {
+            last: std::sync::Mutex::new(tokio::time::Instant::now()),
+            work: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub fn mark(&self) {
+        if let Ok(mut l) = self.last.lock() {
+            *l = tokio::time::Instant::now();
+        }
+    }
+
+    /// A Busy frame: progress only if the counter grew.
+    pub fn busy(&self, work: u64) {
+        if self
+            .work
+            .fetch_max(work, std::sync::atomic::Ordering::Relaxed)
+            < work
+        {
+            self.mark();
+        }
+    }
+
+    /// When the progress deadline passes unless something happens first.
+    pub fn deadline(&self, timeout: Duration) -> tokio::time::Instant {
+        let last = self
+            .last
+            .lock()
+            .map(|l| *l)
+            .unwrap_or_else(|_| tokio::time::Instant::now());
+        last + timeout
+    }
+}
+
+/// Runs `fut`; while it takes long, calls `work()` every [`BUSY_EVERY`] and tells the peer that
+/// this end is working (a Busy frame with that counter, only when `enabled`), so an honest end
+/// that hashes or writes for minutes is not taken for a stalled one (nor blames its peer).
+pub(crate) async fn while_busy<W, T>(
+    writer: &mut FrameWriter<W>,
+    enabled: bool,
+    work: impl Fn() -> u64,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, FramedError>
+where
+    W: AsyncWrite + Unpin,
+{
+    tokio::pin!(fut);
+    loop {
+        match tokio::time::timeout(BUSY_EVERY, &mut fut).await {
+            Ok(v) => return Ok(v),
+            Err(_) => {
+                let busy = Message::Busy(pb::Busy { work: work() });
+                if enabled {
+                    writer.send(&busy).await?;
+                    writer.flush().await?;
+                }
+            }
         }
     }
 }
@@ -221,5 +323,22 @@ impl Summary {
             line.push_str(first);
         }
         Some(line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_text_shows_control_characters_escaped() {
+        let evil = "failed\n\u{1b}[31mFAKE: ok\r\u{9b}2J\u{7f}";
+        let shown = escape_text(evil);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(shown, "failed\\n\\u{1b}[31mFAKE: ok\\r\\u{9b}2J\\u{7f}");
+        assert_eq!(escape_text(&shown), shown, "idempotent");
+        assert_eq!(escape_text("naïve — ok"), "naïve — ok");
+        let long = escape_text(&"x".repeat(100_000));
+        assert!(long.len() <= MAX_ERROR_MESSAGE + 3);
     }
 }

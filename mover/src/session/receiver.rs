@@ -29,7 +29,7 @@ use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTr
 use crate::kind::{ErrorKind, is_no_space};
 use crate::progress::{Phase, Progress};
 use crate::tree::{CommitError, Kind, Meta, NonEmptyDir, Placed, Replace};
-use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
+use crate::wire::{BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, caps, codec};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
 /// honest sender can have outstanding: on each stream, the offers of its window plus the one
@@ -37,8 +37,20 @@ use crate::wire::{BLOCK_SIZE, FrameType, Message, caps, codec};
 /// was below that for 4 streams: 50 000 small files over 4 streams failed.) About 25 MiB of
 /// bookkeeping at the cap, so a hostile sender still cannot grow it without bound.
 const MAX_IN_FLIGHT: usize = MAX_STREAMS as usize * (OFFER_WINDOW + 2) * MAX_OFFER_ENTRIES;
-/// Most blocks one BlockAnnounce may list (256 GiB of a file; the sender splits larger files).
+/// Most blocks one BlockAnnounce or ResumeCheck may list (256 GiB of a file; the sender splits
+/// larger files).
 pub const MAX_ANNOUNCE_BLOCKS: usize = 65536;
+/// Most large files (cut into blocks) in flight per session. An honest sender ends each Offer
+/// after its first large file, so it has at most one per Offer it may have outstanding: this
+/// bounds the staging files (two descriptors each) a peer can make the receiver hold.
+const MAX_LARGE_IN_FLIGHT: usize = MAX_STREAMS as usize * (OFFER_WINDOW + 2);
+/// Largest file size accepted from a peer (a file offset is an `off_t`); the destination's
+/// filesystem may allow less, and then refuses the file with its own error.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Most ranges one large file's block bookkeeping may split into. Blocks of an honest sender
+/// arrive nearly in order (a shared queue feeds every stream), so a few ranges suffice; this
+/// bounds what a sender that scatters its blocks can make the receiver hold.
+const MAX_FILE_RANGES: usize = 4096;
 /// Failure messages the receiver keeps for its Summary (all are counted and logged).
 pub const MAX_REPORTED_FAILURES: usize = 8;
 /// Longest failure message carried in the Summary (a path alone may take 4 KiB).
@@ -97,6 +109,11 @@ pub enum ReceiveError {
     Remote { kind: ErrorKind, message: String },
     #[error("the sender finished but {count} file(s) are incomplete, e.g. {example}")]
     Incomplete { count: usize, example: String },
+    #[error(
+        "the sender made no progress for {secs} s (no data moved and no growing work counter; \
+         keepalives and trickled bytes do not count)"
+    )]
+    NoProgress { secs: u64 },
     #[error("streams of one session disagree: {0}")]
     Streams(String),
     #[error("a blocking filesystem task failed")]
@@ -255,20 +272,21 @@ struct FileMeta {
 struct LargeFile {
     meta: FileMeta,
     nblocks: u64,
-    /// A second handle on the staging data file, so streams write blocks in parallel.
-    data: std::fs::File,
+    /// The staging data file (streams write blocks at their offsets in parallel) and its
+    /// manifest, which keeps each block's hash (so memory does not grow with the file).
+    staging: LargeStaging,
     state: Mutex<LargeState>,
 }
 
+/// Which blocks of a large file are where. Memory is a few ranges, whatever the file's size.
 struct LargeState {
-    staging: LargeStaging,
-    /// Blocks not yet claimed by any stream.
-    need: Vec<bool>,
-    /// Blocks claimed but not yet verified and written.
+    /// Blocks requested and not yet claimed by any stream.
+    need: BlockSet,
+    /// Blocks an earlier run left in the staging file, not yet confirmed by the sender's
+    /// ResumeCheck (until then they are not part of the file).
+    held: BlockSet,
+    /// Blocks not yet verified and written (needed, held, or claimed and in progress).
     remaining: u64,
-    /// BLAKE3 of every block verified and written (from the wire, the block store or an
-    /// earlier run): the file's content hash for the digest.
-    hashes: Vec<Hash>,
 }
 
 struct Shared {
@@ -305,13 +323,37 @@ struct Shared {
     /// The session's first failure: stops every stream.
     abort: Abort,
     transfer_id: String,
+    /// When the sender last made progress (the session's progress deadline).
+    clock: super::ProgressClock,
+    /// The sender reads Busy frames (progress capability).
+    busy: bool,
 }
 
 impl Shared {
+    /// This end's work counter for Busy frames. Called while this end is busy itself, so it
+    /// also holds the sender's progress deadline off: waiting on our own disk is not a stall of
+    /// the sender's.
+    fn work(&self) -> u64 {
+        self.clock.mark();
+        self.progress.work()
+    }
+}
+
+impl Shared {
+    /// A frame from the sender: progress unless it only says it is alive.
+    fn saw(&self, msg: &Message) {
+        match msg {
+            Message::Keepalive => {}
+            Message::Busy(b) => self.clock.busy(b.work),
+            _ => self.clock.mark(),
+        }
+    }
+
     /// Records one entry left out while the session goes on: logged, counted in `failed`, and
     /// among the first few messages kept for the Summary that the sender reports too.
     fn fail_entry(&self, err: &dyn std::error::Error) {
-        let msg = super::anyhow_chain(err);
+        // Messages name peer paths, which may hold newlines or escape sequences.
+        let msg = super::escape_text(&super::anyhow_chain(err));
         tracing::error!("{msg}");
         self.progress.add_failed(1);
         if let Ok(mut kept) = self.failures.lock()
@@ -424,8 +466,12 @@ fn record_unchanged(
             .open_read(p.as_str())
             .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
+        let mut counted = digest::CountingReader {
+            inner: &mut f,
+            count: &s.progress.hashed_bytes,
+        };
         let read = READ_BUF
-            .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, false))
+            .with_borrow_mut(|buf| digest::hash_reader(&mut counted, buf, false))
             .map_err(|e| HashError::new(shown(), e))?;
         if read.len != meta.size {
             return Err(HashError::new(
@@ -474,6 +520,8 @@ struct LinkTargetNotFile {
 struct Table {
     files: HashMap<u64, InFlight>,
     paths: HashSet<String>,
+    /// Large files among `files`.
+    large: usize,
 }
 
 /// Runs one session over its accepted streams (all with the same session id). On failure the
@@ -568,6 +616,8 @@ where
         digest: Mutex::new(None),
         abort: Abort::default(),
         transfer_id: cfg.transfer_id.clone(),
+        clock: super::ProgressClock::new(),
+        busy: caps & caps::PROGRESS != 0,
     });
     progress.set_phase(Phase::Transferring);
 
@@ -577,9 +627,33 @@ where
         futs.push(run_stream(shared.clone(), s, done.clone(), n));
     }
     // Every stream runs to its end: one that fails stops the others (each tells the sender why),
-    // and the most telling failure is reported.
-    let mut failure: Option<ReceiveError> = None;
-    for r in futures::future::join_all(futs).await {
+    // and the most telling failure is reported. A session whose sender makes no progress for
+    // the progress timeout is stopped the same way.
+    let all = futures::future::join_all(futs);
+    tokio::pin!(all);
+    let limit = cfg.timeouts.progress;
+    let watchdog = async {
+        loop {
+            tokio::time::sleep_until(shared.clock.deadline(limit)).await;
+            if tokio::time::Instant::now() >= shared.clock.deadline(limit) {
+                let e = ReceiveError::NoProgress {
+                    secs: limit.as_secs(),
+                };
+                shared.abort.set(Reason {
+                    kind: e.kind(),
+                    message: e.to_string(),
+                    from_peer: false,
+                });
+                return e;
+            }
+        }
+    };
+    let (results, stalled) = tokio::select! {
+        r = &mut all => (r, None),
+        e = watchdog => (all.await, Some(e)),
+    };
+    let mut failure: Option<ReceiveError> = stalled;
+    for r in results {
         if let Err(e) = r {
             failure = Some(match failure {
                 None => e,
@@ -749,15 +823,24 @@ where
     });
     let main = async {
         loop {
-            match reader.expect().await? {
+            let msg = reader.expect().await?;
+            shared.saw(&msg);
+            let (busy, sh) = (shared.busy, shared.clone());
+            let work = move || sh.work();
+            match msg {
                 Message::Offer(o) => {
                     let sh = shared.clone();
-                    let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                    let task = tokio::task::spawn_blocking(move || handle_offer(&sh, o));
+                    let want = super::while_busy(writer, busy, work, task).await???;
                     writer.send(&Message::Want(want)).await?;
                     writer.flush().await?;
                 }
                 m @ (Message::Batch { .. } | Message::Block { .. }) => {
-                    if work_tx.send(m).await.is_err() {
+                    // Our writer is behind: tell the sender we are busy, not stalled.
+                    if super::while_busy(writer, busy, work, work_tx.send(m))
+                        .await?
+                        .is_err()
+                    {
                         // The worker failed; its error is reported below.
                         return Ok(());
                     }
@@ -767,17 +850,27 @@ where
                         return Err(proto("BlockAnnounce without the dedup capability"));
                     };
                     let sh = shared.clone();
-                    let need = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a))
-                        .await??;
+                    let task = tokio::task::spawn_blocking(move || handle_announce(&sh, &key, a));
+                    let need = super::while_busy(writer, busy, work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;
                 }
-                Message::Keepalive => {}
+                Message::ResumeCheck(c) => {
+                    if shared.caps & caps::RESUME == 0 {
+                        return Err(proto("ResumeCheck without the resume capability"));
+                    }
+                    let sh = shared.clone();
+                    let task = tokio::task::spawn_blocking(move || handle_resume_check(&sh, c));
+                    let need = super::while_busy(writer, busy, work, task).await???;
+                    writer.send(&Message::NeedBlocks(need)).await?;
+                    writer.flush().await?;
+                }
+                Message::Keepalive | Message::Busy(_) => {}
                 Message::Done(_) => return Ok(()),
                 Message::Error(e) => {
                     return Err(ReceiveError::Remote {
                         kind: ErrorKind::from_pb(e.kind),
-                        message: e.message,
+                        message: super::escape_text(&e.message),
                     });
                 }
                 other => {
@@ -807,24 +900,30 @@ where
             .map_err(|_| ReceiveError::Internal("session closed"))?;
     }
     shared.progress.set_phase(Phase::Finishing);
+    let (busy, sh) = (shared.busy, shared.clone());
+    let work = move || sh.work();
     loop {
-        match reader.expect().await? {
+        let msg = reader.expect().await?;
+        shared.saw(&msg);
+        match msg {
             Message::Offer(o) => {
                 let sh = shared.clone();
-                let want = tokio::task::spawn_blocking(move || handle_offer(&sh, o)).await??;
+                let task = tokio::task::spawn_blocking(move || handle_offer(&sh, o));
+                let want = super::while_busy(writer, busy, &work, task).await???;
                 writer.send(&Message::Want(want)).await?;
                 writer.flush().await?;
             }
             Message::DirDone(d) => {
                 let sh = shared.clone();
-                tokio::task::spawn_blocking(move || handle_dir_done(&sh, d)).await??;
+                let task = tokio::task::spawn_blocking(move || handle_dir_done(&sh, d));
+                super::while_busy(writer, busy, &work, task).await???;
             }
-            Message::Keepalive => {}
+            Message::Keepalive | Message::Busy(_) => {}
             Message::Finish => break,
             Message::Error(e) => {
                 return Err(ReceiveError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             other => {
@@ -846,7 +945,8 @@ where
         }
     }
     let sh = shared.clone();
-    let digest = tokio::task::spawn_blocking(move || sh.compute_digest()).await??;
+    let task = tokio::task::spawn_blocking(move || sh.compute_digest());
+    let digest = super::while_busy(writer, busy, &work, task).await???;
     let p = shared.progress.snapshot();
     let d = shared
         .dedup
@@ -900,6 +1000,7 @@ fn skip() -> pb::EntryWant {
         skip: true,
         need_blocks: Vec::new(),
         file_id: 0,
+        need_ranges: Vec::new(),
     }
 }
 
@@ -1041,6 +1142,12 @@ fn offer_file(
         mode: e.mode,
         mtime: mtime_of(e),
     };
+    if e.size > MAX_FILE_SIZE {
+        return Err(proto(format!(
+            "{path}: declared size {} exceeds the largest file offset {MAX_FILE_SIZE}",
+            e.size
+        )));
+    }
     {
         let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
         if t.paths.contains(path.as_str()) {
@@ -1048,6 +1155,11 @@ fn offer_file(
         }
         if t.files.len() >= MAX_IN_FLIGHT {
             return Err(proto("too many files in flight"));
+        }
+        if e.size > SMALL_FILE_MAX && t.large >= MAX_LARGE_IN_FLIGHT {
+            return Err(proto(format!(
+                "too many large files in flight (at most {MAX_LARGE_IN_FLIGHT} per session)"
+            )));
         }
     }
     let existing = sh.dest.existing_before_write(&path)?;
@@ -1087,51 +1199,32 @@ fn offer_file(
             skip: false,
             need_blocks: Vec::new(),
             file_id: id,
+            need_ranges: Vec::new(),
         });
     }
-    let resumed = sh.staging.open_large(&path, e.size, meta.mtime)?;
+    // Resume only with a sender that confirms every held block (ResumeCheck); otherwise
+    // whatever staging holds is overwritten.
+    let resume = sh.caps & caps::RESUME != 0;
+    let opened = sh.staging.open_large(&path, e.size, meta.mtime, resume)?;
     let nblocks = block_count(e.size);
-    let remaining = resumed.need.iter().filter(|n| **n).count() as u64;
-    sh.progress
-        .add(&sh.progress.resumed_bytes, resumed.resumed_bytes);
-    let mut bitmap = vec![0u8; nblocks.div_ceil(8) as usize];
-    for (i, n) in resumed.need.iter().enumerate() {
-        if *n {
-            bitmap[i / 8] |= 1 << (i % 8);
-        }
-    }
-    let data = resumed
-        .staging
-        .data
-        .try_clone()
-        .map_err(|source| ReceiveError::Write {
-            path: path.to_string(),
-            source,
-        })?;
+    let need = opened.held.complement(nblocks);
+    let (need_blocks, need_ranges) = need.to_want(nblocks);
     let lf = Arc::new(LargeFile {
         meta,
         nblocks,
-        data,
+        staging: opened.staging,
         state: Mutex::new(LargeState {
-            staging: resumed.staging,
-            need: resumed.need,
-            remaining,
-            hashes: resumed.hashes,
+            need,
+            held: opened.held,
+            remaining: nblocks,
         }),
     });
-    if remaining == 0 {
-        // Everything was already verified by an earlier run: publish now.
-        if commit_large(sh, &lf)? {
-            sh.progress.add(&sh.progress.files_done, 1);
-            sh.progress.add(&sh.progress.bytes_done, lf.meta.size);
-        }
-        return Ok(skip());
-    }
     register(sh, id, InFlight::Large(lf))?;
     Ok(pb::EntryWant {
         skip: false,
-        need_blocks: bitmap,
+        need_blocks,
         file_id: id,
+        need_ranges,
     })
 }
 
@@ -1144,6 +1237,9 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
     if !t.paths.insert(path.clone()) {
         return Err(proto(format!("duplicate entry {path} in one session")));
     }
+    if matches!(f, InFlight::Large(_)) {
+        t.large += 1;
+    }
     t.files.insert(id, f);
     Ok(())
 }
@@ -1152,8 +1248,12 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
 /// content hash.
 fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
     let mut f = sh.dest.open_read(path.as_str())?;
+    let mut counted = digest::CountingReader {
+        inner: &mut f,
+        count: &sh.progress.hashed_bytes,
+    };
     Ok(READ_BUF
-        .with_borrow_mut(|buf| digest::hash_reader(&mut f, buf, true))
+        .with_borrow_mut(|buf| digest::hash_reader(&mut counted, buf, true))
         .map_err(|e| HashError::new(path.to_string(), e))?)
 }
 
@@ -1329,23 +1429,18 @@ fn handle_block(
         )));
     }
     // Claim the block so a duplicate on another stream is refused.
-    {
-        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
-        match st.need.get_mut(h.index as usize) {
-            Some(slot) if *slot => *slot = false,
-            _ => {
-                return Err(proto(format!(
-                    "{path}: block {} was not requested or was sent twice",
-                    h.index
-                )));
-            }
-        }
-    }
+    lf.claim(&[h.index])?;
     let BlockSource::Wire { codec, data } = source;
     let mut decoded = Vec::new();
+    // A full zero block (a hole of a sparse file) hashes to a constant: no 4 MiB of zeros is
+    // decoded and hashed for it.
+    let full_zero =
+        codec == compress::CODEC_ZERO && data.is_empty() && expected == BLOCK_SIZE as u64;
     // Raw blocks are hashed and written straight from the frame: no copy.
     let buf: &[u8] = if codec == crate::wire::codec::RAW && data.len() as u64 == expected {
         data
+    } else if full_zero {
+        &[]
     } else {
         decoded.reserve_exact(expected as usize);
         compress::decode(codec, data, expected as usize, sh.caps, &mut decoded).map_err(
@@ -1357,7 +1452,11 @@ fn handle_block(
         )?;
         &decoded
     };
-    let hash = blake3::hash(buf);
+    let hash = if full_zero {
+        blake3::Hash::from_bytes(crate::wire::zero_block_hash())
+    } else {
+        blake3::hash(buf)
+    };
     if hash.as_bytes().as_slice() != h.hash.as_slice() {
         return Err(ReceiveError::HashMismatch {
             path,
@@ -1376,19 +1475,15 @@ fn handle_block(
         path: lf.meta.path.to_string(),
         source,
     };
-    // All-zero blocks stay holes in the pre-sized staging file.
-    if codec != compress::CODEC_ZERO {
-        lf.data.write_all_at(buf, off).map_err(werr)?;
+    // What is written is what was hashed: an all-zero block is a hole, punched out of a staging
+    // file an earlier run left (whose bytes there are unknown).
+    if codec == compress::CODEC_ZERO {
+        lf.staging.write_zeros(off, expected).map_err(werr)?;
+    } else {
+        lf.staging.data.write_all_at(buf, off).map_err(werr)?;
     }
-    let finished = {
-        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
-        st.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
-        if let Some(slot) = st.hashes.get_mut(h.index as usize) {
-            *slot = *hash.as_bytes();
-        }
-        st.remaining -= 1;
-        st.remaining == 0
-    };
+    lf.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
+    let finished = lf.written(1)?;
     sh.progress.add(&sh.progress.bytes_done, expected);
     if finished {
         complete_large(sh, h.file_id, &lf)?;
@@ -1396,11 +1491,45 @@ fn handle_block(
     Ok(())
 }
 
+impl LargeFile {
+    /// Claims requested blocks for one stream (a Block frame or an announce): a block not
+    /// requested, or claimed already, is a protocol violation.
+    fn claim(&self, indexes: &[u64]) -> Result<(), ReceiveError> {
+        let mut st = self.state.lock().map_err(|_| ReceiveError::Poisoned)?;
+        for &index in indexes {
+            if !st.need.remove(index) {
+                return Err(proto(format!(
+                    "{}: block {index} was not requested or was sent twice",
+                    self.meta.path
+                )));
+            }
+        }
+        if st.need.range_count() > MAX_FILE_RANGES {
+            return Err(proto(format!(
+                "{}: blocks arrive too scattered (more than {MAX_FILE_RANGES} gaps)",
+                self.meta.path
+            )));
+        }
+        Ok(())
+    }
+
+    /// `n` more blocks are verified and written; true when that was the last.
+    fn written(&self, n: u64) -> Result<bool, ReceiveError> {
+        let mut st = self.state.lock().map_err(|_| ReceiveError::Poisoned)?;
+        st.remaining = st.remaining.checked_sub(n).ok_or(ReceiveError::Internal(
+            "more blocks written than the file has",
+        ))?;
+        Ok(st.remaining == 0)
+    }
+}
+
 /// The last block of a large file is in (from the wire or the store): forget it and publish it.
 fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), ReceiveError> {
     {
         let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        t.files.remove(&file_id);
+        if t.files.remove(&file_id).is_some() {
+            t.large = t.large.saturating_sub(1);
+        }
         t.paths.remove(lf.meta.path.as_str());
     }
     if commit_large(sh, lf)? {
@@ -1442,7 +1571,6 @@ fn handle_announce(
     };
     let path = lf.meta.path.to_string();
     let announced = {
-        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
             let index = a.indexes[i];
@@ -1459,15 +1587,6 @@ fn handle_announce(
                     "{path}: announced block {index} has a malformed hash or proof"
                 )));
             };
-            // Claim it, exactly as a Block frame would: no block is announced twice or sent too.
-            match st.need.get_mut(index as usize) {
-                Some(slot) if *slot => *slot = false,
-                _ => {
-                    return Err(proto(format!(
-                        "{path}: block {index} was announced but not requested, or twice"
-                    )));
-                }
-            }
             announced.push(AnnouncedBlock {
                 index,
                 hash: BlockHash::from_bytes(hash),
@@ -1476,37 +1595,38 @@ fn handle_announce(
         }
         announced
     };
-    // Reads, verifies and writes (through the file's second handle) without holding its lock.
-    let needed = dedup.materialize_announced(key, &lf.data, &announced)?;
-    let mut bitmap = vec![0u8; n.div_ceil(8)];
+    // Claim them, exactly as Block frames would: no block is announced twice or sent too.
+    lf.claim(&a.indexes)?;
+    // Reads, verifies and writes without holding the file's lock.
+    let needed = dedup.materialize_announced(key, &lf.staging.data, &announced)?;
+    let mut bitmap = Bitmap::with_len(n);
     let mut taken = 0u64;
     let mut taken_blocks = 0u64;
-    let finished = {
+    for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
+        if *need {
+            bitmap.set(i);
+        } else {
+            // The store verified the bytes it wrote against this hash.
+            lf.staging
+                .record(b.index, b.hash.as_bytes())
+                .map_err(|source| ReceiveError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+            taken += block_len(lf.meta.size, b.index);
+            taken_blocks += 1;
+        }
+    }
+    {
+        // Blocks the store could not give are requested again (they come as Block frames).
         let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
-        for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
+        for (b, need) in announced.iter().zip(&needed) {
             if *need {
-                if let Some(slot) = st.need.get_mut(b.index as usize) {
-                    *slot = true;
-                }
-                bitmap[i / 8] |= 1 << (i % 8);
-            } else {
-                st.staging
-                    .record(b.index, b.hash.as_bytes())
-                    .map_err(|source| ReceiveError::Write {
-                        path: path.clone(),
-                        source,
-                    })?;
-                // The store verified the bytes it wrote against this hash.
-                if let Some(slot) = st.hashes.get_mut(b.index as usize) {
-                    *slot = *b.hash.as_bytes();
-                }
-                st.remaining -= 1;
-                taken += block_len(lf.meta.size, b.index);
-                taken_blocks += 1;
+                st.need.insert(b.index);
             }
         }
-        st.remaining == 0
-    };
+    }
+    let finished = taken_blocks > 0 && lf.written(taken_blocks)?;
     sh.progress.add(&sh.progress.bytes_done, taken);
     // Reported live, so the operator can show block-store hits while the transfer runs.
     sh.progress.add(&sh.progress.dedup_blocks, taken_blocks);
@@ -1516,16 +1636,86 @@ fn handle_announce(
     }
     Ok(pb::NeedBlocks {
         file_id: a.file_id,
-        need_blocks: bitmap,
+        need_blocks: bitmap.into_bytes(),
+    })
+}
+
+/// One ResumeCheck: the sender's hashes of blocks this receiver holds from an earlier run. Each
+/// held block is re-read and kept only if its hash equals the sender's; the answer names the
+/// ones that must come over the wire (and they are requested again).
+fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks, ReceiveError> {
+    let n = c.indexes.len();
+    if c.hashes.len() != n {
+        return Err(proto("ResumeCheck lists differ in length"));
+    }
+    if n > MAX_ANNOUNCE_BLOCKS {
+        return Err(proto(format!(
+            "ResumeCheck lists {n} blocks (max {MAX_ANNOUNCE_BLOCKS})"
+        )));
+    }
+    let lf = {
+        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
+        match t.files.get(&c.file_id) {
+            Some(InFlight::Large(l)) => l.clone(),
+            _ => {
+                return Err(proto(format!(
+                    "ResumeCheck for unknown or small file id {}",
+                    c.file_id
+                )));
+            }
+        }
+    };
+    let mut hashes = Vec::with_capacity(n);
+    for h in &c.hashes {
+        hashes.push(
+            <[u8; 32]>::try_from(h.as_slice())
+                .map_err(|_| proto(format!("{}: malformed hash in ResumeCheck", lf.meta.path)))?,
+        );
+    }
+    {
+        // Claim: each block is checked once, and only blocks held from an earlier run.
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
+        for &index in &c.indexes {
+            if !st.held.remove(index) {
+                return Err(proto(format!(
+                    "{}: ResumeCheck names block {index}, which is not held or was checked",
+                    lf.meta.path
+                )));
+            }
+        }
+    }
+    let needed = lf.staging.verify_held(lf.meta.size, &c.indexes, &hashes);
+    let mut bitmap = Bitmap::with_len(n);
+    let mut kept = 0u64;
+    let mut kept_bytes = 0u64;
+    {
+        let mut st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
+        for (i, (&index, need)) in c.indexes.iter().zip(&needed).enumerate() {
+            if *need {
+                bitmap.set(i);
+                st.need.insert(index);
+            } else {
+                kept += 1;
+                kept_bytes += block_len(lf.meta.size, index);
+            }
+        }
+    }
+    sh.progress.add(&sh.progress.resumed_bytes, kept_bytes);
+    if kept > 0 && lf.written(kept)? {
+        complete_large(sh, c.file_id, &lf)?;
+    }
+    Ok(pb::NeedBlocks {
+        file_id: c.file_id,
+        need_blocks: bitmap.into_bytes(),
     })
 }
 
 /// Publishes a verified large file; false when it was left out (a non-empty directory filled
 /// its path after the offer was answered).
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
-    let st = lf.state.lock().map_err(|_| ReceiveError::Poisoned)?;
+    let st = &lf.staging;
     let path = lf.meta.path.as_str();
-    let staged = format!("{}/{}", sh.staging.rel, st.staging.part_name);
+    let staged = format!("{}/{}", sh.staging.rel, st.part_name);
     let m = sh
         .dest
         .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
@@ -1534,17 +1724,20 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
         path: path.to_owned(),
         source,
     };
-    sh.dest
-        .apply_meta(&st.staging.data, &staged, &m)
-        .map_err(publish)?;
+    // Blocks extend the part file as they land; its size is set here (a tail of zero blocks
+    // stays a hole).
+    st.data
+        .set_len(lf.meta.size)
+        .map_err(|source| ReceiveError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+    sh.dest.apply_meta(&st.data, &staged, &m).map_err(publish)?;
     if sh.sync {
-        st.staging
-            .data
-            .sync_all()
-            .map_err(|source| ReceiveError::Write {
-                path: path.to_owned(),
-                source,
-            })?;
+        st.data.sync_all().map_err(|source| ReceiveError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
     }
     let published = match sh.dest.publish_from_staging(&staged, &lf.meta.path) {
         Err(e) if !matches!(e, DestError::NonEmptyDir(_)) => return Err(publish(e)),
@@ -1555,12 +1748,14 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
         return Ok(false);
     };
     sh.count_placed(&lf.meta.path, placed);
-    let committed = fstat_meta(&st.staging.data).map_err(|source| ReceiveError::Write {
+    let committed = fstat_meta(&st.data).map_err(|source| ReceiveError::Write {
         path: path.to_owned(),
         source,
     })?;
-    sh.record_file(&lf.meta.path, &committed, &digest::content_hash(&st.hashes))?;
-    sh.staging.finish_large(&st.staging);
+    // Content as recorded block by block on its way to disk (or re-read when resumed).
+    let content = st.content_hash(lf.nblocks, path)?;
+    sh.record_file(&lf.meta.path, &committed, &content)?;
+    sh.staging.finish_large(st);
     Ok(true)
 }
 

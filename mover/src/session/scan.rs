@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,14 +50,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
         path: path.to_owned(),
         source,
     }
-}
-
-/// Opens a source file without following a symlink swapped in at the leaf.
-pub fn open_source(path: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
 }
 
 fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
@@ -159,8 +151,12 @@ pub fn scan(
                 if checksum {
                     let abs = root.join(&e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
+                    let mut counted = digest::CountingReader {
+                        inner: &mut f,
+                        count: &progress.hashed_bytes,
+                    };
                     let read =
-                        digest::hash_reader(&mut f, &mut read_buf, true).map_err(io(&abs))?;
+                        digest::hash_reader(&mut counted, &mut read_buf, true).map_err(io(&abs))?;
                     e.checksum = read.whole.map(|w| w.to_vec()).unwrap_or_default();
                     let h = digest::file_entry(
                         e.size,

@@ -19,8 +19,7 @@ use super::compress::{CODEC_ZERO, CodecPolicy, Compress};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, send_hello};
 use super::limiter::Limiter;
-use super::scan::{self, ScanError, open_source};
-use super::staging::block_len;
+use super::scan::{self, ScanError};
 use super::{
     Abort, PEER_GRACE, Reason, SMALL_FILE_MAX, Summary, Timeouts, anyhow_chain, pending_peer_error,
     tell_peer,
@@ -31,7 +30,9 @@ use crate::kind::ErrorKind;
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, RelPath, Resolve};
-use crate::wire::{BLOCK_SIZE, FrameType, Message, PROTOCOL_VERSION, caps, codec};
+use crate::wire::{
+    BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, PROTOCOL_VERSION, block_len, caps, codec,
+};
 
 /// Keepalive after this much silence on a stream, well below any sane idle timeout.
 const KEEPALIVE: Duration = Duration::from_secs(5);
@@ -40,6 +41,8 @@ const BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Blocks per BlockAnnounce (the receiver accepts up to 65 536). Small enough that the receiver
 /// materialises one chunk while the sender hashes the next.
 const ANNOUNCE_CHUNK: usize = 16;
+/// Blocks per ResumeCheck (about 40 KiB of hashes; the receiver accepts up to 65 536).
+const RESUME_CHUNK: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -65,6 +68,11 @@ pub enum SendError {
         kind: FrameType,
         expected: &'static str,
     },
+    #[error(
+        "stream {stream}: the receiver made no progress for {secs} s (no answer and no growing \
+         work counter)"
+    )]
+    NoProgress { stream: u32, secs: u64 },
     #[error("receiver answered offer {got}, expected {expected}")]
     WantMismatch { got: u64, expected: u64 },
     #[error("failed to read source file {path}")]
@@ -112,6 +120,10 @@ pub struct SenderConfig {
 
 struct BlockJob {
     file_id: u64,
+    /// The file, opened once beneath the source root: every block is read from this handle, so
+    /// a directory swapped for a symlink during the transfer redirects nothing.
+    file: Arc<std::fs::File>,
+    /// For messages only.
     path: Arc<PathBuf>,
     index: u64,
     len: u64,
@@ -166,6 +178,12 @@ struct Ctx {
     pool: Arc<HashPool>,
     /// With `--checksum` the walk reads every file, so it computes the content hash too.
     content_in_scan: bool,
+    /// The receiver resumes only blocks this sender confirms (ResumeCheck).
+    resume_check: bool,
+    /// Busy frames instead of keepalives (progress capability).
+    busy: bool,
+    /// How long the receiver may make no progress while this end waits for it.
+    progress_timeout: Duration,
 }
 
 impl Ctx {
@@ -256,7 +274,8 @@ where
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
     // Dedup is always requested: a receiver offers it only when it has a block store.
-    let mut want_caps = caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP;
+    let mut want_caps =
+        caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP | caps::RESUME | caps::PROGRESS;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -322,6 +341,9 @@ where
         tree: tree.clone(),
         pool,
         content_in_scan: checksum,
+        resume_check: negotiated & caps::RESUME != 0,
+        busy: negotiated & caps::PROGRESS != 0,
+        progress_timeout: cfg.timeouts.progress,
     });
     let root = cfg.root.clone();
     let p = progress.clone();
@@ -364,12 +386,13 @@ where
         let hardlinks = scanner.await??;
         let (reader, writer) = ends.first_mut().ok_or(SendError::Channel)?;
         let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
-        let summary = match reader.expect().await {
+        let mut work = 0;
+        let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
             Ok(Message::Summary(s)) => s,
             Ok(Message::Error(e)) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             Ok(other) => {
@@ -379,7 +402,7 @@ where
                     expected: "Summary",
                 });
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         };
         Ok((summary, dirs, links))
     };
@@ -423,8 +446,9 @@ where
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
-            .into_iter()
+            .iter()
             .take(super::MAX_REPORTED_FAILURES)
+            .map(|f| super::escape_text(f))
             .collect(),
     })
 }
@@ -493,7 +517,7 @@ where
             }))
             .await?;
         writer.flush().await?;
-        read_want(reader, offer_id).await?;
+        read_want(reader, offer_id, ctx.progress_timeout).await?;
     }
     let (tx, mut rx) = mpsc::channel(16);
     let root = cfg.root.clone();
@@ -518,14 +542,42 @@ where
     Ok((dirs.finish(), links.finish()))
 }
 
+/// The receiver's next reply on this stream, past Keepalive and Busy frames. Fails when the
+/// receiver makes no progress for `limit`: no reply, and no Busy frame whose work counter grew
+/// (keepalives and trickled bytes do not count).
+async fn next_reply<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    limit: Duration,
+    last_work: &mut u64,
+) -> Result<Message, SendError> {
+    let mut deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, reader.expect())
+            .await
+            .map_err(|_| SendError::NoProgress {
+                stream: reader.stream(),
+                secs: limit.as_secs(),
+            })??;
+        match msg {
+            Message::Keepalive => {}
+            Message::Busy(b) => {
+                if b.work > *last_work {
+                    *last_work = b.work;
+                    deadline = tokio::time::Instant::now() + limit;
+                }
+            }
+            m => return Ok(m),
+        }
+    }
+}
+
 async fn read_want<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     offer_id: u64,
+    limit: Duration,
 ) -> Result<pb::Want, SendError> {
-    let mut msg = reader.expect().await?;
-    while let Message::Keepalive = msg {
-        msg = reader.expect().await?;
-    }
+    let mut work = 0;
+    let msg = next_reply(reader, limit, &mut work).await?;
     match msg {
         Message::Want(w) if w.offer_id == offer_id => Ok(w),
         Message::Want(w) => Err(SendError::WantMismatch {
@@ -534,7 +586,7 @@ async fn read_want<R: AsyncRead + Unpin>(
         }),
         Message::Error(e) => Err(SendError::Remote {
             kind: ErrorKind::from_pb(e.kind),
-            message: e.message,
+            message: super::escape_text(&e.message),
         }),
         other => Err(SendError::Unexpected {
             stream: reader.stream(),
@@ -648,10 +700,13 @@ async fn offer_task(
     }
 }
 
-/// Blocks of one file announced in one BlockAnnounce, waiting for the receiver's NeedBlocks.
+/// Blocks of one file announced in one BlockAnnounce or ResumeCheck, waiting for the
+/// receiver's NeedBlocks.
 struct Announced {
     file_id: u64,
+    file: Arc<std::fs::File>,
     path: Arc<PathBuf>,
+    size: u64,
     indexes: Vec<u64>,
     digest: Option<Arc<FileDigest>>,
 }
@@ -673,6 +728,7 @@ where
     let mut expected: VecDeque<(u64, Vec<pb::Entry>)> = VecDeque::new();
     let mut announced: VecDeque<Announced> = VecDeque::new();
     let mut offers_open = true;
+    let mut last_work = 0;
     loop {
         if expected.is_empty() && announced.is_empty() {
             match pending.recv().await {
@@ -680,10 +736,7 @@ where
                 None => break,
             }
         }
-        let mut msg = reader.expect().await?;
-        while let Message::Keepalive = msg {
-            msg = reader.expect().await?;
-        }
+        let msg = next_reply(reader, ctx.progress_timeout, &mut last_work).await?;
         match msg {
             Message::Want(want) => {
                 if expected.is_empty() && offers_open {
@@ -733,30 +786,27 @@ where
                     )));
                 }
                 for (i, &index) in a.indexes.iter().enumerate() {
-                    let need = nb
-                        .need_blocks
-                        .get(i / 8)
-                        .is_some_and(|b| b & (1 << (i % 8)) != 0);
-                    if need {
+                    let len = block_len(a.size, index);
+                    if Bitmap::get(&nb.need_blocks, i as u64) {
                         let job = BlockJob {
                             file_id: a.file_id,
+                            file: a.file.clone(),
                             path: a.path.clone(),
                             index,
-                            len: BLOCK_SIZE as u64,
+                            len,
                             digest: a.digest.clone(),
                         };
                         block_tx.send(job).await.map_err(|_| SendError::Channel)?;
                     } else {
-                        // Taken from the receiver's block store.
-                        ctx.progress
-                            .add(&ctx.progress.bytes_done, BLOCK_SIZE as u64);
+                        // Taken from the receiver's block store, or confirmed as resumed.
+                        ctx.progress.add(&ctx.progress.bytes_done, len);
                     }
                 }
             }
             Message::Error(e) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
-                    message: e.message,
+                    message: super::escape_text(&e.message),
                 });
             }
             other => {
@@ -811,18 +861,20 @@ async fn handle_want(
         }
         let path = Arc::new(ctx.root.join(&e.path));
         let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
+        let need = BlockSet::from_want(&w.need_blocks, &w.need_ranges, nblocks).map_err(|err| {
+            SendError::Peer(format!("answer to offer {offer_id} for {}: {err}", e.path))
+        })?;
+        let file = {
+            let (c, rel) = (ctx.clone(), e.path.clone());
+            let opened = tokio::task::spawn_blocking(move || open_beneath(&c.src, &rel)).await?;
+            Arc::new(opened.map_err(|source| SendError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?)
+        };
         let fd = (!ctx.content_in_scan).then(|| FileDigest::new(&e));
         let mut to_announce = Vec::new();
-        let mut resumed = Vec::new();
-        for index in 0..nblocks {
-            let needed = w.need_blocks.is_empty()
-                || w.need_blocks
-                    .get((index / 8) as usize)
-                    .is_some_and(|b| b & (1 << (index % 8)) != 0);
-            if !needed {
-                resumed.push(index);
-                continue;
-            }
+        for index in need.iter() {
             let len = block_len(e.size, index);
             if dedup.is_some() && len == BLOCK_SIZE as u64 {
                 to_announce.push(index);
@@ -830,6 +882,7 @@ async fn handle_want(
             }
             let job = BlockJob {
                 file_id: w.file_id,
+                file: file.clone(),
                 path: path.clone(),
                 index,
                 len,
@@ -837,23 +890,55 @@ async fn handle_want(
             };
             block_tx.send(job).await.map_err(|_| SendError::Channel)?;
         }
-        if let Some(fd) = &fd
+        // Blocks the receiver holds from an earlier run.
+        let resumed: Vec<u64> = need.complement(nblocks).iter().collect();
+        if ctx.resume_check && !resumed.is_empty() {
+            // It keeps them only if they match the source: send our hashes (they also feed
+            // the digest). Those that differ come back in its NeedBlocks and are sent.
+            for chunk in resumed.chunks(RESUME_CHUNK) {
+                let (f, p, c) = (file.clone(), path.clone(), chunk.to_vec());
+                let size = e.size;
+                let hashes =
+                    tokio::task::spawn_blocking(move || hash_blocks(&f, &p, size, &c)).await??;
+                if let Some(fd) = &fd {
+                    for (&index, hash) in chunk.iter().zip(&hashes) {
+                        ctx.block_digested(fd, index, *hash);
+                    }
+                }
+                announced.push_back(Announced {
+                    file_id: w.file_id,
+                    file: file.clone(),
+                    path: path.clone(),
+                    size: e.size,
+                    indexes: chunk.to_vec(),
+                    digest: fd.clone(),
+                });
+                let check = pb::ResumeCheck {
+                    file_id: w.file_id,
+                    indexes: chunk.to_vec(),
+                    hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+                };
+                out.send(Message::ResumeCheck(check))
+                    .await
+                    .map_err(|_| SendError::Channel)?;
+            }
+        } else if let Some(fd) = &fd
             && !resumed.is_empty()
         {
-            let (c, fd, p) = (ctx.clone(), fd.clone(), path.clone());
+            let (c, fd, f, p) = (ctx.clone(), fd.clone(), file.clone(), path.clone());
             ctx.pool
-                .submit(move || hash_source_blocks(&c, &fd, &p, &resumed))
+                .submit(move || hash_source_blocks(&c, &fd, &f, &p, &resumed))
                 .await?;
         }
         if let Some(dedup) = dedup {
             for chunk in to_announce.chunks(ANNOUNCE_CHUNK) {
-                let (p, d, c) = (path.clone(), dedup.clone(), chunk.to_vec());
+                let (f, p, d, c) = (file.clone(), path.clone(), dedup.clone(), chunk.to_vec());
                 let AnnounceChunk {
                     msg,
                     indexes,
                     zeros,
                     hashes,
-                } = tokio::task::spawn_blocking(move || build_announce(&p, &d, w.file_id, c))
+                } = tokio::task::spawn_blocking(move || build_announce(&f, &p, &d, w.file_id, c))
                     .await??;
                 if let Some(fd) = &fd {
                     for (index, hash) in hashes {
@@ -864,6 +949,7 @@ async fn handle_want(
                 for index in zeros {
                     let job = BlockJob {
                         file_id: w.file_id,
+                        file: file.clone(),
                         path: path.clone(),
                         index,
                         len: BLOCK_SIZE as u64,
@@ -874,7 +960,9 @@ async fn handle_want(
                 if let Some(msg) = msg {
                     announced.push_back(Announced {
                         file_id: w.file_id,
+                        file: file.clone(),
                         path: path.clone(),
+                        size: e.size,
                         indexes,
                         digest: fd.clone(),
                     });
@@ -908,6 +996,7 @@ struct AnnounceChunk {
 /// Reads the given full blocks and builds their BlockAnnounce (hash and proof of possession
 /// each).
 fn build_announce(
+    f: &std::fs::File,
     path: &Path,
     dedup: &DedupSender,
     file_id: u64,
@@ -917,12 +1006,15 @@ fn build_announce(
         path: path.to_owned(),
         source,
     };
-    let f = open_source(path).map_err(rerr)?;
     // Read, hash and prove on every core: None marks an all-zero block.
     let parts = crate::cas::dedup::par_chunks(&indexes, |part| {
         let mut buf = vec![0u8; BLOCK_SIZE];
         let mut out = Vec::with_capacity(part.len());
         for &index in part {
+            if digest::is_hole(f, index * BLOCK_SIZE as u64, BLOCK_SIZE as u64) {
+                out.push((index, None));
+                continue;
+            }
             f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
                 .map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -986,7 +1078,11 @@ impl UnchangedFiles {
             let all: Vec<u64> = (0..e.size.div_ceil(BLOCK_SIZE as u64)).collect();
             let c = ctx.clone();
             ctx.pool
-                .submit(move || hash_source_blocks(&c, &fd, &path, &all))
+                .submit(move || {
+                    let f = open_beneath(&c.src, &fd.entry.path)
+                        .map_err(|err| HashError::new(path.display().to_string(), err))?;
+                    hash_source_blocks(&c, &fd, &f, &path, &all)
+                })
                 .await?;
             return Ok(());
         }
@@ -1020,14 +1116,14 @@ fn changed_size() -> std::io::Error {
 fn hash_source_blocks(
     ctx: &Ctx,
     fd: &FileDigest,
+    f: &std::fs::File,
     path: &Path,
     indexes: &[u64],
 ) -> Result<(), HashError> {
     let shown = || path.display().to_string();
-    let f = open_source(path).map_err(|e| HashError::new(shown(), e))?;
     let mut buf = Vec::new();
     for &index in indexes {
-        let hash = digest::hash_block_at(&f, fd.entry.size, index, &mut buf).map_err(|e| {
+        let hash = digest::hash_block_at(f, fd.entry.size, index, &mut buf).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 HashError::new(shown(), changed_size())
             } else {
@@ -1035,6 +1131,8 @@ fn hash_source_blocks(
             }
         })?;
         ctx.block_digested(fd, index, hash);
+        ctx.progress
+            .add(&ctx.progress.hashed_bytes, block_len(fd.entry.size, index));
     }
     Ok(())
 }
@@ -1053,9 +1151,51 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
             return Err(HashError::new(shown(), changed_size()));
         }
         let hash = blake3::hash(&data);
+        ctx.progress.add(&ctx.progress.hashed_bytes, e.size);
         ctx.file_digested(&e, &digest::content_hash_single(e.size, hash.as_bytes()));
     }
     Ok(())
+}
+
+/// Opens a source file beneath the root handle: no symlink is followed on the way (a directory
+/// swapped for a symlink after the walk fails the open), and only a regular file is read.
+fn open_beneath(src: &DirFd, rel: &str) -> std::io::Result<std::fs::File> {
+    let f = SourceDirs::new(src).open(rel)?;
+    if !f.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file any more"));
+    }
+    Ok(f)
+}
+
+/// BLAKE3 of the given blocks of a source file, read from its handle (on every core).
+fn hash_blocks(
+    f: &std::fs::File,
+    path: &Path,
+    size: u64,
+    indexes: &[u64],
+) -> Result<Vec<Hash>, SendError> {
+    let parts = crate::cas::dedup::par_chunks(indexes, |part| {
+        let mut buf = Vec::new();
+        part.iter()
+            .map(|&index| {
+                digest::hash_block_at(f, size, index, &mut buf).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        SendError::Changed(path.to_owned())
+                    } else {
+                        SendError::Read {
+                            path: path.to_owned(),
+                            source: e,
+                        }
+                    }
+                })
+            })
+            .collect::<Result<Vec<Hash>, SendError>>()
+    });
+    let mut out = Vec::with_capacity(indexes.len());
+    for p in parts {
+        out.extend(p?);
+    }
+    Ok(out)
 }
 
 /// Reads wanted small files and packs them into Batch frames of about 4 MiB.
@@ -1195,16 +1335,39 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
         path: path.to_owned(),
         source,
     };
-    let mut f = open_source(path).map_err(rerr)?;
     let len = job.len as usize;
     let off = job.index * BLOCK_SIZE as u64;
-    // read_to_end fills spare capacity directly: no zeroing of a fresh 4 MiB buffer per block.
-    let mut buf = Vec::with_capacity(len);
-    {
-        use std::io::{Read, Seek, SeekFrom};
-        f.seek(SeekFrom::Start(off)).map_err(rerr)?;
-        (&mut f).take(job.len).read_to_end(&mut buf).map_err(rerr)?;
+    // A hole of a sparse file: zeros, neither read nor hashed.
+    if len == BLOCK_SIZE && digest::is_hole(&job.file, off, job.len) {
+        let hash = crate::wire::zero_block_hash();
+        if let Some(fd) = &job.digest {
+            ctx.block_digested(fd, job.index, hash);
+        }
+        ctx.progress.add(&ctx.progress.bytes_done, job.len);
+        return Ok(Message::Block {
+            header: pb::BlockHeader {
+                file_id: job.file_id,
+                index: job.index,
+                raw_len: job.len as u32,
+                codec: CODEC_ZERO,
+                hash: hash.to_vec(),
+            },
+            data: Bytes::new(),
+        });
     }
+    // pread into spare capacity: no zeroing of a fresh 4 MiB buffer per block, no reopen.
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let at = off + buf.len() as u64;
+        match rustix::io::pread(&*job.file, rustix::buffer::spare_capacity(&mut buf), at) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(rerr(e.into())),
+        }
+    }
+    // Capacity may exceed the block: bytes past it belong to the next block.
+    buf.truncate(len);
     if buf.len() != len {
         return Err(SendError::Changed(path.to_owned()));
     }
@@ -1254,7 +1417,17 @@ where
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(_) => {
-                writer.send(&Message::Keepalive).await?;
+                // Nothing to send: say we are alive and, with the progress capability, how much
+                // work (reading, hashing, listing) we did, so a sender busy hashing is not taken
+                // for a stalled one.
+                let alive = if ctx.busy {
+                    Message::Busy(pb::Busy {
+                        work: ctx.progress.work(),
+                    })
+                } else {
+                    Message::Keepalive
+                };
+                writer.send(&alive).await?;
                 writer.flush().await?;
                 continue;
             }

@@ -1,26 +1,41 @@
 //! Receiver-side staging under `<root>/.ferry-staging/<transfer-id>/`: temp files that become
-//! final files by one atomic rename, and for large files a manifest of verified blocks so a
-//! rerun after `kill -9` of either end asks only for blocks that were never written.
+//! final files by one atomic rename, and for large files a manifest of written blocks so a rerun
+//! after `kill -9` of either end need not move those blocks again.
 //!
-//! Manifest layout: `FERRYMF1`, u64 size, i64 mtime_sec, u32 mtime_nsec, u32 path length, path
-//! bytes, then one record per verified block: u64 index, 32-byte BLAKE3. Records are appended
-//! after the block's bytes were written; on resume each recorded block is re-read and re-hashed,
-//! so a torn or poisoned staging file only costs a resend, never a wrong final file.
+//! Manifest layout: `FERRYMF2`, u64 size, i64 mtime_sec, u32 mtime_nsec, u32 path length, path
+//! bytes, then an array of 32-byte BLAKE3 hashes at fixed offsets, one per block (at the header
+//! length plus 32 times the index), all zeros for a block never written. A record is written after the block's
+//! bytes, with the hash of exactly those bytes.
+//!
+//! Nothing found here is trusted: a manifest and part file may have been left by a hostile
+//! session of the same transfer, or edited on disk. On resume the manifest only says which
+//! blocks *may* be held; each is kept only when the sender's hash of its source block equals the
+//! hash of the bytes re-read here (`verify_held`), otherwise it is fetched again. So a file at
+//! its final path always has the sender's content.
+//!
+//! Memory does not grow with the size a peer declares: the part file is not sized up front
+//! (it is extended by writes and set to its size at commit), and block hashes live in the
+//! manifest on disk, read back in fixed chunks.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags, SeekFrom};
 use rustix::io::Errno;
 
 use super::dest::{DestError, DestRoot};
 use super::relpath::{PeerPath, STAGING_DIR};
+use crate::digest::Hash;
 use crate::tree::DirFd;
-use crate::wire::BLOCK_SIZE;
+use crate::wire::{BLOCK_SIZE, BlockSet, MAX_WANT_RANGES};
 
-const MAGIC: &[u8; 8] = b"FERRYMF1";
-const RECORD: usize = 8 + 32;
+pub use crate::wire::{block_count, block_len};
+
+const MAGIC: &[u8; 8] = b"FERRYMF2";
+const RECORD: u64 = 32;
+/// Manifest bytes read at once when scanning or hashing it.
+const READ_CHUNK: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StagingError {
@@ -33,6 +48,10 @@ pub enum StagingError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0} is being received by another session of this transfer")]
+    Busy(String),
+    #[error("staging manifest of {0} lacks a block that was written")]
+    Incomplete(String),
 }
 
 fn serr<'a>(what: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) -> StagingError + 'a {
@@ -54,27 +73,20 @@ pub struct Staging {
 pub struct LargeStaging {
     pub data: File,
     manifest: File,
+    /// Where the hash array starts in the manifest.
+    base: u64,
     pub part_name: String,
     manifest_name: String,
+    /// The part file existed before this session: its bytes are unknown, so an all-zero block
+    /// must be written (or punched), not left as it is.
+    pub reused: bool,
 }
 
-/// What an earlier interrupted run already left verified.
-pub struct Resumed {
+/// The staging state of a large file and the blocks an earlier run may have left in it.
+pub struct Opened {
     pub staging: LargeStaging,
-    /// `true` for every block still needed.
-    pub need: Vec<bool>,
-    /// BLAKE3 of each block re-read and verified here (zeros for blocks still needed).
-    pub hashes: Vec<[u8; 32]>,
-    pub resumed_bytes: u64,
-}
-
-pub fn block_count(size: u64) -> u64 {
-    size.div_ceil(BLOCK_SIZE as u64)
-}
-
-pub fn block_len(size: u64, index: u64) -> u64 {
-    let start = index * BLOCK_SIZE as u64;
-    size.saturating_sub(start).min(BLOCK_SIZE as u64)
+    /// Blocks the manifest says were written (unverified: see [`LargeStaging::verify_held`]).
+    pub held: BlockSet,
 }
 
 impl Staging {
@@ -93,85 +105,72 @@ impl Staging {
         let _ = rustix::fs::unlinkat(&self.dir, name, AtFlags::empty());
     }
 
-    /// Opens the staging state of a large file, reusing verified blocks of an earlier run if
-    /// the manifest names the same path, size and mtime.
+    /// Opens the staging state of a large file. With `resume`, an earlier run's part file and
+    /// manifest for the same path, size and mtime are reused and the blocks they claim are
+    /// returned as `held` (at most [`MAX_WANT_RANGES`] ranges of them, so the Want that excludes
+    /// them fits its frame); nothing in them is trusted yet. Otherwise staging starts empty.
     pub fn open_large(
         &self,
         path: &PeerPath,
         size: u64,
         mtime: (i64, u32),
-    ) -> Result<Resumed, StagingError> {
+        resume: bool,
+    ) -> Result<Opened, StagingError> {
         let key = blake3::hash(path.as_str().as_bytes()).to_hex();
-        let base = &key.as_str()[..32];
-        let part_name = format!("{base}.part");
-        let manifest_name = format!("{base}.manifest");
+        let base_name = &key.as_str()[..32];
+        let part_name = format!("{base_name}.part");
+        let manifest_name = format!("{base_name}.manifest");
         let header = manifest_header(path, size, mtime);
-        let nblocks = block_count(size) as usize;
-        let mut need = vec![true; nblocks];
-        let mut hashes = vec![[0u8; 32]; nblocks];
-        let mut resumed_bytes = 0;
+        let shown = path.as_str();
 
-        if let Some((data, manifest)) = self.try_resume(&part_name, &manifest_name, &header, size) {
-            let records = read_records(&manifest, header.len() as u64).unwrap_or_default();
-            let mut buf = vec![0u8; BLOCK_SIZE];
-            for (index, hash) in records {
-                let Some(slot) = need.get_mut(index as usize) else {
-                    continue;
-                };
-                if !*slot {
-                    continue;
-                }
-                let len = block_len(size, index) as usize;
-                let off = index * BLOCK_SIZE as u64;
-                if data.read_exact_at(&mut buf[..len], off).is_ok()
-                    && blake3::hash(&buf[..len]).as_bytes() == &hash
-                {
-                    *slot = false;
-                    hashes[index as usize] = hash;
-                    resumed_bytes += len as u64;
-                }
-            }
-            return Ok(Resumed {
+        if resume
+            && let Some((data, manifest)) =
+                self.try_resume(&part_name, &manifest_name, &header, size, shown)?
+        {
+            let base = header.len() as u64;
+            let held = scan_records(&manifest, base, block_count(size))
+                .map_err(serr("read manifest", shown))?;
+            return Ok(Opened {
                 staging: LargeStaging {
                     data,
                     manifest,
+                    base,
                     part_name,
                     manifest_name,
+                    reused: true,
                 },
-                need,
-                hashes,
-                resumed_bytes,
+                held,
             });
         }
 
-        let open = |name: &str| {
-            rustix::fs::openat(
-                &self.dir,
-                name,
-                OFlags::CREATE | OFlags::TRUNC | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o600),
-            )
-            .map(File::from)
-            .map_err(std::io::Error::from)
-        };
-        let shown = path.as_str();
-        let data = open(&part_name).map_err(serr("create part file", shown))?;
-        // Sized up front: blocks land at their offsets, all-zero blocks stay holes.
-        data.set_len(size).map_err(serr("size part file", shown))?;
-        let mut manifest = open(&manifest_name).map_err(serr("create manifest", shown))?;
+        // Locked before it is truncated, so a concurrent session's file is never cut under it.
+        let data = open_locked(&self.dir, &part_name, shown)?;
+        data.set_len(0).map_err(serr("truncate part file", shown))?;
+        // Not sized up front: a size the peer declares costs nothing until blocks arrive; the
+        // commit sets the final size (all-zero blocks stay holes). A fresh manifest replaces
+        // whatever has its name (created exclusively: never a FIFO or a link left there).
+        self.remove(&manifest_name);
+        let mut manifest = rustix::fs::openat(
+            &self.dir,
+            manifest_name.as_str(),
+            OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map(File::from)
+        .map_err(|e| serr("create manifest", shown)(e.into()))?;
         manifest
             .write_all(&header)
             .map_err(serr("write manifest", shown))?;
-        Ok(Resumed {
+        Ok(Opened {
             staging: LargeStaging {
                 data,
                 manifest,
+                base: header.len() as u64,
                 part_name,
                 manifest_name,
+                reused: false,
             },
-            need,
-            hashes,
-            resumed_bytes,
+            held: BlockSet::new(),
         })
     }
 
@@ -181,25 +180,24 @@ impl Staging {
         manifest: &str,
         header: &[u8],
         size: u64,
-    ) -> Option<(File, File)> {
-        let open = |name: &str| {
-            rustix::fs::openat(
-                &self.dir,
-                name,
-                OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()
-            .map(File::from)
+        shown: &str,
+    ) -> Result<Option<(File, File)>, StagingError> {
+        let Some(m) = open_regular(&self.dir, manifest) else {
+            return Ok(None);
         };
-        let mut m = open(manifest)?;
-        let data = open(part)?;
         let mut got = vec![0u8; header.len()];
-        m.read_exact(&mut got).ok()?;
-        if got != header || data.metadata().ok()?.len() != size {
-            return None;
+        if m.read_exact_at(&mut got, 0).is_err() || got != header {
+            return Ok(None);
         }
-        Some((data, m))
+        let data = match open_locked(&self.dir, part, shown) {
+            Ok(d) => d,
+            Err(e @ StagingError::Busy(_)) => return Err(e),
+            Err(_) => return Ok(None),
+        };
+        match data.metadata() {
+            Ok(md) if md.is_file() && md.len() <= size => Ok(Some((data, m))),
+            _ => Ok(None),
+        }
     }
 
     /// Drops the manifest of a large file that was renamed into place.
@@ -235,12 +233,119 @@ impl Staging {
 }
 
 impl LargeStaging {
-    /// Appends the record of a verified, written block.
-    pub fn record(&mut self, index: u64, hash: &[u8; 32]) -> std::io::Result<()> {
-        let mut rec = [0u8; RECORD];
-        rec[..8].copy_from_slice(&index.to_le_bytes());
-        rec[8..].copy_from_slice(hash);
-        self.manifest.write_all(&rec)
+    /// Records block `index` as written with `hash` (the hash of the bytes written).
+    pub fn record(&self, index: u64, hash: &Hash) -> std::io::Result<()> {
+        let off = index
+            .checked_mul(RECORD)
+            .and_then(|o| o.checked_add(self.base))
+            .ok_or_else(|| std::io::Error::other("block index out of range"))?;
+        self.manifest.write_all_at(hash, off)
+    }
+
+    /// An all-zero block: in a fresh part file it is a hole already; in a reused one whatever an
+    /// earlier run left there is punched out (or overwritten with zeros where the filesystem
+    /// cannot punch).
+    pub fn write_zeros(&self, off: u64, len: u64) -> std::io::Result<()> {
+        if !self.reused {
+            return Ok(());
+        }
+        let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.data, flags, off, len) {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                let zeros = vec![0u8; len as usize];
+                self.data.write_all_at(&zeros, off)
+            }
+        }
+    }
+
+    /// Re-reads the blocks in `indexes` from the part file and keeps each whose hash equals the
+    /// sender's (its record rewritten with that hash); returns, parallel to `indexes`, whether
+    /// each must still come over the wire.
+    pub fn verify_held(&self, size: u64, indexes: &[u64], hashes: &[Hash]) -> Vec<bool> {
+        let pairs: Vec<(u64, &Hash)> = indexes.iter().copied().zip(hashes).collect();
+        let parts = crate::cas::dedup::par_chunks(&pairs, |part| {
+            let mut buf = vec![0u8; BLOCK_SIZE];
+            part.iter()
+                .map(|(index, theirs)| {
+                    let len = block_len(size, *index) as usize;
+                    let off = index.saturating_mul(BLOCK_SIZE as u64);
+                    let same = self.data.read_exact_at(&mut buf[..len], off).is_ok()
+                        && blake3::hash(&buf[..len]).as_bytes() == *theirs
+                        && self.record(*index, theirs).is_ok();
+                    !same
+                })
+                .collect::<Vec<bool>>()
+        });
+        parts.into_iter().flatten().collect()
+    }
+
+    /// The file's digest content hash from the manifest's records of all `nblocks` blocks
+    /// (each the hash of the bytes written, or re-read and confirmed, by this session).
+    pub fn content_hash(&self, nblocks: u64, shown: &str) -> Result<Hash, StagingError> {
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; READ_CHUNK];
+        let total = nblocks
+            .checked_mul(RECORD)
+            .ok_or_else(|| StagingError::Incomplete(shown.to_owned()))?;
+        let mut done = 0u64;
+        while done < total {
+            let n = (total - done).min(READ_CHUNK as u64) as usize;
+            self.manifest
+                .read_exact_at(&mut buf[..n], self.base + done)
+                .map_err(serr("read manifest", shown))?;
+            if buf[..n]
+                .chunks_exact(RECORD as usize)
+                .any(|r| r == [0u8; 32])
+            {
+                return Err(StagingError::Incomplete(shown.to_owned()));
+            }
+            h.update(&buf[..n]);
+            done += n as u64;
+        }
+        Ok(*h.finalize().as_bytes())
+    }
+}
+
+/// Opens a staging file only if it is a regular file (no FIFO can block, no symlink is
+/// followed).
+fn open_regular(dir: &DirFd, name: &str) -> Option<File> {
+    let f = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+    .map(File::from)?;
+    f.metadata().ok().filter(|m| m.is_file())?;
+    Some(f)
+}
+
+/// Opens (creating if needed) a part file and takes its exclusive lock: two sessions of one
+/// transfer never write one staging file.
+fn open_locked(dir: &DirFd, name: &str, shown: &str) -> Result<File, StagingError> {
+    let f = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map(File::from)
+    .map_err(|e| serr("open part file", shown)(e.into()))?;
+    if !f
+        .metadata()
+        .map_err(serr("open part file", shown))?
+        .is_file()
+    {
+        return Err(serr("open part file", shown)(std::io::Error::other(
+            "not a regular file",
+        )));
+    }
+    match rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(Errno::WOULDBLOCK) => Err(StagingError::Busy(shown.to_owned())),
+        Err(e) => Err(serr("lock part file", shown)(e.into())),
     }
 }
 
@@ -256,20 +361,40 @@ fn manifest_header(path: &PeerPath, size: u64, mtime: (i64, u32)) -> Vec<u8> {
     h
 }
 
-/// Reads the block records (bounded by the file's own length; a torn last record is ignored).
-fn read_records(m: &File, start: u64) -> std::io::Result<Vec<(u64, [u8; 32])>> {
-    let len = m.metadata()?.len();
-    let mut out = Vec::new();
-    let mut off = start;
-    let mut rec = [0u8; RECORD];
-    while off + RECORD as u64 <= len {
-        m.read_exact_at(&mut rec, off)?;
-        let mut idx = [0u8; 8];
-        idx.copy_from_slice(&rec[..8]);
-        let mut h = [0u8; 32];
-        h.copy_from_slice(&rec[8..]);
-        out.push((u64::from_le_bytes(idx), h));
-        off += RECORD as u64;
+/// The blocks a manifest claims were written, at most [`MAX_WANT_RANGES`] ranges of them.
+/// Holes of the (sparse) manifest are skipped with `SEEK_DATA`, so a manifest of a huge file
+/// costs what was written into it, not its apparent size.
+fn scan_records(m: &File, base: u64, nblocks: u64) -> std::io::Result<BlockSet> {
+    let mut held = BlockSet::new();
+    let end = nblocks.saturating_mul(RECORD).saturating_add(base);
+    let len = m.metadata()?.len().min(end);
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut off = base;
+    while off < len {
+        // Next data at or after `off` (the whole rest when the filesystem cannot tell).
+        match rustix::fs::seek(m, SeekFrom::Data(off)) {
+            Ok(d) if d >= len => break,
+            Ok(d) => off = off.max(base + (d - base) / RECORD * RECORD),
+            Err(Errno::NXIO) => break,
+            Err(_) => {}
+        }
+        let n = ((len - off) as usize).min(READ_CHUNK) / RECORD as usize * RECORD as usize;
+        if n == 0 {
+            break;
+        }
+        m.read_exact_at(&mut buf[..n], off)?;
+        for (k, rec) in buf[..n].chunks_exact(RECORD as usize).enumerate() {
+            if rec == [0u8; 32] {
+                continue;
+            }
+            let index = (off - base) / RECORD + k as u64;
+            let new_range = index == 0 || !held.contains(index - 1);
+            if new_range && held.range_count() >= MAX_WANT_RANGES {
+                return Ok(held);
+            }
+            held.insert(index);
+        }
+        off += n as u64;
     }
-    Ok(out)
+    Ok(held)
 }

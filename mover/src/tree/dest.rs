@@ -437,27 +437,109 @@ pub fn dir_is_empty_at(parent: BorrowedFd<'_>, name: &[u8]) -> Result<bool, Errn
 }
 
 /// Removes `name` in `dir`: a file or link with unlink, a directory with everything beneath it.
-/// Never follows a symlink (a link to a directory is removed as a link).
+/// Never follows a symlink (a link to a directory is removed as a link). The walk is iterative
+/// and holds at most [`OPEN_LEVELS`] directory handles, so a tree of any depth (a hostile
+/// destination may be thousands of levels deep) costs neither stack nor descriptors.
 pub fn remove_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
     match unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
-        Err(Errno::ISDIR | Errno::PERM) => {
-            let sub = match openat(dir, name, DIR_FLAGS, Mode::empty()) {
-                Ok(fd) => fd,
-                Err(Errno::NOENT) => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            remove_contents(sub.as_fd())?;
-            match unlinkat(dir, name, AtFlags::REMOVEDIR) {
-                Ok(()) | Err(Errno::NOENT) => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
+        Err(Errno::ISDIR | Errno::PERM) => remove_tree(dir, name),
         Err(e) => Err(e),
     }
 }
 
-fn remove_contents(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+/// Directory handles [`remove_at`] keeps open while it descends; ancestors above them are
+/// reopened by name (beneath the handle it started from, never following a symlink).
+const OPEN_LEVELS: usize = 64;
+
+/// One directory on the way down: its name in its parent, its handle (unless closed to bound
+/// descriptors) and the subdirectories still to remove.
+struct Level {
+    name: Vec<u8>,
+    fd: Option<OwnedFd>,
+    subdirs: Vec<Vec<u8>>,
+}
+
+fn remove_tree(base: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
+    let fd = match openat(base, name, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let subdirs = remove_files(fd.as_fd())?;
+    let mut stack = vec![Level {
+        name: name.to_vec(),
+        fd: Some(fd),
+        subdirs,
+    }];
+    loop {
+        let Some(top) = stack.last_mut() else {
+            return Ok(());
+        };
+        if let Some(child) = top.subdirs.pop() {
+            let here = reopen(base, &mut stack)?;
+            let fd = match openat(here.as_fd(), &child, DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => continue,
+                // Replaced by a non-directory meanwhile: remove that.
+                Err(Errno::NOTDIR | Errno::LOOP) => {
+                    match unlinkat(here.as_fd(), &child, AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            let subdirs = remove_files(fd.as_fd())?;
+            stack.push(Level {
+                name: child,
+                fd: Some(fd),
+                subdirs,
+            });
+            if stack.len() > OPEN_LEVELS {
+                let far = stack.len() - 1 - OPEN_LEVELS;
+                stack[far].fd = None;
+            }
+        } else {
+            let done = stack.pop().ok_or(Errno::INVAL)?;
+            drop(done.fd);
+            let r = if stack.is_empty() {
+                unlinkat(base, &done.name, AtFlags::REMOVEDIR)
+            } else {
+                let parent = reopen(base, &mut stack)?;
+                unlinkat(parent.as_fd(), &done.name, AtFlags::REMOVEDIR)
+            };
+            match r {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A handle on the deepest directory of `stack`, reopening closed levels by name from the
+/// deepest open ancestor (or `base`); the reopened handles of the last [`OPEN_LEVELS`] levels are
+/// kept, so climbing out of a deep tree reopens each level about once per window.
+fn reopen(base: BorrowedFd<'_>, stack: &mut [Level]) -> Result<OwnedFd, Errno> {
+    let open_from = stack.iter().rposition(|l| l.fd.is_some());
+    let mut cur: OwnedFd = match open_from {
+        Some(i) => rustix::io::dup(stack[i].fd.as_ref().ok_or(Errno::BADF)?)?,
+        None => rustix::io::dup(base)?,
+    };
+    let start = open_from.map_or(0, |i| i + 1);
+    let keep_from = stack.len().saturating_sub(OPEN_LEVELS);
+    for (i, level) in stack.iter_mut().enumerate().skip(start) {
+        cur = openat(cur.as_fd(), &level.name, DIR_FLAGS, Mode::empty())?;
+        if i >= keep_from {
+            level.fd = Some(rustix::io::dup(&cur)?);
+        }
+    }
+    Ok(cur)
+}
+
+/// Unlinks every non-directory in `dir`; returns the names of its subdirectories.
+fn remove_files(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut subdirs = Vec::new();
     for entry in list_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_bytes();
@@ -465,16 +547,16 @@ fn remove_contents(dir: BorrowedFd<'_>) -> Result<(), Errno> {
             continue;
         }
         if entry.file_type() == FileType::Directory {
-            remove_at(dir, name)?;
-        } else {
-            match unlinkat(dir, name, AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                Err(Errno::ISDIR) => remove_at(dir, name)?,
-                Err(e) => return Err(e),
-            }
+            subdirs.push(name.to_vec());
+            continue;
+        }
+        match unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(Errno::ISDIR) => subdirs.push(name.to_vec()),
+            Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(subdirs)
 }
 
 static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -1077,6 +1159,42 @@ mod tests {
                 b"keep"
             );
         }
+    }
+
+    #[test]
+    fn a_tree_thousands_of_levels_deep_is_removed_without_recursion() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::File::open(tmp.path()).expect("root");
+        // 5000 levels, each with a file, built beneath handles (the path exceeds PATH_MAX).
+        let mut cur: OwnedFd = rustix::io::dup(root.as_fd()).expect("dup");
+        for i in 0..5000 {
+            let name = if i == 0 { "top" } else { "d" };
+            rustix::fs::mkdirat(cur.as_fd(), name, Mode::from_raw_mode(0o755)).expect("mkdir");
+            let f = openat(
+                cur.as_fd(),
+                "f",
+                OFlags::CREATE | OFlags::WRONLY,
+                Mode::from_raw_mode(0o644),
+            )
+            .expect("file");
+            drop(f);
+            cur = openat(cur.as_fd(), name, DIR_FLAGS, Mode::empty()).expect("open");
+        }
+        drop(cur);
+        // A small stack, as on a blocking worker thread: recursion would overflow it.
+        let fd = root.as_fd().try_clone_to_owned().expect("dup");
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || remove_at(fd.as_fd(), b"top"))
+            .expect("thread")
+            .join()
+            .expect("no stack overflow")
+            .expect("removed");
+        assert!(!tmp.path().join("top").exists());
+        assert!(
+            tmp.path().join("f").exists(),
+            "nothing beside the tree touched"
+        );
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub enum FrameType {
     Error = 0x0b,
     /// Liveness on a quiet stream; carries nothing.
     Keepalive = 0x0c,
+    /// Resume: the sender's hashes of blocks the receiver holds from an earlier run.
+    ResumeCheck = 0x0d,
+    /// Liveness with a work counter (progress capability).
+    Busy = 0x0e,
     /// Reserved for the block store (issue 5): sender announces block hashes of a file.
     BlockAnnounce = 0x20,
     /// Reserved for the block store (issue 5): receiver answers which blocks it lacks.
@@ -53,6 +57,8 @@ impl FrameType {
             0x0a => Self::Summary,
             0x0b => Self::Error,
             0x0c => Self::Keepalive,
+            0x0d => Self::ResumeCheck,
+            0x0e => Self::Busy,
             0x20 => Self::BlockAnnounce,
             0x21 => Self::NeedBlocks,
             0x22 => Self::PossessionChallenge,
@@ -64,9 +70,12 @@ impl FrameType {
     /// Largest payload a frame of this type may announce.
     pub fn payload_cap(self) -> u32 {
         match self {
-            Self::Offer | Self::Block | Self::Batch | Self::DirDone | Self::BlockAnnounce => {
-                MAX_FRAME_PAYLOAD
-            }
+            Self::Offer
+            | Self::Block
+            | Self::Batch
+            | Self::DirDone
+            | Self::BlockAnnounce
+            | Self::ResumeCheck => MAX_FRAME_PAYLOAD,
             _ => MAX_CONTROL_PAYLOAD,
         }
     }

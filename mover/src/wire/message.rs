@@ -31,8 +31,13 @@ pub enum Message {
     Keepalive,
     /// Block store dedup: the sender's hashes and proofs of possession for blocks of one file.
     BlockAnnounce(pb::BlockAnnounce),
-    /// Block store dedup: which announced blocks the receiver still needs over the wire.
+    /// Block store dedup: which announced blocks the receiver still needs over the wire; also
+    /// the answer to a ResumeCheck.
     NeedBlocks(pb::NeedBlocks),
+    /// Resume: the sender's hashes of blocks the receiver holds from an earlier run.
+    ResumeCheck(pb::ResumeCheck),
+    /// Liveness with a work counter (progress capability), either direction.
+    Busy(pb::Busy),
 }
 
 impl Message {
@@ -87,6 +92,8 @@ impl Message {
                 Self::BlockAnnounce(pb::BlockAnnounce::decode(p).map_err(pbe)?)
             }
             FrameType::NeedBlocks => Self::NeedBlocks(pb::NeedBlocks::decode(p).map_err(pbe)?),
+            FrameType::ResumeCheck => Self::ResumeCheck(pb::ResumeCheck::decode(p).map_err(pbe)?),
+            FrameType::Busy => Self::Busy(pb::Busy::decode(p).map_err(pbe)?),
             FrameType::PossessionChallenge | FrameType::PossessionProof => {
                 return Err(WireError::Reserved { kind });
             }
@@ -109,6 +116,8 @@ impl Message {
             Self::Keepalive => FrameType::Keepalive,
             Self::BlockAnnounce(_) => FrameType::BlockAnnounce,
             Self::NeedBlocks(_) => FrameType::NeedBlocks,
+            Self::ResumeCheck(_) => FrameType::ResumeCheck,
+            Self::Busy(_) => FrameType::Busy,
         }
     }
 
@@ -144,6 +153,8 @@ impl Message {
             Self::Error(m) => encode_message(FrameType::Error, m, out),
             Self::BlockAnnounce(m) => encode_message(FrameType::BlockAnnounce, m, out),
             Self::NeedBlocks(m) => encode_message(FrameType::NeedBlocks, m, out),
+            Self::ResumeCheck(m) => encode_message(FrameType::ResumeCheck, m, out),
+            Self::Busy(m) => encode_message(FrameType::Busy, m, out),
         }
     }
 }

@@ -8,8 +8,13 @@
 //! Control messages are protobuf (`ferry.wire.v1`); bulk frames (`Block`, `Batch`) carry
 //! `[u32 LE header length][protobuf header][raw bytes]` so file data is never copied through prost.
 
+mod blocks;
 mod frame;
 mod message;
+
+pub use blocks::{
+    Bitmap, BlockSet, BlockSetError, MAX_WANT_RANGES, block_count, block_len, zero_block_hash,
+};
 
 pub use frame::{
     FRAME_HEADER_LEN, FrameType, MAX_CONTROL_PAYLOAD, MAX_FRAME_PAYLOAD, RawFrame, decode_frame,
@@ -33,9 +38,16 @@ pub mod caps {
     pub const SYNC: u64 = 1 << 4;
     pub const DELETE: u64 = 1 << 5;
     pub const CHECKSUM: u64 = 1 << 6;
+    /// Resume that trusts nothing the receiver holds: the Want names needed blocks as ranges
+    /// and the sender confirms every held block with a ResumeCheck. Without it the receiver
+    /// does not resume (it asks for every block).
+    pub const RESUME: u64 = 1 << 7;
+    /// Busy frames (with a work counter) replace keepalives, and each end holds the other to a
+    /// progress deadline.
+    pub const PROGRESS: u64 = 1 << 8;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
-    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM;
+    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS;
 }
 
 /// Codec identifiers in Block and Batch headers.

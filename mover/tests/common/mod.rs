@@ -194,6 +194,7 @@ pub fn assert_same_tree(src: &Path, dst: &Path) {
 
 pub fn fast_timeouts() -> Timeouts {
     Timeouts {
+        progress: Duration::from_secs(30),
         handshake: Duration::from_secs(3),
         idle: Duration::from_secs(10),
     }

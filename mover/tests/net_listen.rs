@@ -1,0 +1,157 @@
+//! The receiver keeps accepting honest senders under pressure from unauthenticated peers: idle
+//! connections that never send a ClientHello, and running out of descriptors.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// 200 idle TCP connections hold nothing an honest sender needs: its transfer starts at once,
+/// not after the idle ones' handshake deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_do_not_starve_an_honest_handshake() {
+    let pki = pki("slowloris");
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a.txt"), b"hello");
+    let (addr, recv) = start_receiver(&pki, dst.path()).await;
+    let idle: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Let the receiver accept them all.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let sent = send(&pki, src.path(), addr, &SendOpts::default()).await;
+    let took = started.elapsed();
+    eprintln!("honest sender under 200 idle connections: done in {took:?}");
+    sent.expect("send");
+    recv.await.unwrap().expect("receive");
+    // fast_timeouts(): the idle connections would hold their slots for 3 s.
+    assert!(
+        took < Duration::from_secs(2),
+        "the honest sender waited {took:?}"
+    );
+    drop(idle);
+}
+
+/// The receiver runs out of descriptors (EMFILE on accept) and serves the next sender once
+/// descriptors are free again.
+#[test]
+fn the_listener_survives_running_out_of_descriptors() {
+    let pki = pki("emfile");
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a.txt"), b"hello");
+    write(&src.path().join("d/b.txt"), b"world");
+    // A small descriptor limit for the receiver alone.
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(r#"ulimit -n 40 && exec "$0" "$@""#)
+        .arg(BIN)
+        .args([
+            "receive",
+            "--listen",
+            "127.0.0.1:0",
+            "--once",
+            "--json",
+            "--root",
+        ])
+        .arg(dst.path())
+        .args(pki.args("receiver"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut recv = cmd.spawn().unwrap();
+    let mut out = BufReader::new(recv.stdout.take().unwrap());
+    let mut addr = String::new();
+    out.read_line(&mut addr).unwrap();
+    let addr = addr.trim().to_owned();
+
+    // More connections than descriptors: accept fails with EMFILE for some of them.
+    let flood: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(&addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let send = Command::new(BIN)
+        .args(["send", "--connect", &addr, "--json", "--root"])
+        .arg(src.path())
+        .args(pki.args("sender"))
+        .output()
+        .unwrap();
+    assert!(
+        send.status.success(),
+        "sender failed after the receiver ran out of descriptors: {}",
+        String::from_utf8_lossy(&send.stderr)
+    );
+    let status = recv.wait().unwrap();
+    assert!(status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut recv.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("accept failed"),
+        "the receiver never ran out of descriptors, so this test proves nothing: {stderr}"
+    );
+    assert_same_tree(src.path(), dst.path());
+}
+
+/// One stream of a two-stream session arrives and the other never does: the receiver drops the
+/// half-assembled session after twice its handshake timeout, without waiting for another
+/// connection to arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_assembled_session_is_dropped_after_its_deadline() {
+    use ferry_mover::net::{self, Role};
+    use ferry_mover::session::{FrameReader, FrameWriter};
+    use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
+    use ferry_proto::wire::v1 as pb;
+
+    let pki = pki("half-session");
+    let dst = tempfile::tempdir().unwrap();
+    let (addr, _recv) = start_receiver(&pki, dst.path()).await;
+    let files = pki.files(Role::Sender);
+    let client = std::sync::Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
+    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (r, w) = tokio::io::split(tls);
+    let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
+    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
+    let hello = pb::Hello {
+        version: wire::PROTOCOL_VERSION,
+        capabilities: caps::SUPPORTED,
+        transfer_id: pki.transfer.clone(),
+        session_id: vec![3; 16],
+        stream_index: 0,
+        stream_count: 2,
+        block_size: BLOCK_SIZE as u32,
+    };
+    writer.send(&Message::Hello(hello)).await.unwrap();
+    writer.flush().await.unwrap();
+    assert!(matches!(
+        reader.expect().await.unwrap(),
+        Message::Welcome(_)
+    ));
+    let started = Instant::now();
+    // fast_timeouts(): handshake 3 s, so the receiver lets go after about 6 s.
+    let end = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match reader.next().await {
+                Ok(Some(_)) => {}
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        end.is_ok(),
+        "the half-assembled session was kept for {took:?}"
+    );
+    assert!(took < Duration::from_secs(9), "dropped after {took:?}");
+}
