@@ -71,30 +71,92 @@ impl Drop for ProgressBar {
 fn draw_loop(progress: &Progress, stop: &AtomicBool) {
     let bar =
         indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-    let style = indicatif::ProgressStyle::with_template(
-        "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style);
+    let style = |template: &str| {
+        indicatif::ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    };
+    // While the source is still being walked the total is only what was found so far: no bar
+    // (it would sit near full) and no ETA, just what moved.
+    let counting = style("{spinner} {msg}");
+    let known = style("{bar:30.cyan/blue} {msg}");
+    bar.set_style(counting.clone());
+    let mut final_style = false;
     while !stop.load(Ordering::Relaxed) {
         let s = progress.snapshot();
-        bar.set_length(s.bytes_total.max(s.bytes_done));
+        bar.set_message(status_line(&s));
+        bar.set_length(s.bytes_total.max(s.bytes_done).max(1));
         bar.set_position(s.bytes_done);
-        let total = if s.totals_final {
-            s.files_total.to_string()
-        } else {
-            format!("{}+", s.files_total)
-        };
-        bar.set_message(format!(
-            "files {}/{} skipped {} failed {}",
-            s.files_done, total, s.skipped, s.failed
-        ));
+        if s.totals_final && !final_style {
+            bar.set_style(known.clone());
+            final_style = true;
+        }
+        bar.tick();
         if s.phase.is_final() {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     bar.finish_and_clear();
+}
+
+/// The text after the bar: bytes and files done of the total (`+` while the source is still
+/// being walked), average rates, elapsed time, and an ETA only once the totals are final. Decimal
+/// units, as the summary's MB/s.
+pub fn status_line(s: &crate::progress::Snapshot) -> String {
+    let plus = if s.totals_final { "" } else { "+" };
+    let secs = s.elapsed.max(1e-3);
+    let rate = s.bytes_done as f64 / secs;
+    let eta = if s.totals_final && rate > 0.0 && s.bytes_total > s.bytes_done {
+        format!(
+            " ETA {}",
+            clock((s.bytes_total - s.bytes_done) as f64 / rate)
+        )
+    } else {
+        String::new()
+    };
+    let mut line = format!(
+        "{}/{}{plus} {}/s, files {}/{}{plus} ({:.0}/s), {} elapsed{eta}",
+        decimal(s.bytes_done as f64),
+        decimal(s.bytes_total as f64),
+        decimal(rate),
+        s.files_done,
+        s.files_total,
+        s.files_done as f64 / secs,
+        clock(s.elapsed),
+    );
+    if s.skipped > 0 {
+        line.push_str(&format!(", {} unchanged", s.skipped));
+    }
+    if s.failed > 0 {
+        line.push_str(&format!(", {} failed", s.failed));
+    }
+    line
+}
+
+fn decimal(v: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = v;
+    let mut unit = 0;
+    while v >= 1000.0 && unit < UNITS.len() - 1 {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{v:.0} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}h{:02}m{:02}s", s / 3600, s / 60 % 60, s % 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
 }
 
 /// The result of a copy, printed as one JSON line with `--json`.
@@ -143,6 +205,7 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::Snapshot;
 
     #[test]
     fn summary_json_has_the_documented_fields() {
@@ -160,6 +223,46 @@ mod tests {
         }
         assert_eq!(v["files"], 3);
         assert_eq!(v["failed"], 2);
+    }
+
+    fn snap(done: u64, total: u64, files: (u64, u64), final_: bool, secs: f64) -> Snapshot {
+        Snapshot {
+            phase: crate::progress::Phase::Transferring,
+            files_done: files.0,
+            files_total: files.1,
+            bytes_done: done,
+            bytes_total: total,
+            totals_final: final_,
+            wire_bytes: 0,
+            skipped: 0,
+            failed: 0,
+            resumed_bytes: 0,
+            dedup_blocks: 0,
+            dedup_bytes: 0,
+            last_error: String::new(),
+            error_kind: None,
+            digest: String::new(),
+            elapsed: secs,
+        }
+    }
+
+    #[test]
+    fn no_eta_while_the_source_is_still_being_walked() {
+        let line = status_line(&snap(97_000_000, 100_000_000, (97, 100), false, 2.0));
+        assert_eq!(
+            line,
+            "97.0 MB/100.0 MB+ 48.5 MB/s, files 97/100+ (48/s), 2s elapsed"
+        );
+    }
+
+    #[test]
+    fn eta_from_the_average_rate_once_totals_are_final() {
+        let line = status_line(&snap(50_000_000, 200_000_000, (5, 20), true, 10.0));
+        assert_eq!(
+            line,
+            "50.0 MB/200.0 MB 5.0 MB/s, files 5/20 (0/s), 10s elapsed ETA 30s"
+        );
+        assert!(status_line(&snap(0, 10, (0, 1), true, 0.0)).ends_with("0s elapsed"));
     }
 
     #[test]
