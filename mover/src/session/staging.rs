@@ -200,13 +200,31 @@ impl Staging {
         }
     }
 
+    /// Whether another session holds the lock of this part file.
+    fn in_use(&self, part: &str) -> bool {
+        let Ok(fd) = rustix::fs::openat(
+            &self.dir,
+            part,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return false;
+        };
+        matches!(
+            rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared),
+            Err(Errno::WOULDBLOCK)
+        )
+    }
+
     /// Drops the manifest of a large file that was renamed into place.
     pub fn finish_large(&self, st: &LargeStaging) {
         self.remove(&st.manifest_name);
     }
 
     /// Removes this transfer's staging directory (after a complete session).
-    pub fn cleanup(&self, dest: &DestRoot) {
+    /// Part files another session of this transfer is writing (locked) are kept, with their
+    /// manifests, and so is the directory while `keep_dir` (another session still runs).
+    pub fn cleanup(&self, dest: &DestRoot, keep_dir: bool) {
         if let Ok(mut d) = rustix::fs::Dir::read_from(&self.dir) {
             let mut names = Vec::new();
             while let Some(Ok(e)) = d.read() {
@@ -215,9 +233,20 @@ impl Staging {
                     names.push(n);
                 }
             }
+            let busy: Vec<String> = names
+                .iter()
+                .filter_map(|n| n.strip_suffix(".part"))
+                .filter(|base| self.in_use(&format!("{base}.part")))
+                .map(str::to_owned)
+                .collect();
             for n in names {
-                self.remove(&n);
+                if !busy.iter().any(|b| n.starts_with(b.as_str())) {
+                    self.remove(&n);
+                }
             }
+        }
+        if keep_dir {
+            return;
         }
         if let Ok(parent) = dest.open_dir(Some(STAGING_DIR)) {
             if let Some(leaf) = self.rel.rsplit('/').next() {
