@@ -542,24 +542,6 @@ where
     r
 }
 
-/// Sessions running in this process (they may share a transfer's staging directory).
-static RUNNING_SESSIONS: AtomicU64 = AtomicU64::new(0);
-
-struct Running;
-
-impl Running {
-    fn start() -> Self {
-        RUNNING_SESSIONS.fetch_add(1, Ordering::SeqCst);
-        Running
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING_SESSIONS.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 async fn run_session<S>(
     cfg: &ReceiverConfig,
     mut streams: Vec<Accepted<S>>,
@@ -568,7 +550,6 @@ async fn run_session<S>(
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let _running = Running::start();
     let started = Instant::now();
     streams.sort_by_key(|a| a.hello.stream_index);
     let n = streams.len() as u32;
@@ -684,9 +665,7 @@ where
         None => {
             let sh = shared.clone();
             tokio::task::spawn_blocking(move || {
-                // Another session of this transfer may still use the staging directory.
-                let others = RUNNING_SESSIONS.load(Ordering::SeqCst) > 1;
-                sh.staging.cleanup(&sh.dest, others);
+                sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
                     sh.dest.set_dir_meta(None, mode, mtime)?;
