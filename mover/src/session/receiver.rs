@@ -1685,6 +1685,8 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
         }
     }
     let needed = lf.staging.verify_held(lf.meta.size, &c.indexes, &hashes);
+    let checked: u64 = c.indexes.iter().map(|&i| block_len(lf.meta.size, i)).sum();
+    sh.progress.add(&sh.progress.hashed_bytes, checked);
     let mut bitmap = Bitmap::with_len(n);
     let mut kept = 0u64;
     let mut kept_bytes = 0u64;
