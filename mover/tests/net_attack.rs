@@ -511,3 +511,40 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
     assert!(err.contains("no progress"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// A sender that scatters its blocks (every other block of a huge declared file, each an
+/// all-zero frame of a few bytes) is refused before the receiver's bookkeeping grows with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scattered_blocks_are_refused_before_they_cost_memory() {
+    let dst = tempfile::tempdir().unwrap();
+    let mut peer = connect(dst.path(), "scatter", caps::SUPPORTED).await;
+    let size = 20_000 * BLOCK_SIZE as u64;
+    let want = peer
+        .offer(pb::Entry {
+            path: "huge".into(),
+            kind: pb::EntryKind::File as i32,
+            mode: 0o644,
+            size,
+            ..Default::default()
+        })
+        .await;
+    let zero_hash = blake3::hash(&vec![0u8; BLOCK_SIZE]).as_bytes().to_vec();
+    for k in 0..6000u64 {
+        let m = Message::Block {
+            header: pb::BlockHeader {
+                file_id: want.file_id,
+                index: 2 * k,
+                raw_len: BLOCK_SIZE as u32,
+                codec: 3,
+                hash: zero_hash.clone(),
+            },
+            data: Bytes::new(),
+        };
+        if peer.writer.send(&m).await.is_err() {
+            break;
+        }
+    }
+    let _ = peer.writer.flush().await;
+    let err = peer.disconnect().await;
+    assert!(err.contains("too scattered"), "{err}");
+}

@@ -155,3 +155,69 @@ async fn a_half_assembled_session_is_dropped_after_its_deadline() {
     );
     assert!(took < Duration::from_secs(9), "dropped after {took:?}");
 }
+
+/// An authenticated sender that holds its session open (keepalives only) does not hold the
+/// receiver: an honest session runs beside it and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_session_does_not_block_an_honest_one() {
+    use ferry_mover::net::{self, Role};
+    use ferry_mover::session::{FrameReader, FrameWriter};
+    use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
+    use ferry_proto::wire::v1 as pb;
+
+    let pki = pki("stalled-beside");
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("a.txt"), b"hello");
+    write(
+        &src.path().join("big.bin"),
+        &random_bytes(9 * 1024 * 1024, 4),
+    );
+    let (addr, recv) = start_receiver(&pki, dst.path()).await;
+    let files = pki.files(Role::Sender);
+    let client = std::sync::Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
+    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (r, w) = tokio::io::split(tls);
+    let mut reader = FrameReader::new(r, 0, Duration::from_secs(60), Default::default());
+    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(60), Default::default());
+    let hello = pb::Hello {
+        version: wire::PROTOCOL_VERSION,
+        capabilities: caps::SUPPORTED,
+        transfer_id: pki.transfer.clone(),
+        session_id: vec![4; 16],
+        stream_index: 0,
+        stream_count: 1,
+        block_size: BLOCK_SIZE as u32,
+    };
+    writer.send(&Message::Hello(hello)).await.unwrap();
+    writer.flush().await.unwrap();
+    assert!(matches!(
+        reader.expect().await.unwrap(),
+        Message::Welcome(_)
+    ));
+    let stall = tokio::spawn(async move {
+        loop {
+            if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let sent = tokio::time::timeout(
+        Duration::from_secs(20),
+        send(&pki, src.path(), addr, &SendOpts::default()),
+    )
+    .await
+    .expect("the honest send waited behind the stalled session");
+    sent.expect("send");
+    let received = recv.await.unwrap().expect("the honest session's summary");
+    assert_eq!(received.files, 2);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_same_tree(src.path(), dst.path());
+    stall.abort();
+    drop(reader);
+}

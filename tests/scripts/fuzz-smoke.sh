@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Short fuzzing run of the frame decoder (CI smoke). Installs cargo-fuzz into a cache directory
+# Short fuzzing runs of the frame decoder and the Want block-set parser (CI smoke). Installs cargo-fuzz into a cache directory
 # if missing (idempotent) and uses the nightly toolchain that libFuzzer's sanitizer flags need.
 set -euo pipefail
 SECS="${FUZZ_SECONDS:-30}"
@@ -15,4 +15,7 @@ fi
 cd "$ROOT/mover"
 mkdir -p fuzz/corpus/frame_decoder
 cargo +nightly fuzz run frame_decoder fuzz/corpus/frame_decoder -- \
+    -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=65536
+mkdir -p fuzz/corpus/want_blocks
+cargo +nightly fuzz run want_blocks fuzz/corpus/want_blocks -- \
     -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=65536

@@ -9,10 +9,12 @@
 //! - a failed `accept` (for example `EMFILE`) backs off and accepting goes on;
 //! - half-assembled sessions are dropped after twice the handshake timeout, checked every
 //!   second, not only when another stream arrives;
-//! - sessions run one at a time in their own task (two sessions of one transfer would share its
-//!   staging), while handshakes and assembly go on; at most [`MAX_QUEUED_SESSIONS`] complete
-//!   sessions wait, and a running session that stops making progress is ended by its progress
-//!   deadline (`Timeouts::progress`).
+//! - complete sessions run concurrently in their own tasks (at most [`MAX_SESSIONS`], then at
+//!   most [`MAX_QUEUED_SESSIONS`] wait), while handshakes and assembly go on; a running session
+//!   that stops making progress is ended by its progress deadline (`Timeouts::progress`), so a
+//!   stalling peer holds one slot for a bounded time and never the receiver. Sessions of one
+//!   transfer share its staging directory safely: each large file's part file is locked by the
+//!   session writing it, and cleanup keeps what another session uses.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
@@ -35,7 +37,9 @@ use crate::progress::Progress;
 
 /// Handshakes (TLS + Hello) running at once.
 pub const MAX_HANDSHAKES: usize = 64;
-/// Complete sessions waiting while another one runs.
+/// Sessions running at once.
+pub const MAX_SESSIONS: usize = 4;
+/// Complete sessions waiting while [`MAX_SESSIONS`] run.
 pub const MAX_QUEUED_SESSIONS: usize = 4;
 /// Longest pause between attempts when `accept` fails (out of descriptors, memory).
 const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
@@ -65,18 +69,17 @@ pub async fn serve(
     let wire = progress.wire_bytes.clone();
     let acceptor_task = tokio::spawn(accept_loop(listener, acceptor, cfg.clone(), tx, wire));
 
-    // Sessions run one at a time, beside handshakes and assembly.
-    let (session_tx, mut session_rx) = mpsc::channel::<Vec<TlsAccepted>>(MAX_QUEUED_SESSIONS);
-    let (result_tx, mut result_rx) = mpsc::channel(1);
-    let (c, p) = (cfg.clone(), progress.clone());
-    let runner = tokio::spawn(async move {
-        while let Some(streams) = session_rx.recv().await {
-            let r = receive_session(&c, streams, p.clone()).await;
-            if result_tx.send(r).await.is_err() {
-                break;
-            }
-        }
-    });
+    // Sessions run in their own tasks, beside handshakes and assembly.
+    let (result_tx, mut result_rx) = mpsc::channel(MAX_SESSIONS);
+    let mut running = tokio::task::JoinSet::new();
+    let mut queued: VecDeque<Vec<TlsAccepted>> = VecDeque::new();
+    let start = |running: &mut tokio::task::JoinSet<()>, streams: Vec<TlsAccepted>| {
+        let (c, p, tx) = (cfg.clone(), progress.clone(), result_tx.clone());
+        running.spawn(async move {
+            let r = receive_session(&c, streams, p).await;
+            let _ = tx.send(r).await;
+        });
+    };
 
     let mut pending: HashMap<Vec<u8>, (Instant, Vec<TlsAccepted>)> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -98,6 +101,10 @@ pub async fn serve(
                 on_session(&r);
                 if once {
                     break r.map(|_| ()).map_err(ListenError::from);
+                }
+                while running.try_join_next().is_some() {}
+                if let Some(next) = queued.pop_front() {
+                    start(&mut running, next);
                 }
                 continue;
             }
@@ -131,8 +138,16 @@ pub async fn serve(
         let Some((_, streams)) = pending.remove(&sid) else {
             continue;
         };
-        if let Err(mpsc::error::TrySendError::Full(mut streams)) = session_tx.try_send(streams) {
-            tracing::warn!("refused a session: {MAX_QUEUED_SESSIONS} sessions already wait");
+        while running.try_join_next().is_some() {}
+        if running.len() < MAX_SESSIONS {
+            start(&mut running, streams);
+        } else if queued.len() < MAX_QUEUED_SESSIONS {
+            queued.push_back(streams);
+        } else {
+            let mut streams = streams;
+            tracing::warn!(
+                "refused a session: {MAX_SESSIONS} sessions run and {MAX_QUEUED_SESSIONS} wait"
+            );
             tokio::spawn(async move {
                 let busy = "the receiver is busy with other sessions of this transfer; retry later";
                 for s in &mut streams {
@@ -142,7 +157,7 @@ pub async fn serve(
         }
     };
     acceptor_task.abort();
-    runner.abort();
+    running.abort_all();
     result
 }
 

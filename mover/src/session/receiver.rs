@@ -1504,7 +1504,13 @@ impl LargeFile {
                 )));
             }
         }
-        if st.need.range_count() > MAX_FILE_RANGES {
+        self.check_scatter(&st)
+    }
+
+    /// The block sets stay small: a sender that scatters its blocks (or its resume checks) is
+    /// refused rather than let grow them.
+    fn check_scatter(&self, st: &LargeState) -> Result<(), ReceiveError> {
+        if st.need.range_count() + st.held.range_count() > MAX_FILE_RANGES {
             return Err(proto(format!(
                 "{}: blocks arrive too scattered (more than {MAX_FILE_RANGES} gaps)",
                 self.meta.path
@@ -1625,6 +1631,7 @@ fn handle_announce(
                 st.need.insert(b.index);
             }
         }
+        lf.check_scatter(&st)?;
     }
     let finished = taken_blocks > 0 && lf.written(taken_blocks)?;
     sh.progress.add(&sh.progress.bytes_done, taken);
@@ -1683,8 +1690,11 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
                 )));
             }
         }
+        lf.check_scatter(&st)?;
     }
     let needed = lf.staging.verify_held(lf.meta.size, &c.indexes, &hashes);
+    let checked: u64 = c.indexes.iter().map(|&i| block_len(lf.meta.size, i)).sum();
+    sh.progress.add(&sh.progress.hashed_bytes, checked);
     let mut bitmap = Bitmap::with_len(n);
     let mut kept = 0u64;
     let mut kept_bytes = 0u64;
@@ -1699,6 +1709,7 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
                 kept_bytes += block_len(lf.meta.size, index);
             }
         }
+        lf.check_scatter(&st)?;
     }
     sh.progress.add(&sh.progress.resumed_bytes, kept_bytes);
     if kept > 0 && lf.written(kept)? {

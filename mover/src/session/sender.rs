@@ -900,6 +900,9 @@ async fn handle_want(
                 let size = e.size;
                 let hashes =
                     tokio::task::spawn_blocking(move || hash_blocks(&f, &p, size, &c)).await??;
+                // Work the receiver sees in our Busy frames while we hash.
+                let hashed: u64 = chunk.iter().map(|&i| block_len(e.size, i)).sum();
+                ctx.progress.add(&ctx.progress.hashed_bytes, hashed);
                 if let Some(fd) = &fd {
                     for (&index, hash) in chunk.iter().zip(&hashes) {
                         ctx.block_digested(fd, index, *hash);

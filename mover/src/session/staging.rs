@@ -67,6 +67,28 @@ pub struct Staging {
     dir: DirFd,
     /// `.ferry-staging/<transfer-id>`, relative to the root.
     pub rel: String,
+    /// This directory's (device, inode): sessions of this process that use it are counted
+    /// under it, so cleanup keeps the directory while another one runs.
+    key: (u64, u64),
+}
+
+/// Sessions of this process per staging directory.
+static USERS: std::sync::Mutex<Vec<((u64, u64), usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn users() -> std::sync::MutexGuard<'static, Vec<((u64, u64), usize)>> {
+    USERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let mut u = users();
+        if let Some(at) = u.iter().position(|(k, _)| *k == self.key) {
+            u[at].1 -= 1;
+            if u[at].1 == 0 {
+                u.swap_remove(at);
+            }
+        }
+    }
 }
 
 /// A large file being assembled: its staging data file and manifest.
@@ -98,7 +120,20 @@ impl Staging {
     pub fn open(dest: &DestRoot, transfer_id: &str) -> Result<Self, StagingError> {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
         let dir = dest.create_dirs(&rel)?;
-        Ok(Self { dir, rel })
+        let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel)(e.into()))?;
+        let key = (st.st_dev, st.st_ino);
+        let mut u = users();
+        match u.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => u.push((key, 1)),
+        }
+        drop(u);
+        Ok(Self { dir, rel, key })
+    }
+
+    /// Whether another session of this process uses this staging directory now.
+    pub fn shared(&self) -> bool {
+        users().iter().any(|(k, n)| *k == self.key && *n > 1)
     }
 
     pub fn remove(&self, name: &str) {
@@ -200,12 +235,30 @@ impl Staging {
         }
     }
 
+    /// Whether another session holds the lock of this part file.
+    fn in_use(&self, part: &str) -> bool {
+        let Ok(fd) = rustix::fs::openat(
+            &self.dir,
+            part,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return false;
+        };
+        matches!(
+            rustix::fs::flock(&fd, FlockOperation::NonBlockingLockShared),
+            Err(Errno::WOULDBLOCK)
+        )
+    }
+
     /// Drops the manifest of a large file that was renamed into place.
     pub fn finish_large(&self, st: &LargeStaging) {
         self.remove(&st.manifest_name);
     }
 
     /// Removes this transfer's staging directory (after a complete session).
+    /// Part files another session of this transfer is writing (locked) are kept, with their
+    /// manifests, and so is the directory while another session of this process uses it.
     pub fn cleanup(&self, dest: &DestRoot) {
         if let Ok(mut d) = rustix::fs::Dir::read_from(&self.dir) {
             let mut names = Vec::new();
@@ -215,9 +268,20 @@ impl Staging {
                     names.push(n);
                 }
             }
+            let busy: Vec<String> = names
+                .iter()
+                .filter_map(|n| n.strip_suffix(".part"))
+                .filter(|base| self.in_use(&format!("{base}.part")))
+                .map(str::to_owned)
+                .collect();
             for n in names {
-                self.remove(&n);
+                if !busy.iter().any(|b| n.starts_with(b.as_str())) {
+                    self.remove(&n);
+                }
             }
+        }
+        if self.shared() {
+            return;
         }
         if let Ok(parent) = dest.open_dir(Some(STAGING_DIR)) {
             if let Some(leaf) = self.rel.rsplit('/').next() {

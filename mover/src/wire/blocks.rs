@@ -413,4 +413,37 @@ mod tests {
             BlockSet::from_wire(&[4, 1], 20).unwrap()
         );
     }
+
+    /// The fuzz target's properties (`mover/fuzz/fuzz_targets/want_blocks.rs`) over random
+    /// inputs, so they also hold on stable: no panic, size bounded by what was sent, round trip.
+    #[test]
+    fn random_want_inputs_parse_within_bounds_and_round_trip() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let nblocks = match next() % 4 {
+                0 => next(),
+                1 => next() % 64,
+                _ => next() % 100_000,
+            };
+            let bitmap: Vec<u8> = (0..next() % 16).map(|_| next() as u8).collect();
+            let pairs: Vec<u64> = (0..next() % 12)
+                .map(|_| match next() % 3 {
+                    0 => next(),
+                    _ => next() % 200,
+                })
+                .collect();
+            if let Ok(set) = BlockSet::from_want(&bitmap, &pairs, nblocks) {
+                assert!(set.range_count() <= pairs.len() / 2 + bitmap.len() * 4 + 1);
+                assert!(set.len() <= nblocks);
+                let (b, r) = set.to_want(nblocks);
+                assert_eq!(BlockSet::from_want(&b, &r, nblocks).ok(), Some(set));
+            }
+        }
+    }
 }
