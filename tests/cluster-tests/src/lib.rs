@@ -14,6 +14,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
 pub mod operator;
+pub mod transfers;
 
 /// The image name that the node agent maps to this crate's `ferry-cluster-probe` binary.
 pub const PROBE_IMAGE: &str = "ferry.dev/test/ferry-cluster-probe:dev";

@@ -4,52 +4,27 @@
 //! One `ferry-operator` process (its own leader-election Lease) serves every test of this file;
 //! it runs on the host and dies with the test process.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use ferry_cluster_tests::operator::{
-    OperatorProcess, install_crd_and_rbac, prepare_nodes, workspace_bin,
-};
-use ferry_cluster_tests::{TestNamespace, cluster_dir, node_root};
+use ferry_cluster_tests::operator::workspace_bin;
+use ferry_cluster_tests::transfers::{self, NODE_A, NODE_B, SharedOperator, make_tree};
+use ferry_cluster_tests::{TestNamespace, cluster_dir};
 use ferry_operator::api::{Phase, Transfer};
 use kube::api::{Api, PostParams};
 
 /// Host root the test operator grants (to every namespace).
 const HOST_ROOT: &str = "/ferry-plugin-e2e";
-/// The uid the operator runs movers as (its default).
-const MOVER_UID: u32 = 65532;
-const NODE_A: &str = "node-a";
-const NODE_B: &str = "node-b";
 /// Longest any one plugin command may take before the test fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(240);
 
-static OPERATOR: tokio::sync::OnceCell<Result<OperatorProcess, String>> =
-    tokio::sync::OnceCell::const_new();
+/// The operator every test of this file shares.
+static OPERATOR: SharedOperator = SharedOperator::new("ferry-operator-plugin-tests", HOST_ROOT);
 
 async fn ensure_operator() -> anyhow::Result<()> {
-    let started = OPERATOR
-        .get_or_init(|| async {
-            async {
-                install_crd_and_rbac()?;
-                prepare_nodes(HOST_ROOT, MOVER_UID, &[NODE_A, NODE_B])?;
-                OperatorProcess::start(
-                    "ferry-operator-plugin-tests",
-                    HOST_ROOT,
-                    "ferry-operator-plugin-tests",
-                )
-                .await
-            }
-            .await
-            .map_err(|e| format!("{e:#}"))
-        })
-        .await;
-    match started {
-        Ok(_) => Ok(()),
-        Err(e) => bail!("the test operator did not start: {e}"),
-    }
+    OPERATOR.ensure().await
 }
 
 /// What one run of the plugin did.
@@ -103,56 +78,18 @@ async fn plugin_with_env(args: &[&str], env: &[(&str, Option<PathBuf>)]) -> anyh
     Ok(run)
 }
 
-/// A directory on a node under the granted host root, owned by the movers' uid.
 fn node_dir(node: &str, ns: &str, name: &str) -> anyhow::Result<(String, PathBuf)> {
-    let rel = format!("{HOST_ROOT}/{ns}/{name}");
-    let on_host = node_root(node).join(rel.trim_start_matches('/'));
-    std::fs::create_dir_all(&on_host)?;
-    for p in [on_host.parent().context("parent")?, &on_host] {
-        std::os::unix::fs::chown(p, Some(MOVER_UID), Some(MOVER_UID))?;
-    }
-    Ok((rel, on_host))
+    transfers::node_dir(HOST_ROOT, node, ns, name)
 }
 
-/// `files` small files and one `large_mib` MiB file (content unique to `seed`), all owned by
-/// the movers' uid.
-fn make_tree(root: &Path, files: usize, large_mib: usize, seed: &str) -> anyhow::Result<()> {
-    for i in 0..files {
-        let body: Vec<u8> = (0..(i * 97 % 4000 + 1)).map(|j| (i + j) as u8).collect();
-        std::fs::write(root.join(format!("f{i}.bin")), body)?;
-    }
-    let mut x = u64::from_le_bytes(blake3::hash(seed.as_bytes()).as_bytes()[..8].try_into()?) | 1;
-    let mut big = Vec::with_capacity(large_mib << 20);
-    while big.len() < large_mib << 20 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        big.extend_from_slice(&x.to_le_bytes());
-    }
-    std::fs::write(root.join("large.bin"), big)?;
-    for e in std::fs::read_dir(root)? {
-        std::os::unix::fs::chown(e?.path(), Some(MOVER_UID), Some(MOVER_UID))?;
-    }
-    Ok(())
-}
-
+/// A Transfer node-a:`src` -> node-b:`dst`.
 fn transfer(
     name: &str,
     src: &str,
     dst: &str,
     extra: serde_json::Value,
 ) -> anyhow::Result<Transfer> {
-    let mut spec = serde_json::json!({
-        "source": {"hostPath": {"node": NODE_A, "path": src}},
-        "destination": {"hostPath": {"node": NODE_B, "path": dst}},
-    });
-    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
-        s.extend(e.clone());
-    }
-    ferry_cluster_tests::from_json(serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
-        "metadata": {"name": name}, "spec": spec,
-    }))
+    transfers::transfer(name, (NODE_A, src), (NODE_B, dst), extra)
 }
 
 /// The cells of the first line of `text` whose first cell is `first`.
@@ -314,11 +251,7 @@ async fn watch_exits_1_with_the_reason_when_the_transfer_fails() -> anyhow::Resu
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
     make_tree(&src_host, 3, 1, &ns.name)?;
-    // A directory of the source the movers' user may not read: it fails at once.
-    let private = src_host.join("private");
-    std::fs::create_dir(&private)?;
-    std::fs::write(private.join("secret"), b"x")?;
-    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    transfers::add_unreadable_dir(&src_host)?;
     let api: Api<Transfer> = ns.api();
     api.create(
         &PostParams::default(),
