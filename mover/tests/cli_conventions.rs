@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -63,11 +62,8 @@ fn bare_port_host_name_id_from_certificate_and_zero_limit() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(recv.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let bound: std::net::SocketAddr = line.trim().parse().unwrap();
+    let (line, _out) = bound_addr(&mut recv);
+    let bound: std::net::SocketAddr = line.parse().unwrap();
     assert!(bound.ip().is_unspecified(), "{bound}");
     let send = Command::new(BIN)
         .args([

@@ -16,7 +16,7 @@ use ferry_mover::progress::Progress;
 use ferry_mover::session::{
     FrameReader, FrameWriter, ReceiverConfig, accept_stream, anyhow_chain, receive_session,
 };
-use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps, codec};
+use ferry_mover::wire::{BLOCK_SIZE, Message, caps, codec};
 use ferry_proto::wire::v1 as pb;
 use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
 
@@ -60,24 +60,12 @@ async fn connect_with(
             .map(|_| ())
             .map_err(|e| anyhow_chain(&e))
     });
-    let (r, w) = tokio::io::split(client);
-    let mut reader = FrameReader::new(r, 0, Duration::from_secs(10), Default::default());
-    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(10), Default::default());
-    let hello = pb::Hello {
-        version: wire::PROTOCOL_VERSION,
-        capabilities: want_caps,
-        transfer_id: transfer.into(),
-        session_id: vec![7; 16],
-        stream_index: 0,
-        stream_count: 1,
-        block_size: BLOCK_SIZE as u32,
-    };
-    writer.send(&Message::Hello(hello)).await.unwrap();
-    writer.flush().await.unwrap();
-    assert!(matches!(
-        reader.expect().await.unwrap(),
-        Message::Welcome(_)
-    ));
+    let (reader, writer, _) = greet(
+        client,
+        Duration::from_secs(10),
+        hello(transfer, want_caps, vec![7; 16], 0, 1),
+    )
+    .await;
     Peer {
         reader,
         writer,

@@ -6,16 +6,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use ferry_mover::net::{self, Role};
-use ferry_mover::session::{FrameReader, FrameWriter};
-use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
+use ferry_mover::wire::{Message, caps};
 use ferry_proto::wire::v1 as pb;
 
 struct Receiver {
@@ -40,12 +36,10 @@ fn spawn_receiver(pki: &Pki, dst: &Path) -> Receiver {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
+    let (addr, _) = bound_addr(&mut child);
     Receiver {
         child,
-        addr: addr.trim().parse().unwrap(),
+        addr: addr.parse().unwrap(),
     }
 }
 
@@ -80,29 +74,12 @@ fn count_files(dir: &Path) -> usize {
 /// Connects as the sender, sends one Offer of `entries`, and returns what the receiver answered
 /// (a Want, or its Error) once it closed the stream or answered.
 async fn offer_to(pki: &Pki, addr: std::net::SocketAddr, entries: Vec<pb::Entry>) -> Message {
-    let files = pki.files(Role::Sender);
-    let client = Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
-    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let (r, w) = tokio::io::split(tls);
-    let mut reader = FrameReader::new(r, 0, Duration::from_secs(20), Default::default());
-    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(20), Default::default());
-    let hello = pb::Hello {
-        version: wire::PROTOCOL_VERSION,
-        capabilities: caps::SUPPORTED,
-        transfer_id: pki.transfer.clone(),
-        session_id: rand_id(),
-        stream_index: 0,
-        stream_count: 1,
-        block_size: BLOCK_SIZE as u32,
-    };
-    writer.send(&Message::Hello(hello)).await.unwrap();
-    writer.flush().await.unwrap();
-    assert!(matches!(
-        reader.expect().await.unwrap(),
-        Message::Welcome(_)
-    ));
+    let (mut reader, mut writer, _) = greet(
+        connect_as_sender(pki, addr).await,
+        Duration::from_secs(20),
+        hello(&pki.transfer, caps::SUPPORTED, rand_id(), 0, 1),
+    )
+    .await;
     let offer = Message::Offer(pb::Offer {
         offer_id: 1,
         entries,

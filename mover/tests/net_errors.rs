@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -84,9 +84,7 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
+    let (addr, _out) = bound_addr(&mut recv);
     let mut recv_err = recv.stderr.take().unwrap();
     let recv_log = std::thread::spawn(move || {
         let mut s = String::new();
@@ -205,9 +203,7 @@ fn an_identity_mismatch_is_explained_on_both_ends() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
+    let (addr, _out) = bound_addr(&mut recv);
     let send = Command::new(BIN)
         .args(["send", "--connect", addr.trim(), "--streams", "1", "--root"])
         .arg(src.path())

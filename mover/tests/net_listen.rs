@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,10 +65,7 @@ fn the_listener_survives_running_out_of_descriptors() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut recv = cmd.spawn().unwrap();
-    let mut out = BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
-    let addr = addr.trim().to_owned();
+    let (addr, _out) = bound_addr(&mut recv);
 
     // More connections than descriptors: accept fails with EMFILE for some of them.
     let flood: Vec<TcpStream> = (0..80)
@@ -106,37 +102,17 @@ fn the_listener_survives_running_out_of_descriptors() {
 /// connection to arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_assembled_session_is_dropped_after_its_deadline() {
-    use ferry_mover::net::{self, Role};
-    use ferry_mover::session::{FrameReader, FrameWriter};
-    use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
-    use ferry_proto::wire::v1 as pb;
+    use ferry_mover::wire::caps;
 
     let pki = pki("half-session");
     let dst = tempfile::tempdir().unwrap();
     let (addr, _recv) = start_receiver(&pki, dst.path()).await;
-    let files = pki.files(Role::Sender);
-    let client = std::sync::Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
-    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let (r, w) = tokio::io::split(tls);
-    let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
-    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
-    let hello = pb::Hello {
-        version: wire::PROTOCOL_VERSION,
-        capabilities: caps::SUPPORTED,
-        transfer_id: pki.transfer.clone(),
-        session_id: vec![3; 16],
-        stream_index: 0,
-        stream_count: 2,
-        block_size: BLOCK_SIZE as u32,
-    };
-    writer.send(&Message::Hello(hello)).await.unwrap();
-    writer.flush().await.unwrap();
-    assert!(matches!(
-        reader.expect().await.unwrap(),
-        Message::Welcome(_)
-    ));
+    let (mut reader, _writer, _) = greet(
+        connect_as_sender(&pki, addr).await,
+        Duration::from_secs(30),
+        hello(&pki.transfer, caps::SUPPORTED, vec![3; 16], 0, 2),
+    )
+    .await;
     let started = Instant::now();
     // fast_timeouts(): handshake 3 s, so the receiver lets go after about 6 s.
     let end = tokio::time::timeout(Duration::from_secs(15), async {
@@ -160,10 +136,7 @@ async fn a_half_assembled_session_is_dropped_after_its_deadline() {
 /// receiver: an honest session runs beside it and completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_session_does_not_block_an_honest_one() {
-    use ferry_mover::net::{self, Role};
-    use ferry_mover::session::{FrameReader, FrameWriter};
-    use ferry_mover::wire::{self, BLOCK_SIZE, Message, caps};
-    use ferry_proto::wire::v1 as pb;
+    use ferry_mover::wire::{Message, caps};
 
     let pki = pki("stalled-beside");
     let src = tempfile::tempdir().unwrap();
@@ -174,29 +147,12 @@ async fn a_stalled_session_does_not_block_an_honest_one() {
         &random_bytes(9 * 1024 * 1024, 4),
     );
     let (addr, recv) = start_receiver(&pki, dst.path()).await;
-    let files = pki.files(Role::Sender);
-    let client = std::sync::Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
-    let tls = net::connect_tls(addr, client, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let (r, w) = tokio::io::split(tls);
-    let mut reader = FrameReader::new(r, 0, Duration::from_secs(60), Default::default());
-    let mut writer = FrameWriter::new(w, 0, Duration::from_secs(60), Default::default());
-    let hello = pb::Hello {
-        version: wire::PROTOCOL_VERSION,
-        capabilities: caps::SUPPORTED,
-        transfer_id: pki.transfer.clone(),
-        session_id: vec![4; 16],
-        stream_index: 0,
-        stream_count: 1,
-        block_size: BLOCK_SIZE as u32,
-    };
-    writer.send(&Message::Hello(hello)).await.unwrap();
-    writer.flush().await.unwrap();
-    assert!(matches!(
-        reader.expect().await.unwrap(),
-        Message::Welcome(_)
-    ));
+    let (reader, mut writer, _) = greet(
+        connect_as_sender(&pki, addr).await,
+        Duration::from_secs(60),
+        hello(&pki.transfer, caps::SUPPORTED, vec![4; 16], 0, 1),
+    )
+    .await;
     let stall = tokio::spawn(async move {
         loop {
             if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {

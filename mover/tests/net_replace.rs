@@ -6,7 +6,6 @@
 mod common;
 mod replace_matrix;
 
-use std::io::BufRead;
 use std::process::Command;
 
 use common::*;
@@ -122,9 +121,7 @@ fn both_binaries_fail_and_the_sender_names_the_refused_path() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = std::io::BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
+    let (addr, _out) = bound_addr(&mut recv);
     let send = Command::new(BIN)
         .args(["send", "--connect", addr.trim(), "--json", "--root"])
         .arg(ts.path())

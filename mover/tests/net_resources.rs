@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -69,9 +69,7 @@ fn peak_rss_of_both_ends_is_bounded() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
+    let (addr, _out) = bound_addr(&mut recv);
     let stop = Arc::new(AtomicBool::new(false));
     let (rw, rpeak) = watch(recv.id(), stop.clone());
     let send = Command::new(BIN)

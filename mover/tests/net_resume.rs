@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,10 +27,8 @@ fn spawn_receiver(pki: &Pki, dst: &Path) -> (Child, String, BufReader<std::proce
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(c.stdout.take().unwrap());
-    let mut addr = String::new();
-    out.read_line(&mut addr).unwrap();
-    (c, addr.trim().to_owned(), out)
+    let (addr, out) = bound_addr(&mut c);
+    (c, addr, out)
 }
 
 fn spawn_sender(pki: &Pki, src: &Path, addr: &str, limit: Option<u64>) -> Child {

@@ -128,10 +128,7 @@ fn binary_round_trip_with_json_summaries() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = std::io::BufReader::new(recv.stdout.take().unwrap());
-    let mut addr = String::new();
-    use std::io::BufRead;
-    out.read_line(&mut addr).unwrap();
+    let (addr, mut out) = bound_addr(&mut recv);
     let send = Command::new(BIN)
         .args([
             "send",
@@ -154,7 +151,7 @@ fn binary_round_trip_with_json_summaries() {
         String::from_utf8_lossy(&send.stderr)
     );
     let mut line = String::new();
-    out.read_line(&mut line).unwrap();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
     assert!(recv.wait().unwrap().success());
     let s: serde_json::Value = serde_json::from_slice(&send.stdout).unwrap();
     let r: serde_json::Value = serde_json::from_str(&line).unwrap();

@@ -331,3 +331,69 @@ pub fn tree_bytes(root: &Path) -> u64 {
         .map(|n| n.size)
         .sum()
 }
+
+/// The address a `receive` child prints as its first line, and the rest of its stdout.
+pub fn bound_addr(
+    child: &mut std::process::Child,
+) -> (String, std::io::BufReader<std::process::ChildStdout>) {
+    use std::io::BufRead as _;
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout piped"));
+    let mut addr = String::new();
+    out.read_line(&mut addr).unwrap();
+    (addr.trim().to_owned(), out)
+}
+
+/// A scripted sender's Hello: stream `stream_index` of `stream_count`, session id `session`.
+pub fn hello(
+    transfer: &str,
+    caps: u64,
+    session: Vec<u8>,
+    stream_index: u32,
+    stream_count: u32,
+) -> ferry_proto::wire::v1::Hello {
+    ferry_proto::wire::v1::Hello {
+        version: ferry_mover::wire::PROTOCOL_VERSION,
+        capabilities: caps,
+        transfer_id: transfer.into(),
+        session_id: session,
+        stream_index,
+        stream_count,
+        block_size: ferry_mover::wire::BLOCK_SIZE as u32,
+    }
+}
+
+/// A scripted peer's two framed halves of `stream`, past Hello/Welcome (the Welcome returned).
+pub async fn greet<S>(
+    stream: S,
+    idle: Duration,
+    hello: ferry_proto::wire::v1::Hello,
+) -> (
+    session::FrameReader<tokio::io::ReadHalf<S>>,
+    session::FrameWriter<tokio::io::WriteHalf<S>>,
+    ferry_proto::wire::v1::Welcome,
+)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
+    use ferry_mover::wire::Message;
+    let (r, w) = tokio::io::split(stream);
+    let mut reader = session::FrameReader::new(r, 0, idle, Default::default());
+    let mut writer = session::FrameWriter::new(w, 0, idle, Default::default());
+    writer.send(&Message::Hello(hello)).await.unwrap();
+    writer.flush().await.unwrap();
+    match reader.expect().await.unwrap() {
+        Message::Welcome(welcome) => (reader, writer, welcome),
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+}
+
+/// A TLS connection to `addr` with `pki`'s sender certificate, as a scripted peer.
+pub async fn connect_as_sender(
+    pki: &Pki,
+    addr: SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let client = Arc::new(net::client_config(&pki.files(Role::Sender), &[Role::Receiver]).unwrap());
+    net::connect_tls(addr, client, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
