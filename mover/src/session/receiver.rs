@@ -1398,21 +1398,22 @@ fn write_small(
     Ok(())
 }
 
+/// The large file in flight under `file_id`, for a `frame` that may only name one.
+fn large_in_flight(sh: &Shared, file_id: u64, frame: &str) -> Result<Arc<LargeFile>, ReceiveError> {
+    let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
+    match t.files.get(&file_id) {
+        Some(InFlight::Large(l)) => Ok(l.clone()),
+        Some(InFlight::Small(_)) => Err(proto(format!("{frame} for small file id {file_id}"))),
+        None => Err(proto(format!("{frame} for unknown file id {file_id}"))),
+    }
+}
+
 fn handle_block(
     sh: &Shared,
     h: &pb::BlockHeader,
     source: BlockSource<'_>,
 ) -> Result<(), ReceiveError> {
-    let lf = {
-        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        match t.files.get(&h.file_id) {
-            Some(InFlight::Large(l)) => l.clone(),
-            Some(InFlight::Small(_)) => {
-                return Err(proto(format!("block for small file id {}", h.file_id)));
-            }
-            None => return Err(proto(format!("block for unknown file id {}", h.file_id))),
-        }
-    };
+    let lf = large_in_flight(sh, h.file_id, "block")?;
     let path = lf.meta.path.to_string();
     if h.index >= lf.nblocks {
         return Err(proto(format!(
@@ -1563,18 +1564,7 @@ fn handle_announce(
             "BlockAnnounce lists {n} blocks (max {MAX_ANNOUNCE_BLOCKS})"
         )));
     }
-    let lf = {
-        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        match t.files.get(&a.file_id) {
-            Some(InFlight::Large(l)) => l.clone(),
-            _ => {
-                return Err(proto(format!(
-                    "BlockAnnounce for unknown or small file id {}",
-                    a.file_id
-                )));
-            }
-        }
-    };
+    let lf = large_in_flight(sh, a.file_id, "BlockAnnounce")?;
     let path = lf.meta.path.to_string();
     let announced = {
         let mut announced = Vec::with_capacity(n);
@@ -1660,18 +1650,7 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
             "ResumeCheck lists {n} blocks (max {MAX_ANNOUNCE_BLOCKS})"
         )));
     }
-    let lf = {
-        let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        match t.files.get(&c.file_id) {
-            Some(InFlight::Large(l)) => l.clone(),
-            _ => {
-                return Err(proto(format!(
-                    "ResumeCheck for unknown or small file id {}",
-                    c.file_id
-                )));
-            }
-        }
-    };
+    let lf = large_in_flight(sh, c.file_id, "ResumeCheck")?;
     let mut hashes = Vec::with_capacity(n);
     for h in &c.hashes {
         hashes.push(
