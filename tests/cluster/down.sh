@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Stops every process the local cluster started (by the pids up.sh and the node agent recorded) and
-# removes the cluster's state directory. Safe to run when no cluster is up.
+# Stops every process the local cluster (FERRY_CLUSTER) started (by the pids up.sh and the node
+# agents recorded), removes its network namespaces and routes and its state directory. Safe to run
+# when no cluster is up.
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/net.sh"
 
-# Stops one process (group) politely, then forcefully. $1 = pid, $2 = what it is.
+# Stops one process (group) politely, then forcefully. $1 = pid, $2 = the program it runs.
 stop_pid() {
   local pid="$1" what="$2"
   [[ "$pid" =~ ^[0-9]+$ ]] || return 0
@@ -22,8 +24,16 @@ stop_pid() {
 }
 
 if [[ -d "$pid_dir" ]]; then
-  # Reverse start order: node agent first (it stops its pods), etcd last.
-  for name in ferry-operator node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  # Reverse start order: node agents first (they stop their pods), etcd last.
+  [[ -f "$pid_dir/ferry-operator.pid" ]] && stop_pid "$(cat "$pid_dir/ferry-operator.pid")" ferry-operator
+  for f in "$pid_dir"/node-agent-*.pid; do
+    [[ -f "$f" ]] && stop_pid "$(cat "$f")" ferry-node-agent &
+  done
+  for f in "$pid_dir"/kube-proxy-*.pid; do
+    [[ -f "$f" ]] && stop_pid "$(cat "$f")" kube-proxy &
+  done
+  wait
+  for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do
     f="$pid_dir/$name.pid"
     [[ -f "$f" ]] && stop_pid "$(cat "$f")" "$name"
   done
@@ -39,6 +49,8 @@ if [[ -d "$cluster_dir/nodes" ]]; then
     kill -KILL -- "-$pgid" 2>/dev/null
   done < <(find "$cluster_dir/run" -name '*.pgid' 2>/dev/null)
 fi
+
+net_cluster_down
 
 if [[ -d "$cluster_dir" ]]; then
   if [[ -f "$marker" ]]; then

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Starts ferry's local Kubernetes cluster on loopback: etcd, kube-apiserver (RBAC + the usual admission
-# plugins), kube-controller-manager (service accounts and tokens, GC, namespaces, PV binding, node
-# lifecycle), kube-scheduler and the node agent (simulated nodes that run pods as local processes).
-# Writes $FERRY_CLUSTER_DIR/kubeconfig and returns once every node is Ready.
-# A cluster left over from an earlier run is stopped first.
+# Starts one of ferry's local Kubernetes clusters (FERRY_CLUSTER, default `ferry`; see common.sh):
+# the network (net.sh: a namespace per node and per pod, behind a router namespace), etcd,
+# kube-apiserver (RBAC + the usual admission plugins), kube-controller-manager, kube-scheduler in
+# the control plane's namespace, then per node the node agent (runs pods as local processes in pod
+# namespaces) and kube-proxy, and CoreDNS as a pod behind the kube-dns Service.
+# Writes $FERRY_CLUSTER_DIR/kubeconfig and returns once every node is Ready and DNS answers.
+# A cluster of the same name left over from an earlier run is stopped first. Needs root.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/net.sh"
 started=$(date +%s.%N)
-
 "$repo_root/tests/scripts/deps.sh"
 bin="$("$repo_root/tests/k8s/build.sh")"
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
@@ -19,12 +21,6 @@ cargo_flags=()
 (cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace)
 
 "$(dirname "$0")/down.sh" 2>/dev/null || true
-for port in "$etcd_port" "$etcd_peer_port" "$apiserver_port" "$kcm_port" "$scheduler_port"; do
-  if ss -Hltn "sport = :$port" | grep -q .; then
-    echo "up.sh: port $port is in use by another process; set FERRY_*_PORT to move the cluster" >&2
-    exit 1
-  fi
-done
 
 mkdir -p "$cluster_dir" "$pid_dir" "$log_dir" "$pki_dir" "$cluster_dir/nodes" "$cluster_dir/run"
 touch "$marker"
@@ -47,7 +43,7 @@ issue() {
 issue apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
 keyUsage=digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$apiserver_ip,IP:$kubernetes_service_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 client_ext="basicConstraints=CA:FALSE
 keyUsage=digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
@@ -55,48 +51,66 @@ issue admin "/O=system:masters/CN=ferry-admin" "$client_ext"
 issue kube-controller-manager "/CN=system:kube-controller-manager" "$client_ext"
 issue kube-scheduler "/CN=system:kube-scheduler" "$client_ext"
 issue node-agent "/O=system:masters/CN=ferry-node-agent" "$client_ext"
+issue kube-proxy "/CN=system:kube-proxy" "$client_ext"
+# The apiserver's client identity towards the node agents' kubelet API (container logs).
+issue apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" "$client_ext"
+for node in ${nodes//,/ }; do
+  issue "kubelet-$node" "/CN=system:node:$node" "basicConstraints=CA:FALSE
+keyUsage=digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:$(node_ip "$node"),DNS:$node"
+done
 pki ecparam -name prime256v1 -genkey -noout -out "$pki_dir/sa.key"
 pki ec -in "$pki_dir/sa.key" -pubout -out "$pki_dir/sa.pub"
 chmod 600 "$pki_dir"/*.key
 
-server="https://127.0.0.1:$apiserver_port"
+server="https://$apiserver_ip:$apiserver_port"
 # $1 = output file, $2 = client cert stem
 write_kubeconfig() {
   cat > "$1" <<KCFG
 apiVersion: v1
 kind: Config
 clusters:
-- name: ferry-local
+- name: $kube_context
   cluster:
     server: $server
     certificate-authority-data: $(base64 -w0 < "$pki_dir/ca.crt")
 users:
-- name: $2
+- name: $kube_context-$2
   user:
     client-certificate-data: $(base64 -w0 < "$pki_dir/$2.crt")
     client-key-data: $(base64 -w0 < "$pki_dir/$2.key")
 contexts:
-- name: ferry-local
+- name: $kube_context
   context:
-    cluster: ferry-local
-    user: $2
-current-context: ferry-local
+    cluster: $kube_context
+    user: $kube_context-$2
+current-context: $kube_context
 KCFG
   chmod 600 "$1"
 }
 write_kubeconfig "$kubeconfig" admin
-for c in kube-controller-manager kube-scheduler node-agent; do
+for c in kube-controller-manager kube-scheduler node-agent kube-proxy; do
   write_kubeconfig "$pki_dir/$c.kubeconfig" "$c"
 done
 
+# --- network -----------------------------------------------------------------------------------
+net_router_up
+net_cluster_up
+net_control_plane_up
+for node in ${nodes//,/ }; do
+  net_node_up "$node" "$(node_ip "$node")" "$(node_pod_cidr "$node")"
+done
+
 # --- processes: each in its own session, pid recorded for down.sh ----------------------------------
-# $1 = name, rest = command
+# $1 = name, $2 = network namespace, rest = command
 start() {
-  local name="$1"
-  shift
-  setsid "$@" >"$log_dir/$name.log" 2>&1 </dev/null &
+  local name="$1" ns="$2"
+  shift 2
+  setsid ip netns exec "$ns" "$@" >"$log_dir/$name.log" 2>&1 </dev/null &
   echo $! > "$pid_dir/$name.pid"
 }
+cp_ns="$netns_prefix-cp"
 alive_or_die() {
   local name="$1"
   if ! kill -0 "$(cat "$pid_dir/$name.pid")" 2>/dev/null; then
@@ -123,18 +137,21 @@ wait_for() {
   done
 }
 
-start etcd "$bin/etcd" --name ferry --data-dir "$cluster_dir/etcd" \
+start etcd "$cp_ns" "$bin/etcd" --name ferry --data-dir "$cluster_dir/etcd" \
   --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
   --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
   --initial-cluster "ferry=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --log-level warn
-wait_for etcd 30 etcd curl -fsS "http://127.0.0.1:$etcd_port/health"
+wait_for etcd 30 etcd in_ns "$cp_ns" curl -fsS "http://127.0.0.1:$etcd_port/health"
 
-# The endpoint reconciler is off: Endpoints may not hold loopback addresses, and pods reach the
-# apiserver through KUBERNETES_SERVICE_HOST/PORT (set by the node agent) instead.
-start kube-apiserver "$bin/kube-apiserver" \
+# Listens on every address of the control plane's namespace; the kubernetes Service's endpoint is
+# the advertised address, so pods reach it through kube-proxy as on a real cluster.
+start kube-apiserver "$cp_ns" "$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$apiserver_port" \
-  --endpoint-reconciler-type none \
+  --bind-address 0.0.0.0 --advertise-address "$apiserver_ip" --secure-port "$apiserver_port" \
+  --kubelet-client-certificate "$pki_dir/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$pki_dir/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "$pki_dir/ca.crt" \
+  --kubelet-preferred-address-types InternalIP \
   --tls-cert-file "$pki_dir/apiserver.crt" --tls-private-key-file "$pki_dir/apiserver.key" \
   --client-ca-file "$pki_dir/ca.crt" \
   --service-account-key-file "$pki_dir/sa.pub" --service-account-signing-key-file "$pki_dir/sa.key" \
@@ -143,12 +160,12 @@ start kube-apiserver "$bin/kube-apiserver" \
   --authorization-mode RBAC \
   --enable-admission-plugins NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,PersistentVolumeClaimResize,StorageObjectInUseProtection,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,PodSecurity,Priority \
   --allow-privileged=true \
-  --service-cluster-ip-range 10.96.0.0/16 \
+  --service-cluster-ip-range "$service_range" \
   --profiling=false \
   --v 1
 wait_for "kube-apiserver /readyz" 60 kube-apiserver "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
 
-start kube-controller-manager "$bin/kube-controller-manager" \
+start kube-controller-manager "$cp_ns" "$bin/kube-controller-manager" \
   --kubeconfig "$pki_dir/kube-controller-manager.kubeconfig" \
   --authentication-kubeconfig "$pki_dir/kube-controller-manager.kubeconfig" \
   --authorization-kubeconfig "$pki_dir/kube-controller-manager.kubeconfig" \
@@ -156,9 +173,9 @@ start kube-controller-manager "$bin/kube-controller-manager" \
   --service-account-private-key-file "$pki_dir/sa.key" --root-ca-file "$pki_dir/ca.crt" \
   --use-service-account-credentials \
   --cluster-signing-cert-file "$pki_dir/ca.crt" --cluster-signing-key-file "$pki_dir/ca.key" \
-  --controllers '*' \
+  --controllers '*' --service-cluster-ip-range "$service_range" --cluster-cidr "$pod_range" \
   --profiling=false --v 1
-start kube-scheduler "$bin/kube-scheduler" \
+start kube-scheduler "$cp_ns" "$bin/kube-scheduler" \
   --kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --authentication-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --authorization-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
@@ -173,10 +190,23 @@ if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/fer
     install -m 0755 "$target_dir/$b" "$pod_bin_dir/$b"
   done
 fi
-start node-agent "$target_dir/ferry-node-agent" \
-  --kubeconfig "$pki_dir/node-agent.kubeconfig" --cluster-dir "$cluster_dir" --nodes "$nodes" \
-  --apiserver-host 127.0.0.1 --apiserver-port "$apiserver_port" --bin-dir "$pod_bin_dir" \
-  --dockerfile "$repo_root/deploy/Dockerfile"
+for node in ${nodes//,/ }; do
+  # The agent joins the node's namespace itself (--netns) rather than through `ip netns exec`, whose
+  # private mount namespace would hide the pod namespaces it creates from the host's `ip netns`.
+  setsid "$target_dir/ferry-node-agent" \
+    --kubeconfig "$pki_dir/node-agent.kubeconfig" --cluster-dir "$cluster_dir" --node "$node" \
+    --netns "/run/netns/$netns_prefix-$node" --node-ip "$(node_ip "$node")" \
+    --pod-cidr "$(node_pod_cidr "$node")" --pod-netns-prefix "$netns_prefix-$node" \
+    --cluster-dns "$dns_service_ip" --apiserver-host "$kubernetes_service_ip" --apiserver-port 443 \
+    --bin-dir "$pod_bin_dir" --dockerfile "$repo_root/deploy/Dockerfile" --image "coredns=$bin/coredns" \
+    >"$log_dir/node-agent-$node.log" 2>&1 </dev/null &
+  echo $! > "$pid_dir/node-agent-$node.pid"
+  start "kube-proxy-$node" "$netns_prefix-$node" "$bin/kube-proxy" \
+    --kubeconfig "$pki_dir/kube-proxy.kubeconfig" --hostname-override "$node" \
+    --proxy-mode iptables --cluster-cidr "$pod_range" \
+    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
+    --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --v 1
+done
 
 kc() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 nodes_ready() {
@@ -184,14 +214,29 @@ nodes_ready() {
   for n in ${nodes//,/ }; do
     [[ "$(kc get node "$n" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]] || return 1
     # The node lifecycle controller removes the not-ready taint once it has seen the node Ready.
-    [[ -z "$(kc get node "$n" -o 'jsonpath={.spec.taints}')" ]] || return 1
+    ! kc get node "$n" -o 'jsonpath={.spec.taints[*].key}' | grep -q node.kubernetes.io/not-ready || return 1
   done
 }
-wait_for "nodes Ready" 60 node-agent nodes_ready
+first_node="${nodes%%,*}"
+wait_for "nodes Ready" 60 "node-agent-$first_node" nodes_ready
+if [[ ",$nodes," == *,node-x,* ]]; then
+  kc taint node node-x ferry.dev/disruptive=true:NoSchedule --overwrite >/dev/null
+fi
 wait_for "the default service account" 30 kube-controller-manager kc -n default get serviceaccount default
 wait_for "the kube-root-ca.crt config map" 30 kube-controller-manager kc -n default get configmap kube-root-ca.crt
 alive_or_die kube-scheduler
 alive_or_die kube-controller-manager
 
+# --- cluster DNS --------------------------------------------------------------------------------------
+sed -e "s/@DNS_IP@/$dns_service_ip/" "$(dirname "$0")/coredns.yaml" | kc apply -f - >/dev/null
+coredns_ready() {
+  [[ "$(kc -n kube-system get deploy coredns -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
+}
+wait_for "CoreDNS Ready" 60 kube-controller-manager coredns_ready
+for node in ${nodes//,/ }; do
+  alive_or_die "node-agent-$node"
+  alive_or_die "kube-proxy-$node"
+done
+
 awk -v a="$started" -v b="$(date +%s.%N)" -v k="$kubeconfig" \
-  'BEGIN { printf "up.sh: cluster Ready in %.1f s; export KUBECONFIG=%s\n", b - a, k }' >&2
+  -v n="$cluster_name" 'BEGIN { printf "up.sh: cluster %s Ready in %.1f s; export KUBECONFIG=%s\n", n, b - a, k }' >&2

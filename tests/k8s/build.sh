@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm from the Go
-# module next to this script into ${FERRY_CACHE:-~/.cache/ferry}/k8s-<version>/bin.
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, etcd and helm
+# from the Go module next to this script, and CoreDNS from the module in coredns/, into
+# ${FERRY_CACHE:-~/.cache/ferry}/k8s-<version>/bin.
 #
 # Idempotent: a stamp keyed by a hash of go.mod, go.sum and this script marks a finished build, so a
 # second run does nothing. The binaries are built into a scratch directory and moved into place only
@@ -20,7 +21,7 @@ helm_version="$(sed -n 's#^\s*helm.sh/helm/v3 \(v[0-9.]*\)$#\1#p' go.mod)"
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"
 out="$cache/k8s-$k8s_version"
 bin="$out/bin"
-key="$(cat go.mod go.sum build.sh | sha256sum | cut -c1-16)"
+key="$(cat go.mod go.sum coredns/go.mod coredns/go.sum build.sh | sha256sum | cut -c1-16)"
 stamp="$out/build-$key.stamp"
 if [[ -f "$stamp" ]]; then
   echo "$bin"
@@ -52,19 +53,24 @@ ldflags+=" -s -w"
 scratch="$out/bin.partial"
 rm -rf "$scratch"
 mkdir -p "$scratch"
-echo "build.sh: building Kubernetes $k8s_version, etcd and helm $helm_version into $bin (takes ~10 min cold)" >&2
+echo "build.sh: building Kubernetes $k8s_version, etcd, helm $helm_version and CoreDNS into $bin (takes ~12 min cold)" >&2
 # One `go build` for all commands shares the compiled dependencies and keeps both cores busy; `nice`
 # leaves room for the cargo builds running next to it.
 nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$scratch/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-proxy \
   k8s.io/kubernetes/cmd/kubectl \
   go.etcd.io/etcd/server/v3 \
   helm.sh/helm/v3/cmd/helm >&2
 # Go names the binary of a /v3 module path after the element before it.
 mv "$scratch/server" "$scratch/etcd"
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm; do
+coredns_version="$(sed -n 's#^\s*require github.com/coredns/coredns \(v[0-9.]*\)$#\1#p' coredns/go.mod)"
+(cd coredns && nice -n 10 go build -trimpath \
+  -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version" \
+  -o "$scratch/" github.com/coredns/coredns) >&2
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd helm coredns; do
   [[ -x "$scratch/$b" ]] || { echo "build.sh: $b missing after build" >&2; exit 1; }
 done
 rm -rf "$bin"

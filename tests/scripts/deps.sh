@@ -13,6 +13,9 @@ packages=(
   iproute2
   # local Kubernetes cluster: certificates, health checks, port checks
   openssl curl ca-certificates
+  # the cluster's network: kube-proxy's iptables (nf_tables backend) and conntrack, the router's
+  # filter, DNS and reachability checks in tests
+  iptables conntrack iputils-ping dnsutils
 )
 
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"

@@ -99,8 +99,8 @@ async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::R
         )
     );
     assert!(
-        ip.starts_with("127.1."),
-        "node-a pods get 127.1.x.y, got {ip}"
+        ip.starts_with("10.100.129."),
+        "node-a pods get 10.100.129.x, got {ip}"
     );
     assert_eq!(
         std::fs::read_to_string(data_dir.join("output.txt"))?,
@@ -220,7 +220,7 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     .await?;
     let server = wait_for_pod(&pods, "server", POD_TIMEOUT, "Ready", is_ready).await?;
     let server_ip = pod_ip(&server);
-    assert!(server_ip.starts_with("127.1."), "{server_ip}");
+    assert!(server_ip.starts_with("10.100.129."), "{server_ip}");
     create(
         &pods,
         json!({
@@ -239,8 +239,8 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     let client = wait_succeeded(&pods, &ns.name, "client", POD_TIMEOUT).await?;
     let client_ip = pod_ip(&client);
     assert!(
-        client_ip.starts_with("127.2."),
-        "node-b pods get 127.2.x.y, got {client_ip}"
+        client_ip.starts_with("10.100.130."),
+        "node-b pods get 10.100.130.x, got {client_ip}"
     );
     assert_eq!(client.spec.unwrap().node_name.as_deref(), Some("node-b"));
     // The host reaches the pod address too.

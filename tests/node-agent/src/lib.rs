@@ -3,13 +3,16 @@
 //! - [`node`]: Node registration, Ready condition and Lease heartbeats;
 //! - [`pods`]: watches the pods bound to a node and gives each one a [`runner`];
 //! - [`runner`]: one pod's lifecycle (start, restart policy, probes, status, deletion);
-//! - [`volumes`], [`env`], [`images`], [`process`], [`probes`], [`status`], [`podip`]: the pieces a
-//!   runner puts together.
+//! - [`volumes`], [`env`], [`images`], [`process`], [`probes`], [`status`], [`podip`], [`podnet`]:
+//!   the pieces a runner puts together.
+//!
+//! One agent simulates one node and runs inside that node's network namespace.
 
 pub mod env;
 pub mod images;
 pub mod node;
 pub mod podip;
+pub mod podnet;
 pub mod pods;
 pub mod probes;
 pub mod process;
@@ -26,7 +29,11 @@ use anyhow::Context as _;
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub cluster_dir: PathBuf,
-    pub nodes: Vec<String>,
+    pub node: String,
+    /// The node's address, pod range and how its pods' networks are built.
+    pub network: podnet::NodeNetwork,
+    /// Where the kubelet API (container logs) listens on the node's address; 0 = not served.
+    pub kubelet_port: u16,
     pub apiserver_host: String,
     pub apiserver_port: u16,
     /// Image -> local binary (and the image's declared user).
@@ -68,7 +75,7 @@ pub fn path_under(root: &Path, path: &str) -> Option<PathBuf> {
     Some(out)
 }
 
-/// Runs the agent until SIGTERM or SIGINT: registers every node, then runs their pods. On shutdown
+/// Runs the agent until SIGTERM or SIGINT: registers the node, then runs its pods. On shutdown
 /// every pod process is stopped.
 pub async fn run_agent(client: kube::Client, config: AgentConfig) -> anyhow::Result<()> {
     for dir in [config.cluster_dir.join("logs"), config.run_dir()] {
@@ -78,28 +85,30 @@ pub async fn run_agent(client: kube::Client, config: AgentConfig) -> anyhow::Res
     let config = Arc::new(config);
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    for (index, name) in config.nodes.iter().enumerate() {
-        let index = u8::try_from(index + 1)
-            .ok()
-            .filter(|i| *i < 255)
-            .context("too many nodes: at most 254")?;
-        let node = Arc::new(node::NodeIdentity::new(name.clone(), index));
-        node::register(&client, &node)
-            .await
-            .with_context(|| format!("failed to register node {name}"))?;
-        tasks.spawn(node::heartbeat(
-            client.clone(),
-            node.clone(),
-            shutdown_rx.clone(),
-        ));
-        tasks.spawn(pods::run_node_pods(
-            client.clone(),
-            config.clone(),
-            node,
-            shutdown_rx.clone(),
-        ));
-        tracing::info!(node = %name, "node registered");
-    }
+    // Pod namespaces of an earlier run of this node hold nothing this agent adopts.
+    config.network.remove_stale().await;
+    let name = &config.node;
+    let node = Arc::new(node::NodeIdentity {
+        name: name.clone(),
+        ip: config.network.node_ip,
+        pod_range: config.network.range,
+        kubelet_port: config.kubelet_port,
+    });
+    node::register(&client, &node)
+        .await
+        .with_context(|| format!("failed to register node {name}"))?;
+    tasks.spawn(node::heartbeat(
+        client.clone(),
+        node.clone(),
+        shutdown_rx.clone(),
+    ));
+    tasks.spawn(pods::run_node_pods(
+        client.clone(),
+        config.clone(),
+        node,
+        shutdown_rx.clone(),
+    ));
+    tracing::info!(node = %name, "node registered");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("failed to install the SIGTERM handler")?;
     tokio::select! {

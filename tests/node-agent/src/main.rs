@@ -17,14 +17,35 @@ struct Args {
     /// The cluster's state directory: node N's host filesystem is `<dir>/nodes/N`, logs in `<dir>/logs`.
     #[arg(long, env = "FERRY_CLUSTER_DIR")]
     cluster_dir: PathBuf,
-    /// Comma-separated names of the nodes this agent simulates.
-    #[arg(long, default_value = "node-a,node-b", value_delimiter = ',')]
-    nodes: Vec<String>,
-    /// Address pods use to reach the apiserver (KUBERNETES_SERVICE_HOST).
-    #[arg(long, default_value = "127.0.0.1")]
+    /// The name of the node this agent simulates.
+    #[arg(long)]
+    node: String,
+    /// The node's network namespace (a file under /run/netns): the agent joins it before anything
+    /// else, so its probes and API calls travel the node's network.
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// The node's address on the cluster's node network (its InternalIP).
+    #[arg(long)]
+    node_ip: std::net::Ipv4Addr,
+    /// The node's pod range, a /24; `.1` is the pods' gateway.
+    #[arg(long)]
+    pod_cidr: String,
+    /// Pod network namespaces are named `<prefix>-<uid>`; leftovers with the prefix are removed at start.
+    #[arg(long)]
+    pod_netns_prefix: String,
+    /// The cluster DNS Service's address for pods' resolv.conf (dnsPolicy ClusterFirst).
+    #[arg(long)]
+    cluster_dns: Option<std::net::Ipv4Addr>,
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// The kubelet API port (container logs for `kubectl logs`) on the node's address; 0 = off.
+    #[arg(long, default_value_t = 0)]
+    kubelet_port: u16,
+    /// Address pods use to reach the apiserver (KUBERNETES_SERVICE_HOST): the kubernetes Service.
+    #[arg(long)]
     apiserver_host: String,
     /// Port pods use to reach the apiserver (KUBERNETES_SERVICE_PORT).
-    #[arg(long, default_value_t = 6443)]
+    #[arg(long, default_value_t = 443)]
     apiserver_port: u16,
     /// Directory holding locally built binaries: an image whose repository's last component is NAME
     /// runs `<bin-dir>/NAME` when that file exists. Defaults to this agent's own directory.
@@ -46,15 +67,39 @@ fn parse_image_mapping(s: &str) -> Result<(String, PathBuf), String> {
     Ok((name.to_string(), PathBuf::from(path)))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Joins the network namespace at `path`. Called before the runtime starts: setns changes only the
+/// calling thread, and every thread the runtime creates later inherits it.
+fn join_netns(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("failed to open network namespace {}", path.display()))?;
+    // SAFETY: setns(2) on a namespace file descriptor we hold open; no memory is involved.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("failed to join network namespace {}", path.display()));
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(path) = &args.netns {
+        join_netns(path)?;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("failed to start the runtime")?
+        .block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
-    let args = Args::parse();
     let bin_dir = match args.bin_dir {
         Some(d) => d,
         None => std::env::current_exe()
@@ -87,7 +132,16 @@ async fn main() -> anyhow::Result<()> {
     let agent = AgentConfig {
         ca_file: cluster_dir.join("pki/ca.crt"),
         cluster_dir,
-        nodes: args.nodes,
+        node: args.node,
+        network: ferry_node_agent::podnet::NodeNetwork {
+            node_ip: args.node_ip,
+            range: ferry_node_agent::podip::PodRange::parse(&args.pod_cidr)
+                .map_err(anyhow::Error::msg)?,
+            netns_prefix: args.pod_netns_prefix,
+            dns: args.cluster_dns,
+            cluster_domain: args.cluster_domain,
+        },
+        kubelet_port: args.kubelet_port,
         apiserver_host: args.apiserver_host,
         apiserver_port: args.apiserver_port,
         images: ferry_node_agent::images::Catalog {

@@ -5,7 +5,10 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, NodeSystemInfo};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus,
+    NodeSystemInfo,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -38,23 +41,14 @@ pub enum NodeError {
     },
 }
 
-/// One simulated node: its name and the loopback /16 its pods' addresses come from
-/// (`127.<index>.0.0/16`; the node itself is `127.<index>.0.1`).
+/// One simulated node: its name, its address on the cluster's node network and its pod range.
 #[derive(Debug)]
 pub struct NodeIdentity {
     pub name: String,
-    pub index: u8,
     pub ip: Ipv4Addr,
-}
-
-impl NodeIdentity {
-    pub fn new(name: String, index: u8) -> Self {
-        NodeIdentity {
-            name,
-            index,
-            ip: Ipv4Addr::new(127, index, 0, 1),
-        }
-    }
+    pub pod_range: crate::podip::PodRange,
+    /// The port of the kubelet API (container logs) on the node's address; 0 when not served.
+    pub kubelet_port: u16,
 }
 
 fn resources() -> std::collections::BTreeMap<String, Quantity> {
@@ -125,6 +119,11 @@ fn node_status(node: &NodeIdentity) -> NodeStatus {
                 address: node.name.clone(),
             },
         ]),
+        daemon_endpoints: (node.kubelet_port != 0).then(|| NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(node.kubelet_port),
+            }),
+        }),
         node_info: Some(NodeSystemInfo {
             architecture: std::env::consts::ARCH
                 .replace("x86_64", "amd64")
@@ -156,12 +155,19 @@ pub async fn register(client: &Client, node: &NodeIdentity) -> Result<(), NodeEr
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
+    let cidr = node.pod_range.to_string();
     let object = Node {
         metadata: ObjectMeta {
             name: Some(node.name.clone()),
             labels: Some(labels),
             ..Default::default()
         },
+        // The pod range is fixed per node (the harness routes it), as with a CNI's static ranges.
+        spec: Some(NodeSpec {
+            pod_cidr: Some(cidr.clone()),
+            pod_cidrs: Some(vec![cidr]),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     match nodes.create(&PostParams::default(), &object).await {

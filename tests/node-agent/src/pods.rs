@@ -26,7 +26,7 @@ pub async fn run_node_pods(
     let ctx = Arc::new(NodeContext {
         client: client.clone(),
         config,
-        ips: PodIpAllocator::new(node.name.clone(), node.index),
+        ips: PodIpAllocator::new(node.name.clone(), node.pod_range),
         node: node.clone(),
     });
     let pods: Api<Pod> = Api::all(client);

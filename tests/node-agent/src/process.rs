@@ -1,6 +1,6 @@
 //! Starting a container as a local process with the filesystem view its pod spec declares.
 //!
-//! The child enters a private mount namespace and UTS namespace (between fork and exec) and bind-mounts every volume at
+//! The child joins its pod's network namespace, enters a private mount namespace and UTS namespace (between fork and exec) and bind-mounts every volume at
 //! its mountPath, so two pods can mount different directories at the same path. Then it drops to the
 //! pod's user and groups and changes to the working directory. It leads its own process group, so a
 //! signal reaches everything it started.
@@ -62,6 +62,9 @@ pub struct Launch {
     pub log_file: Option<PathBuf>,
     /// The hostname the container sees (its own UTS namespace), like a pod's.
     pub hostname: Option<String>,
+    /// The pod's network namespace (a file under /run/netns) the container joins; None keeps the
+    /// agent's, which is the node's (hostNetwork).
+    pub netns: Option<PathBuf>,
 }
 
 fn cstring(p: &Path) -> Result<CString, ProcessError> {
@@ -112,6 +115,18 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
     let hostname: Option<Vec<u8>> = launch.hostname.as_ref().map(|h| h.as_bytes().to_vec());
     let groups: Vec<libc::gid_t> = launch.groups.clone();
     let (uid, gid) = (launch.uid, launch.gid);
+    // Opened before fork; the child only calls setns on the descriptor. Closed in the parent when
+    // the command is dropped, and on exec in the child.
+    let netns = match &launch.netns {
+        Some(path) => Some(
+            std::fs::File::open(path).map_err(|source| ProcessError::Spawn {
+                program: launch.program.display().to_string(),
+                container: launch.container.clone(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
 
     let mut cmd = tokio::process::Command::new(&launch.program);
     cmd.args(&launch.args)
@@ -144,6 +159,11 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
     // system calls on data prepared above (no allocation, no locks).
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(ns) = &netns
+                && libc::setns(std::os::fd::AsRawFd::as_raw_fd(ns), libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWUTS) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -272,6 +292,7 @@ mod tests {
             groups: vec![],
             log_file: Some(log.clone()),
             hostname: Some("pod-x".into()),
+            netns: None,
         };
         let mut child = spawn(&launch).unwrap();
         let status = child.wait().await.unwrap();

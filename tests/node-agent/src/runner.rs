@@ -57,6 +57,8 @@ pub enum PrepareError {
         volume: String,
         sub_path: String,
     },
+    #[error("failed to set up the pod's network")]
+    Network(#[from] crate::podnet::PodNetError),
     #[error("failed to create {path}")]
     Io {
         path: PathBuf,
@@ -176,13 +178,19 @@ impl NodeContext {
                 }
             }
         }
-        let ip = match self.ips.allocate() {
-            Ok(ip) => ip,
-            Err(e) => {
-                tracing::error!(pod = %key, error = %e, "cannot run pod");
-                return;
+        // A hostNetwork pod shares the node's namespace and address.
+        let allocated = if host_network(&pod) {
+            None
+        } else {
+            match self.ips.allocate() {
+                Ok(ip) => Some(ip),
+                Err(e) => {
+                    tracing::error!(pod = %key, error = %e, "cannot run pod");
+                    return;
+                }
             }
         };
+        let ip = allocated.unwrap_or(self.node.ip);
         let mut runner = PodRunner {
             ctx: self.clone(),
             pod,
@@ -193,9 +201,12 @@ impl NodeContext {
             main: Vec::new(),
             blocked: None,
             pod_dir: PathBuf::new(),
+            net: None,
         };
         runner.run(&mut updates, &mut shutdown).await;
-        self.ips.release(ip);
+        if let Some(ip) = allocated {
+            self.ips.release(ip);
+        }
     }
 
     async fn remove_pod_object(&self, pod: &Pod) {
@@ -228,6 +239,21 @@ struct PodRunner {
     main: Vec<Ctr>,
     blocked: Option<String>,
     pod_dir: PathBuf,
+    /// The pod's network namespace, once made (None for hostNetwork pods).
+    net: Option<crate::podnet::PodNetwork>,
+}
+
+fn host_network(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.host_network) == Some(true)
+}
+
+/// Whether the pod's resolv.conf points at the cluster DNS, per its dnsPolicy.
+fn uses_cluster_dns(pod: &Pod) -> bool {
+    match pod.spec.as_ref().and_then(|s| s.dns_policy.as_deref()) {
+        None | Some("ClusterFirst") => !host_network(pod),
+        Some("ClusterFirstWithHostNet") => true,
+        _ => false,
+    }
 }
 
 enum End {
@@ -319,6 +345,9 @@ impl PodRunner {
             &mut exit_rx,
         )
         .await;
+        if let Some(net) = self.net.take() {
+            net.destroy().await;
+        }
         if let Err(e) = std::fs::remove_dir_all(&self.pod_dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -344,6 +373,13 @@ impl PodRunner {
             move |source| PrepareError::Io { path, source }
         };
         std::fs::create_dir_all(&self.pod_dir).map_err(io(&self.pod_dir))?;
+        if self.net.is_none()
+            && !host_network(&self.pod)
+            && let IpAddr::V4(ip) = self.ip
+        {
+            self.net = Some(config.network.create(self.uid(), ip).await?);
+        }
+        self.write_name_files()?;
         let node_root = config.node_root(&node.name);
         let pod_sc = spec.security_context.clone();
         let volumes = VolumeContext {
@@ -367,6 +403,34 @@ impl PodRunner {
         self.init = init;
         self.main = main;
         Ok(())
+    }
+
+    /// The pod's /etc/hosts and, with the cluster DNS, /etc/resolv.conf, mounted into each container.
+    fn write_name_files(&self) -> Result<(), PrepareError> {
+        let IpAddr::V4(ip) = self.ip else {
+            return Ok(());
+        };
+        let write = |name: &str, text: String| {
+            let path = self.pod_dir.join(name);
+            std::fs::write(&path, text).map_err(|source| PrepareError::Io { path, source })
+        };
+        if !host_network(&self.pod) {
+            write("etc-hosts", crate::podnet::hosts_file(ip, &self.hostname()))?;
+        }
+        if uses_cluster_dns(&self.pod)
+            && let Some(text) = self.ctx.config.network.resolv_conf(self.namespace())
+        {
+            write("etc-resolv.conf", text)?;
+        }
+        Ok(())
+    }
+
+    fn hostname(&self) -> String {
+        self.pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.hostname.clone())
+            .unwrap_or_else(|| self.name().to_string())
     }
 
     async fn build(
@@ -483,6 +547,19 @@ impl PodRunner {
             ),
             read_only: false,
         });
+        for (file, target) in [
+            ("etc-hosts", "/etc/hosts"),
+            ("etc-resolv.conf", "/etc/resolv.conf"),
+        ] {
+            let source = self.pod_dir.join(file);
+            if source.exists() {
+                mounts.push(BindMount {
+                    source,
+                    target: PathBuf::from(target),
+                    read_only: true,
+                });
+            }
+        }
         let launch = Launch {
             container: spec.name.clone(),
             program,
@@ -499,13 +576,8 @@ impl PodRunner {
             gid,
             groups,
             log_file: Some(config.log_file(self.namespace(), self.name(), &spec.name)),
-            hostname: Some(
-                self.pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.hostname.clone())
-                    .unwrap_or_else(|| self.name().to_string()),
-            ),
+            hostname: Some(self.hostname()),
+            netns: self.net.as_ref().map(|n| n.netns_path()),
         };
         let readiness = spec.readiness_probe.as_ref().and_then(|p| {
             let action = probes::action(p, &spec, self.ip, &launch)?;

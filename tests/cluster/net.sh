@@ -1,0 +1,147 @@
+# The local cluster's network (sourced by up.sh, down.sh and node.sh after common.sh; needs root).
+#
+# Every address lives in network namespaces this file creates; see the diagram in tests/README.md.
+#   ferry-net        the router shared by all local clusters: one bridge per cluster (its node
+#                    network), a veth to the host, no default route, and a FORWARD filter that lets
+#                    only a cluster's own nodes and pods, and the host, reach that cluster's pods;
+#   <ns>-cp          the cluster's control plane (etcd, apiserver, controller-manager, scheduler);
+#   <ns>-<node>      one per node: node IP on eth0, the node agent and kube-proxy, a veth per pod;
+#   <ns>-<node>-<id> one per pod, created by the node agent.
+# The host reaches node and pod addresses through a route into ferry-net, and holds an unreachable
+# route for the whole 10.96.0.0/11 besides, so no packet for a cluster address leaves the machine.
+
+router_ns=ferry-net
+host_link=ferry-net          # the host's end of the veth into the router
+host_link_ip=10.99.0.1       # /30 with the router's end
+router_link_ip=10.99.0.2
+cluster_supernet=10.96.0.0/11
+
+# Runs `ip` (or any command) in namespace $1.
+in_ns() {
+  local ns="$1"
+  shift
+  ip netns exec "$ns" "$@"
+}
+
+ns_exists() {
+  [[ -e "/run/netns/$1" ]]
+}
+
+# Interface names are at most 15 bytes: the router's end of a node's veth is c<index>-<node>,
+# shortened with a hash when the node's name is long.
+router_port() {
+  local name="c${cluster_index}-$1"
+  if ((${#name} > 15)); then
+    name="c${cluster_index}-$(printf '%s' "$1" | sha256sum | cut -c1-10)"
+  fi
+  printf '%s' "$name"
+}
+
+# The router and the host's route into it; shared by every cluster, so created once.
+net_router_up() {
+  local other
+  # Refuse to shadow a network the machine really uses.
+  other="$(ip -4 route show to root "$cluster_supernet" | grep -v -e "dev $host_link" -e '^unreachable' || true)"
+  if [[ -n "$other" ]]; then
+    echo "net.sh: the host already routes addresses in $cluster_supernet ($other); the local cluster needs that range" >&2
+    return 1
+  fi
+  if ! ns_exists "$router_ns"; then
+    ip netns add "$router_ns"
+    in_ns "$router_ns" ip link set lo up
+    in_ns "$router_ns" sysctl -qw net.ipv4.ip_forward=1
+    ip link add "$host_link" type veth peer name host netns "$router_ns"
+    ip addr add "$host_link_ip/30" dev "$host_link"
+    ip link set "$host_link" up
+    in_ns "$router_ns" ip addr add "$router_link_ip/30" dev host
+    in_ns "$router_ns" ip link set host up
+    # Anything not a cluster's is unreachable: the router never hands a packet back to the host
+    # for it to send out.
+    in_ns "$router_ns" ip route add unreachable default
+    in_ns "$router_ns" iptables -w -P FORWARD ACCEPT
+  fi
+  ip route replace unreachable "$cluster_supernet"
+}
+
+# Removes the router once no cluster uses it.
+net_router_down_if_unused() {
+  ns_exists "$router_ns" || { ip route del unreachable "$cluster_supernet" 2>/dev/null; return 0; }
+  if in_ns "$router_ns" ip -o link show type bridge | grep -q .; then
+    return 0
+  fi
+  ip link del "$host_link" 2>/dev/null || true
+  ip netns del "$router_ns" 2>/dev/null || true
+  ip route del unreachable "$cluster_supernet" 2>/dev/null || true
+}
+
+# The cluster's node network (a bridge in the router) and its filter chain.
+net_cluster_up() {
+  local br="br${cluster_index}" chain="FERRY-C${cluster_index}"
+  in_ns "$router_ns" ip link add "$br" type bridge
+  in_ns "$router_ns" ip addr add "$router_ip/24" dev "$br"
+  in_ns "$router_ns" ip link set "$br" up
+  ip route replace "$cluster_block" via "$router_link_ip" dev "$host_link"
+  # A cluster's pods are reachable from its own nodes and pods and from the host only; other
+  # clusters' pods reach its node IPs (NodePorts) after their node masqueraded them.
+  in_ns "$router_ns" iptables -w -N "$chain"
+  in_ns "$router_ns" iptables -w -A "$chain" -i host -j RETURN
+  in_ns "$router_ns" iptables -w -A "$chain" -s "$cluster_block" -j RETURN
+  in_ns "$router_ns" iptables -w -A "$chain" -d "$pod_range" -j REJECT --reject-with icmp-host-unreachable
+  in_ns "$router_ns" iptables -w -A FORWARD -d "$pod_range" -j "$chain"
+}
+
+net_cluster_down() {
+  local br="br${cluster_index}" chain="FERRY-C${cluster_index}" ns
+  # Pods' namespaces first (their processes are gone by now), then nodes and the control plane.
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${netns_prefix}-" || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  ip route del "$cluster_block" 2>/dev/null || true
+  if ns_exists "$router_ns"; then
+    in_ns "$router_ns" iptables -w -D FORWARD -d "$pod_range" -j "$chain" 2>/dev/null || true
+    in_ns "$router_ns" iptables -w -F "$chain" 2>/dev/null || true
+    in_ns "$router_ns" iptables -w -X "$chain" 2>/dev/null || true
+    in_ns "$router_ns" ip link del "$br" 2>/dev/null || true
+  fi
+  net_router_down_if_unused
+}
+
+# A namespace on the cluster's node network. $1 = namespace, $2 = address, $3 = router port name.
+net_attach() {
+  local ns="$1" addr="$2" port="$3"
+  ip netns add "$ns"
+  in_ns "$ns" ip link set lo up
+  ip link add "$port" netns "$router_ns" type veth peer name eth0 netns "$ns"
+  in_ns "$router_ns" ip link set "$port" master "br${cluster_index}"
+  in_ns "$router_ns" ip link set "$port" up
+  in_ns "$ns" ip addr add "$addr/24" dev eth0
+  in_ns "$ns" ip link set eth0 up
+  in_ns "$ns" ip route add default via "$router_ip"
+}
+
+net_control_plane_up() {
+  net_attach "$netns_prefix-cp" "$apiserver_ip" "$(router_port cp)"
+}
+
+# A node's namespace, its pod range routed to it, and its egress masquerade.
+# $1 = node name, $2 = node IP, $3 = pod CIDR.
+net_node_up() {
+  local node="$1" ip="$2" cidr="$3" ns="$netns_prefix-$1"
+  ns_exists "$ns" || net_attach "$ns" "$ip" "$(router_port "$node")"
+  in_ns "$ns" sysctl -qw net.ipv4.ip_forward=1
+  in_ns "$router_ns" ip route replace "$cidr" via "$ip" dev "br${cluster_index}"
+  # Pod traffic leaving the cluster carries the node's address, as on a real cluster's nodes.
+  in_ns "$ns" iptables -w -t nat -C POSTROUTING -s "$cidr" ! -d "$cluster_block" -j MASQUERADE 2>/dev/null ||
+    in_ns "$ns" iptables -w -t nat -A POSTROUTING -s "$cidr" ! -d "$cluster_block" -j MASQUERADE
+}
+
+# Kills every process in node $1's pod namespaces and removes them (a power loss); the node's own
+# namespace stays, as a machine's NIC does.
+net_node_pods_kill() {
+  local ns
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${netns_prefix}-$1-" || true); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
