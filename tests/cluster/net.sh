@@ -37,13 +37,24 @@ router_port() {
   printf '%s' "$name"
 }
 
+# Clusters start and stop concurrently: the router's creation and removal are serialised.
+net_lock() {
+  exec {net_lock_fd}>/run/lock/ferry-net.lock
+  flock "$net_lock_fd"
+}
+net_unlock() {
+  flock -u "$net_lock_fd"
+}
+
 # The router and the host's route into it; shared by every cluster, so created once.
 net_router_up() {
+  net_lock
   local other
   # Refuse to shadow a network the machine really uses.
   other="$(ip -4 route show to root "$cluster_supernet" | grep -v -e "dev $host_link" -e '^unreachable' || true)"
   if [[ -n "$other" ]]; then
     echo "net.sh: the host already routes addresses in $cluster_supernet ($other); the local cluster needs that range" >&2
+    net_unlock
     return 1
   fi
   if ! ns_exists "$router_ns"; then
@@ -61,17 +72,18 @@ net_router_up() {
     in_ns "$router_ns" iptables -w -P FORWARD ACCEPT
   fi
   ip route replace unreachable "$cluster_supernet"
+  net_unlock
 }
 
 # Removes the router once no cluster uses it.
 net_router_down_if_unused() {
-  ns_exists "$router_ns" || { ip route del unreachable "$cluster_supernet" 2>/dev/null; return 0; }
-  if in_ns "$router_ns" ip -o link show type bridge | grep -q .; then
-    return 0
+  net_lock
+  if ! ns_exists "$router_ns" || ! in_ns "$router_ns" ip -o link show type bridge | grep -q .; then
+    ip link del "$host_link" 2>/dev/null || true
+    ip netns del "$router_ns" 2>/dev/null || true
+    ip route del unreachable "$cluster_supernet" 2>/dev/null || true
   fi
-  ip link del "$host_link" 2>/dev/null || true
-  ip netns del "$router_ns" 2>/dev/null || true
-  ip route del unreachable "$cluster_supernet" 2>/dev/null || true
+  net_unlock
 }
 
 # The cluster's node network (a bridge in the router) and its filter chain.

@@ -9,6 +9,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/net.sh"
+source "$(dirname "$0")/procs.sh"
 started=$(date +%s.%N)
 "$repo_root/tests/scripts/deps.sh"
 bin="$("$repo_root/tests/k8s/build.sh")"
@@ -102,14 +103,6 @@ for node in ${nodes//,/ }; do
   net_node_up "$node" "$(node_ip "$node")" "$(node_pod_cidr "$node")"
 done
 
-# --- processes: each in its own session, pid recorded for down.sh ----------------------------------
-# $1 = name, $2 = network namespace, rest = command
-start() {
-  local name="$1" ns="$2"
-  shift 2
-  setsid ip netns exec "$ns" "$@" >"$log_dir/$name.log" 2>&1 </dev/null &
-  echo $! > "$pid_dir/$name.pid"
-}
 cp_ns="$netns_prefix-cp"
 alive_or_die() {
   local name="$1"
@@ -190,22 +183,9 @@ if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/fer
     install -m 0755 "$target_dir/$b" "$pod_bin_dir/$b"
   done
 fi
+echo "$pod_bin_dir" > "$cluster_dir/pod-bin-dir"
 for node in ${nodes//,/ }; do
-  # The agent joins the node's namespace itself (--netns) rather than through `ip netns exec`, whose
-  # private mount namespace would hide the pod namespaces it creates from the host's `ip netns`.
-  setsid "$target_dir/ferry-node-agent" \
-    --kubeconfig "$pki_dir/node-agent.kubeconfig" --cluster-dir "$cluster_dir" --node "$node" \
-    --netns "/run/netns/$netns_prefix-$node" --node-ip "$(node_ip "$node")" \
-    --pod-cidr "$(node_pod_cidr "$node")" --pod-netns-prefix "$netns_prefix-$node" \
-    --cluster-dns "$dns_service_ip" --apiserver-host "$kubernetes_service_ip" --apiserver-port 443 \
-    --bin-dir "$pod_bin_dir" --dockerfile "$repo_root/deploy/Dockerfile" --image "coredns=$bin/coredns" \
-    >"$log_dir/node-agent-$node.log" 2>&1 </dev/null &
-  echo $! > "$pid_dir/node-agent-$node.pid"
-  start "kube-proxy-$node" "$netns_prefix-$node" "$bin/kube-proxy" \
-    --kubeconfig "$pki_dir/kube-proxy.kubeconfig" --hostname-override "$node" \
-    --proxy-mode iptables --cluster-cidr "$pod_range" \
-    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
-    --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --v 1
+  start_node "$node"
 done
 
 kc() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }

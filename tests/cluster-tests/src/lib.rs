@@ -21,45 +21,101 @@ pub const PROBE_IMAGE: &str = "ferry.dev/test/ferry-cluster-probe:dev";
 /// An image with no local binary: the node agent runs its command from the host's userland.
 pub const SHELL_IMAGE: &str = "busybox:1.36";
 
-/// The cluster's state directory, as `tests/cluster/common.sh` defines it.
-pub fn cluster_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("FERRY_CLUSTER_DIR") {
-        return PathBuf::from(dir);
-    }
-    let cache = std::env::var_os("FERRY_CACHE")
+/// One of the local clusters `tests/cluster/common.sh` defines: `ferry`, the default one most tests
+/// use, or `peer`, the second one that runs beside it (`FERRY_CLUSTER=peer make cluster-up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cluster {
+    Main,
+    Peer,
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("FERRY_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
                 .join(".cache/ferry")
-        });
-    cache.join("cluster")
+        })
 }
 
-/// Node `node`'s host filesystem.
+impl Cluster {
+    /// Its FERRY_CLUSTER name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cluster::Main => "ferry",
+            Cluster::Peer => "peer",
+        }
+    }
+
+    /// Its state directory.
+    pub fn dir(self) -> PathBuf {
+        match self {
+            Cluster::Main => match std::env::var_os("FERRY_CLUSTER_DIR") {
+                Some(dir) => PathBuf::from(dir),
+                None => cache_dir().join("cluster"),
+            },
+            Cluster::Peer => cache_dir().join("cluster-peer"),
+        }
+    }
+
+    /// Node `node`'s host filesystem.
+    pub fn node_root(self, node: &str) -> PathBuf {
+        self.dir().join("nodes").join(node)
+    }
+
+    /// A client for this cluster; fails with instructions when it is not up.
+    pub async fn client(self) -> anyhow::Result<Client> {
+        let up = match self {
+            Cluster::Main => "make cluster-up".to_string(),
+            Cluster::Peer => "FERRY_CLUSTER=peer make cluster-up".to_string(),
+        };
+        let path = self.dir().join("kubeconfig");
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).with_context(|| {
+            format!(
+                "the local cluster {} is not running: cannot read {} (start it with `{up}`)",
+                self.name(),
+                path.display()
+            )
+        })?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .context("failed to load the local cluster's kubeconfig")?;
+        let client = Client::try_from(config).context("failed to build a client")?;
+        client.apiserver_version().await.with_context(|| {
+            format!(
+                "the local cluster's apiserver does not answer (kubeconfig {}); start it with `{up}`",
+                path.display()
+            )
+        })?;
+        Ok(client)
+    }
+
+    /// A command running one of `tests/cluster/`'s scripts against this cluster.
+    pub fn script(self, name: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster").join(name),
+        );
+        cmd.env("FERRY_CLUSTER", self.name());
+        if self == Cluster::Peer {
+            cmd.env("FERRY_CLUSTER_DIR", self.dir());
+        }
+        cmd
+    }
+}
+
+/// The default cluster's state directory, as `tests/cluster/common.sh` defines it.
+pub fn cluster_dir() -> PathBuf {
+    Cluster::Main.dir()
+}
+
+/// Node `node`'s host filesystem in the default cluster.
 pub fn node_root(node: &str) -> PathBuf {
-    cluster_dir().join("nodes").join(node)
+    Cluster::Main.node_root(node)
 }
 
-/// A client for the local cluster; fails with instructions when it is not up.
+/// A client for the default cluster; fails with instructions when it is not up.
 pub async fn client() -> anyhow::Result<Client> {
-    let path = cluster_dir().join("kubeconfig");
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).with_context(|| {
-        format!(
-            "the local cluster is not running: cannot read {} (start it with `make cluster-up`)",
-            path.display()
-        )
-    })?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .context("failed to load the local cluster's kubeconfig")?;
-    let client = Client::try_from(config).context("failed to build a client")?;
-    client.apiserver_version().await.with_context(|| {
-        format!(
-            "the local cluster's apiserver does not answer (kubeconfig {}); start it with `make cluster-up`",
-            path.display()
-        )
-    })?;
-    Ok(client)
+    Cluster::Main.client().await
 }
 
 /// A namespace of its own for one test, with its default service account ready.
@@ -70,7 +126,11 @@ pub struct TestNamespace {
 
 impl TestNamespace {
     pub async fn create(prefix: &str) -> anyhow::Result<Self> {
-        let client = client().await?;
+        Self::create_in(Cluster::Main, prefix).await
+    }
+
+    pub async fn create_in(cluster: Cluster, prefix: &str) -> anyhow::Result<Self> {
+        let client = cluster.client().await?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
