@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster clusters-up clusters-down node-stop node-start demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
@@ -11,15 +11,15 @@ release:
 	$(CARGO) build --workspace --release
 
 # The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
-# every test with the local cluster up. The cluster goes down afterwards whatever happened, and the
-# exit code is the tests'. On failure the cluster's logs are kept in target/cluster-logs. Then a short
-# fuzzing run of the frame decoder, the benchmark harness's own tests, the chart's offline checks and
-# docs/network.md's quick start as written.
+# every test with the two local clusters up (`ferry` and `peer`, side by side). The clusters go down
+# afterwards whatever happened, and the exit code is the tests'. On failure their logs are kept in
+# target/cluster-logs and target/cluster-logs-peer. Then a short fuzzing run of the frame decoder,
+# the benchmark harness's own tests, the chart's offline checks and docs/network.md's quick start
+# as written.
 test: deps lint build k8s-bin
 	@rc=0; \
-	tests/cluster/up.sh && $(CARGO) test --workspace || rc=$$?; \
-	if [[ $$rc -ne 0 ]]; then tests/cluster/save-logs.sh target/cluster-logs || true; fi; \
-	tests/cluster/down.sh || true; \
+	tests/cluster/up-pair.sh && $(CARGO) test --workspace || rc=$$?; \
+	if [[ $$rc -ne 0 ]]; then tests/cluster/down-pair.sh target/cluster-logs; else tests/cluster/down-pair.sh; fi; \
 	exit $$rc
 	$(MAKE) --no-print-directory fuzz-smoke
 	$(MAKE) --no-print-directory bench-selftest
@@ -106,8 +106,10 @@ bench-selftest:
 	python3 -m unittest discover -s tests/bench -p 'test_*.py'
 
 # --- the local Kubernetes cluster (tests/README.md) ---------------------------------------------
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd and helm, built once into
-# ~/.cache/ferry/k8s-<version>/bin (about 10 minutes cold; a no-op afterwards).
+# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, etcd, helm and
+# CoreDNS, built once into ~/.cache/ferry/k8s-<version>/bin (about 12 minutes cold; then a no-op).
+# FERRY_CLUSTER=peer selects the second cluster for cluster-up, cluster-down, cluster-env,
+# cluster-logs and node-stop/node-start.
 k8s-bin:
 	tests/k8s/build.sh >/dev/null
 
@@ -121,14 +123,28 @@ cluster-down:
 cluster-env:
 	@tests/cluster/env.sh
 
+# Both clusters the tests use, side by side.
+clusters-up:
+	tests/cluster/up-pair.sh
+
+clusters-down:
+	tests/cluster/down-pair.sh
+
+# make node-stop NODE=node-x: the node loses power (its processes die, its Lease stops);
+# make node-start NODE=node-x brings it back.
+node-stop:
+	tests/cluster/node.sh stop "$(NODE)"
+
+node-start:
+	tests/cluster/node.sh start "$(NODE)"
+
 # make cluster-logs POD=name [NS=namespace]; without POD, lists the log files.
 cluster-logs:
 	@tests/cluster/logs.sh "$(POD)" "$(or $(NS),default)"
 
-# Only the cluster tests, with a cluster started and stopped around them.
+# Only the cluster tests, with both clusters started and stopped around them.
 test-cluster: k8s-bin
 	@rc=0; \
-	tests/cluster/up.sh && $(CARGO) test -p ferry-cluster-tests || rc=$$?; \
-	if [[ $$rc -ne 0 ]]; then tests/cluster/save-logs.sh target/cluster-logs || true; fi; \
-	tests/cluster/down.sh || true; \
+	tests/cluster/up-pair.sh && $(CARGO) test -p ferry-cluster-tests || rc=$$?; \
+	if [[ $$rc -ne 0 ]]; then tests/cluster/down-pair.sh target/cluster-logs; else tests/cluster/down-pair.sh; fi; \
 	exit $$rc

@@ -1,9 +1,9 @@
 # Shared settings for the local cluster scripts (sourced, not run).
 # FERRY_CLUSTER names the cluster (default `ferry`; `peer` is the second one the tests use); the
 # name selects the state directory, the node names and the address ranges, so two clusters run
-# side by side. Fixed places: state in $FERRY_CLUSTER_DIR (default ~/.cache/ferry/cluster, or
-# ~/.cache/ferry/cluster-<name>), kubeconfig at $FERRY_CLUSTER_DIR/kubeconfig, node N's host
-# filesystem at $FERRY_CLUSTER_DIR/nodes/N/.
+# side by side. Fixed places: state in $FERRY_CLUSTER_DIR (default ~/.cache/ferry/cluster; other
+# clusters always ~/.cache/ferry/cluster-<name>), kubeconfig at <state>/kubeconfig, node N's host
+# filesystem at <state>/nodes/N/.
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cache_dir="${FERRY_CACHE:-$HOME/.cache/ferry}"
 cluster_name="${FERRY_CLUSTER:-ferry}"
@@ -19,7 +19,9 @@ fi
 if [[ "$cluster_name" == ferry ]]; then
   cluster_dir="${FERRY_CLUSTER_DIR:-$cache_dir/cluster}"
 else
-  cluster_dir="${FERRY_CLUSTER_DIR:-$cache_dir/cluster-$cluster_name}"
+  # Not FERRY_CLUSTER_DIR: a shell pointed at the default cluster (env.sh) must not send a second
+  # cluster into the first one's directory.
+  cluster_dir="$cache_dir/cluster-$cluster_name"
 fi
 kubeconfig="$cluster_dir/kubeconfig"
 # The kubeconfig's context (and cluster) name.

@@ -96,9 +96,6 @@ impl Cluster {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster").join(name),
         );
         cmd.env("FERRY_CLUSTER", self.name());
-        if self == Cluster::Peer {
-            cmd.env("FERRY_CLUSTER_DIR", self.dir());
-        }
         cmd
     }
 }
