@@ -18,7 +18,7 @@ use crate::AgentConfig;
 use crate::env::{PodFacts, container_env};
 use crate::node::NodeIdentity;
 use crate::podip::PodIpAllocator;
-use crate::probes::{self, ProbeAction};
+use crate::probes::{self, ProbeKind, ProbeTiming, Prober, Verdict};
 use crate::process::{self, BindMount, Launch};
 use crate::status::{self, ContainerView, PodStatusInput, State, Terminated};
 use crate::volumes::{ResolvedVolume, VolumeContext};
@@ -76,34 +76,24 @@ struct Ctr {
     /// Bumped at every start so a late exit report of an earlier run is recognised.
     generation: u64,
     restart_at: Option<Instant>,
-    readiness: Option<(ProbeAction, ProbeTiming)>,
-    probe_next: Instant,
-    probe_successes: i32,
-    probe_failures: i32,
+    /// Startup, liveness and readiness probes, as declared.
+    probers: Vec<Prober>,
+    /// The startup probe has passed (or there is none): liveness and readiness run.
+    started: bool,
+    /// A declared probe the agent cannot run: the container fails to start with this.
+    probe_error: Option<String>,
     termination_log: PathBuf,
     fallback_to_logs: bool,
     /// Why the last start failed, reported as the termination message.
     start_error: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct ProbeTiming {
-    initial_delay: Duration,
-    period: Duration,
-    timeout: Duration,
-    success_threshold: i32,
-    failure_threshold: i32,
-}
 
 struct Exit {
     index: usize,
     generation: u64,
     code: i32,
     signal: Option<i32>,
-}
-
-fn seconds(v: Option<i32>, default: u64) -> Duration {
-    Duration::from_secs(v.and_then(|s| u64::try_from(s).ok()).unwrap_or(default))
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -241,6 +231,10 @@ struct PodRunner {
     pod_dir: PathBuf,
     /// The pod's network namespace, once made (None for hostNetwork pods).
     net: Option<crate::podnet::PodNetwork>,
+}
+
+fn has_readiness(ctr: &Ctr) -> bool {
+    ctr.probers.iter().any(|p| p.kind == ProbeKind::Readiness)
 }
 
 fn host_network(pod: &Pod) -> bool {
@@ -579,19 +573,19 @@ impl PodRunner {
             hostname: Some(self.hostname()),
             netns: self.net.as_ref().map(|n| n.netns_path()),
         };
-        let readiness = spec.readiness_probe.as_ref().and_then(|p| {
-            let action = probes::action(p, &spec, self.ip, &launch)?;
-            Some((
-                action,
-                ProbeTiming {
-                    initial_delay: seconds(p.initial_delay_seconds, 0),
-                    period: seconds(p.period_seconds, 10),
-                    timeout: seconds(p.timeout_seconds, 1),
-                    success_threshold: p.success_threshold.unwrap_or(1).max(1),
-                    failure_threshold: p.failure_threshold.unwrap_or(3).max(1),
-                },
-            ))
-        });
+        let mut probers = Vec::new();
+        let mut probe_error = None;
+        for (kind, probe) in [
+            (ProbeKind::Startup, &spec.startup_probe),
+            (ProbeKind::Liveness, &spec.liveness_probe),
+            (ProbeKind::Readiness, &spec.readiness_probe),
+        ] {
+            let Some(probe) = probe else { continue };
+            match probes::action(probe, &spec, self.ip, &launch) {
+                Ok(action) => probers.push(Prober::new(kind, action, ProbeTiming::of(probe))),
+                Err(why) => probe_error = Some(format!("{kind:?} probe: {why}")),
+            }
+        }
         Ok(Ctr {
             view: ContainerView {
                 name: spec.name.clone(),
@@ -612,10 +606,9 @@ impl PodRunner {
             pgid: None,
             generation: 0,
             restart_at: None,
-            readiness,
-            probe_next: Instant::now(),
-            probe_successes: 0,
-            probe_failures: 0,
+            started: !probers.iter().any(|p| p.kind == ProbeKind::Startup),
+            probers,
+            probe_error,
             termination_log,
             start_error: None,
         })
@@ -664,11 +657,18 @@ impl PodRunner {
         ctr.restart_at = None;
         ctr.view.restart_pending = false;
         ctr.view.ready = false;
-        ctr.probe_successes = 0;
-        ctr.probe_failures = 0;
+        let now = Instant::now();
+        for p in &mut ctr.probers {
+            p.reset(now);
+        }
+        ctr.started = !ctr.probers.iter().any(|p| p.kind == ProbeKind::Startup);
         let _ = std::fs::write(&ctr.termination_log, b"");
         let started = Timestamp::now();
-        match process::spawn(&ctr.launch) {
+        let spawned = match &ctr.probe_error {
+            Some(why) => Err(anyhow::anyhow!("{why}")),
+            None => process::spawn(&ctr.launch).map_err(anyhow::Error::from),
+        };
+        match spawned {
             Ok(mut child) => {
                 let pgid = child.id().and_then(|p| i32::try_from(p).ok());
                 ctr.pgid = pgid;
@@ -677,11 +677,7 @@ impl PodRunner {
                     let _ = std::fs::write(&pgid_file, pgid.to_string());
                 }
                 ctr.view.state = State::Running { started };
-                if let Some((_, timing)) = &ctr.readiness {
-                    ctr.probe_next = Instant::now() + timing.initial_delay;
-                } else {
-                    ctr.view.ready = true;
-                }
+                ctr.view.ready = ctr.started && !has_readiness(ctr);
                 tracing::info!(pod = %key, container = %ctr.spec.name, pid = ?pgid, program = %ctr.launch.program.display(), "container started");
                 let generation = ctr.generation;
                 let tx = exit_tx.clone();
@@ -705,7 +701,7 @@ impl PodRunner {
                 });
             }
             Err(e) => {
-                let msg = format!("{:#}", anyhow::Error::from(e));
+                let msg = format!("{e:#}");
                 tracing::warn!(pod = %key, container = %ctr.spec.name, error = %msg, "container failed to start");
                 // Reported like an exit so the restart policy applies.
                 let generation = ctr.generation;
@@ -792,28 +788,41 @@ impl PodRunner {
         }
     }
 
+    /// Runs the probes that are due: the startup probe until it passes, then liveness and
+    /// readiness. A liveness or startup failure kills the container; its exit then goes through
+    /// the restart policy, as with the kubelet.
     async fn probe_due(&mut self) {
-        let now = Instant::now();
+        let key = self.key.clone();
         for ctr in self.main.iter_mut() {
-            let Some((action, timing)) = &ctr.readiness else {
-                continue;
-            };
-            if !matches!(ctr.view.state, State::Running { .. }) || now < ctr.probe_next {
+            if !matches!(ctr.view.state, State::Running { .. }) || ctr.pgid.is_none() {
                 continue;
             }
-            let ok = probes::run(action, timing.timeout).await;
-            ctr.probe_next = Instant::now() + timing.period;
-            if ok {
-                ctr.probe_failures = 0;
-                ctr.probe_successes += 1;
-                if ctr.probe_successes >= timing.success_threshold {
-                    ctr.view.ready = true;
+            for i in 0..ctr.probers.len() {
+                let now = Instant::now();
+                let p = &ctr.probers[i];
+                let active = match p.kind {
+                    ProbeKind::Startup => !ctr.started,
+                    ProbeKind::Liveness | ProbeKind::Readiness => ctr.started,
+                };
+                if !active || !p.due(now) {
+                    continue;
                 }
-            } else {
-                ctr.probe_successes = 0;
-                ctr.probe_failures += 1;
-                if ctr.probe_failures >= timing.failure_threshold {
-                    ctr.view.ready = false;
+                let ok = probes::run(&p.action, p.timing.timeout).await;
+                match ctr.probers[i].record(ok, Instant::now()) {
+                    Verdict::Nothing => {}
+                    Verdict::Ready(ready) => ctr.view.ready = ready,
+                    Verdict::Started => {
+                        ctr.started = true;
+                        ctr.view.ready = !has_readiness(ctr);
+                    }
+                    Verdict::Restart(why) => {
+                        tracing::info!(pod = %key, container = %ctr.spec.name, "{why}");
+                        ctr.view.ready = false;
+                        if let Some(pgid) = ctr.pgid {
+                            process::signal_group(pgid, libc::SIGKILL);
+                        }
+                        break;
+                    }
                 }
             }
         }
