@@ -3,7 +3,8 @@
 //! - [`node`]: Node registration, Ready condition and Lease heartbeats;
 //! - [`pods`]: watches the pods bound to a node and gives each one a [`runner`];
 //! - [`runner`]: one pod's lifecycle (start, restart policy, probes, status, deletion);
-//! - [`volumes`], [`env`], [`images`], [`process`], [`probes`], [`status`], [`podip`], [`podnet`]:
+//! - [`volumes`], [`env`], [`images`], [`process`], [`probes`], [`status`], [`podip`], [`podnet`],
+//!   [`sandbox`]:
 //!   the pieces a runner puts together.
 //!
 //! One agent simulates one node and runs inside that node's network namespace.
@@ -17,6 +18,7 @@ pub mod pods;
 pub mod probes;
 pub mod process;
 pub mod runner;
+pub mod sandbox;
 pub mod status;
 pub mod volumes;
 

@@ -210,7 +210,11 @@ mod tests {
     /// loopback, and they reach each other through the node's routes.
     #[tokio::test]
     async fn pods_get_their_own_namespace_address_and_loopback() {
-        assert_eq!(unsafe { libc::geteuid() }, 0, "needs root (network namespaces)");
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "needs root (network namespaces)"
+        );
         let net = net();
         let node_ns = format!("{}-node", net.netns_prefix);
         ip(&["netns", "add", &node_ns], None).await.unwrap();

@@ -65,6 +65,8 @@ pub struct Launch {
     /// The pod's network namespace (a file under /run/netns) the container joins; None keeps the
     /// agent's, which is the node's (hostNetwork).
     pub netns: Option<PathBuf>,
+    /// Read-only root, capabilities, no_new_privs.
+    pub sandbox: crate::sandbox::Sandbox,
 }
 
 fn cstring(p: &Path) -> Result<CString, ProcessError> {
@@ -115,6 +117,7 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
     let hostname: Option<Vec<u8>> = launch.hostname.as_ref().map(|h| h.as_bytes().to_vec());
     let groups: Vec<libc::gid_t> = launch.groups.clone();
     let (uid, gid) = (launch.uid, launch.gid);
+    let sandbox = launch.sandbox;
     // Opened before fork; the child only calls setns on the descriptor. Closed in the parent when
     // the command is dropped, and on exec in the child.
     let netns = match &launch.netns {
@@ -184,6 +187,8 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
             {
                 return Err(std::io::Error::last_os_error());
             }
+            // The root goes read-only before the volumes, which keep their own modes.
+            sandbox.apply_root()?;
             for (source, target, read_only) in &prepared {
                 // A mount point inside another volume may only exist now that the volume is mounted.
                 libc::mkdir(target.as_ptr(), 0o755);
@@ -197,6 +202,9 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                if !*read_only {
+                    sandbox.writable_volume(target)?;
+                }
                 if *read_only
                     && libc::mount(
                         std::ptr::null(),
@@ -209,6 +217,7 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            sandbox.apply_bounding()?;
             // Root's supplementary groups must not leak to a non-root container.
             if (uid.is_some() || gid.is_some() || !groups.is_empty())
                 && libc::setgroups(groups.len(), groups.as_ptr()) != 0
@@ -225,6 +234,7 @@ pub fn spawn(launch: &Launch) -> Result<tokio::process::Child, ProcessError> {
             {
                 return Err(std::io::Error::last_os_error());
             }
+            sandbox.apply_caps()?;
             if libc::chdir(workdir.as_ptr()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -293,6 +303,7 @@ mod tests {
             log_file: Some(log.clone()),
             hostname: Some("pod-x".into()),
             netns: None,
+            sandbox: crate::sandbox::Sandbox::of(None),
         };
         let mut child = spawn(&launch).unwrap();
         let status = child.wait().await.unwrap();
@@ -301,5 +312,70 @@ mod tests {
         assert_eq!(out, "from the volume hi\nread-only\npod-x\n");
         // The bind mount lived only in the child's namespace: the host's mount point is empty.
         assert_eq!(std::fs::read_dir(&mount_at).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn sandbox_makes_the_root_read_only_keeps_volumes_and_drops_capabilities() {
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "needs root (mount namespaces)"
+        );
+        // Not under /tmp, which the container gets a private one of.
+        let volume = tempfile::tempdir_in("/var/tmp").unwrap();
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let out = tempfile::tempdir_in("/var/tmp").unwrap();
+        let log = out.path().join("out.log");
+        let mount_at = volume.path().join("mnt");
+        std::fs::create_dir(&mount_at).unwrap();
+        let script = format!(
+            "touch {root_probe} 2>/dev/null && echo root-writable
+             touch /tmp/private 2>/dev/null && echo tmp-writable
+             touch {vol}/x && echo volume-writable
+             echo x > /dev/null && echo dev-null-ok
+             grep -E '^Cap(Eff|Bnd)' /proc/self/status",
+            root_probe = out.path().join("root-probe").display(),
+            vol = mount_at.display(),
+        );
+        let launch = Launch {
+            container: "c".into(),
+            program: find_program("sh", "/usr/bin:/bin").unwrap(),
+            args: vec!["-c".into(), script],
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            working_dir: "/".into(),
+            mounts: vec![
+                BindMount {
+                    source: tmp.path().to_path_buf(),
+                    target: "/tmp".into(),
+                    read_only: true,
+                },
+                BindMount {
+                    source: volume.path().to_path_buf(),
+                    target: mount_at.clone(),
+                    read_only: false,
+                },
+            ],
+            uid: None,
+            gid: None,
+            groups: vec![],
+            log_file: Some(log.clone()),
+            hostname: None,
+            netns: None,
+            sandbox: crate::sandbox::Sandbox {
+                read_only_root: true,
+                caps: Some(0),
+                no_new_privs: true,
+            },
+        };
+        let status = spawn(&launch).unwrap().wait().await.unwrap();
+        assert!(status.success());
+        let out_text = std::fs::read_to_string(&log).unwrap();
+        assert!(!out_text.contains("root-writable"), "{out_text}");
+        assert!(!out_text.contains("tmp-writable"), "{out_text}");
+        assert!(out_text.contains("volume-writable"), "{out_text}");
+        assert!(out_text.contains("dev-null-ok"), "{out_text}");
+        assert!(out_text.contains("CapEff:\t0000000000000000"), "{out_text}");
+        assert!(out_text.contains("CapBnd:\t0000000000000000"), "{out_text}");
+        assert!(!out.path().join("root-probe").exists());
     }
 }

@@ -20,6 +20,7 @@ use crate::node::NodeIdentity;
 use crate::podip::PodIpAllocator;
 use crate::probes::{self, ProbeKind, ProbeTiming, Prober, Verdict};
 use crate::process::{self, BindMount, Launch};
+use crate::sandbox::Sandbox;
 use crate::status::{self, ContainerView, PodStatusInput, State, Terminated};
 use crate::volumes::{ResolvedVolume, VolumeContext};
 
@@ -82,12 +83,13 @@ struct Ctr {
     started: bool,
     /// A declared probe the agent cannot run: the container fails to start with this.
     probe_error: Option<String>,
+    /// Why the container may not start at all (runAsNonRoot): it stays waiting with this.
+    config_error: Option<String>,
     termination_log: PathBuf,
     fallback_to_logs: bool,
     /// Why the last start failed, reported as the termination message.
     start_error: Option<String>,
 }
-
 
 struct Exit {
     index: usize,
@@ -146,6 +148,29 @@ impl NodeContext {
             return;
         };
         let key = pod_key(&pod);
+        let already_terminal = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if pod.metadata.deletion_timestamp.is_some() && !already_terminal {
+            // Deleted before this node ran it (evicted while the node was down, say): nothing
+            // starts; the pod ends Failed and goes.
+            let api: Api<Pod> = Api::namespaced(
+                self.client.clone(),
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+            );
+            let body = serde_json::json!({"status": {
+                "phase": "Failed",
+                "reason": "Terminated",
+                "message": "deleted before it ran on this node",
+            }});
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let _ = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(body))
+                .await;
+            self.remove_pod_object(&pod).await;
+            return;
+        }
         let terminal = matches!(
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
@@ -348,7 +373,37 @@ impl PodRunner {
             tracing::warn!(pod = %self.key, error = %e, "failed to remove pod directory");
         }
         if let End::Deleted(p) = end {
+            self.report_terminal().await;
             self.ctx.remove_pod_object(&p).await;
+        }
+    }
+
+    /// Writes the terminal phase and final container states before the object is removed, so
+    /// watchers (controllers, `kubectl get -w`) see how the pod ended.
+    async fn report_terminal(&mut self) {
+        let init: Vec<ContainerView> = self.init.iter().map(|c| c.view.clone()).collect();
+        let main: Vec<ContainerView> = self.main.iter().map(|c| c.view.clone()).collect();
+        let ip = self.ip.to_string();
+        let host_ip = self.ctx.node.ip.to_string();
+        let mut body = status::patch(&PodStatusInput {
+            pod_ip: &ip,
+            host_ip: &host_ip,
+            start_time: self.start_time,
+            init: &init,
+            main: &main,
+            blocked: self.blocked.as_deref(),
+        });
+        body["status"]["phase"] = status::terminal_phase(&main).into();
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
+        if let Err(e) = api
+            .patch_status(
+                self.name(),
+                &PatchParams::default(),
+                &Patch::Strategic(body),
+            )
+            .await
+        {
+            tracing::debug!(pod = %self.key, error = %e, "failed to write the terminal status");
         }
     }
 
@@ -532,6 +587,33 @@ impl PodRunner {
             let _ =
                 std::fs::set_permissions(&termination_log, std::fs::Permissions::from_mode(0o666));
         }
+        let sandbox = Sandbox::of(spec.security_context.as_ref());
+        // A /tmp of the container's own, part of its root file system (so read-only with it),
+        // unless a volume is mounted there.
+        if !mounts
+            .iter()
+            .any(|m| m.target == std::path::Path::new("/tmp"))
+        {
+            let tmp = ctr_dir.join("tmp");
+            std::fs::create_dir_all(&tmp).map_err(|source| PrepareError::Io {
+                path: tmp.clone(),
+                source,
+            })?;
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777));
+            mounts.push(BindMount {
+                source: tmp,
+                target: PathBuf::from("/tmp"),
+                read_only: sandbox.read_only_root,
+            });
+        }
+        let config_error = crate::sandbox::run_as_non_root_refusal(
+            pod_sc,
+            spec.security_context.as_ref(),
+            uid,
+            &format!("{}/{}({})", self.namespace(), self.name(), self.uid()),
+            &spec.name,
+        );
         mounts.push(BindMount {
             source: termination_log.clone(),
             target: PathBuf::from(
@@ -572,6 +654,7 @@ impl PodRunner {
             log_file: Some(config.log_file(self.namespace(), self.name(), &spec.name)),
             hostname: Some(self.hostname()),
             netns: self.net.as_ref().map(|n| n.netns_path()),
+            sandbox,
         };
         let mut probers = Vec::new();
         let mut probe_error = None;
@@ -609,6 +692,7 @@ impl PodRunner {
             started: !probers.iter().any(|p| p.kind == ProbeKind::Startup),
             probers,
             probe_error,
+            config_error,
             termination_log,
             start_error: None,
         })
@@ -653,6 +737,15 @@ impl PodRunner {
         } else {
             &mut self.main[pos]
         };
+        if let Some(why) = &ctr.config_error {
+            // As the kubelet: nothing starts; the check is made again a little later.
+            ctr.view.state = State::Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message: Some(why.clone()),
+            };
+            ctr.restart_at = Some(Instant::now() + Duration::from_secs(10));
+            return;
+        }
         ctr.generation += 1;
         ctr.restart_at = None;
         ctr.view.restart_pending = false;

@@ -150,6 +150,16 @@ fn condition(type_: &str, ok: bool, now: Timestamp) -> PodCondition {
     }
 }
 
+/// The phase a pod ends in when it is deleted: Succeeded when every app container exited 0,
+/// otherwise Failed, as the kubelet writes it before the object goes.
+pub fn terminal_phase(main: &[ContainerView]) -> &'static str {
+    let all_zero = !main.is_empty()
+        && main
+            .iter()
+            .all(|c| matches!(&c.state, State::Terminated(t) if t.exit_code == 0));
+    if all_zero { "Succeeded" } else { "Failed" }
+}
+
 /// Everything that goes into one status patch.
 pub struct PodStatusInput<'a> {
     pub pod_ip: &'a str,
