@@ -93,7 +93,9 @@ impl Cluster {
     /// A command running one of `tests/cluster/`'s scripts against this cluster.
     pub fn script(self, name: &str) -> std::process::Command {
         let mut cmd = std::process::Command::new(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../cluster").join(name),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../cluster")
+                .join(name),
         );
         cmd.env("FERRY_CLUSTER", self.name());
         cmd

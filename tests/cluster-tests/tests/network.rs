@@ -96,11 +96,7 @@ async fn endpoints(ns: &TestNamespace, service: &str) -> anyhow::Result<Vec<(Str
         .iter()
         .flat_map(|s| s.endpoints.iter())
         .flat_map(|e| {
-            let ready = e
-                .conditions
-                .as_ref()
-                .and_then(|c| c.ready)
-                .unwrap_or(false);
+            let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false);
             e.addresses.iter().map(move |a| (a.clone(), ready))
         })
         .collect())
@@ -167,7 +163,8 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
     flappy["spec"]["containers"][0]["readinessProbe"] = json!({
         "exec": {"command": ["test", "-e", "/flag/ready"]}, "periodSeconds": 1,
     });
-    flappy["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "flag", "mountPath": "/flag"}]);
+    flappy["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "flag", "mountPath": "/flag"}]);
     flappy["spec"]["volumes"] = json!([{
         "name": "flag", "hostPath": {"path": format!("/data/{}", ns.name), "type": "Directory"},
     }]);
@@ -212,7 +209,10 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
         ),
     )
     .await?;
-    assert!(log.contains(&format!("{cluster_ip} ")), "echo resolves to {cluster_ip}: {log}");
+    assert!(
+        log.contains(&format!("{cluster_ip} ")),
+        "echo resolves to {cluster_ip}: {log}"
+    );
     assert!(log.contains("both-answered"), "{log}");
 
     // Unready: the slice marks flappy not ready, and after kube-proxy's resync no request reaches it.
@@ -238,7 +238,10 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
         ),
     )
     .await?;
-    let replies: Vec<&str> = log.lines().filter(|l| l.starts_with("hello from")).collect();
+    let replies: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("hello from"))
+        .collect();
     assert_eq!(replies.len(), 20, "{log}");
     assert!(
         replies.iter().all(|r| *r == "hello from steady"),
@@ -277,8 +280,14 @@ async fn pods_resolve_the_apiserver_by_name_and_reach_it_through_its_service() -
     )
     .await?;
     assert!(log.contains("nameserver 10.96.0.10"), "{log}");
-    assert!(log.contains(&format!("search {}.svc.cluster.local", ns.name)), "{log}");
-    assert!(log.contains("10.96.0.1 "), "kubernetes.default -> 10.96.0.1: {log}");
+    assert!(
+        log.contains(&format!("search {}.svc.cluster.local", ns.name)),
+        "{log}"
+    );
+    assert!(
+        log.contains("10.96.0.1 "),
+        "kubernetes.default -> 10.96.0.1: {log}"
+    );
     assert!(log.lines().any(|l| l == "ok"), "{log}");
     assert!(log.contains("unknown-name-fails"), "{log}");
     ns.delete().await
@@ -354,7 +363,11 @@ async fn no_packet_for_the_cluster_ranges_leaves_the_machine() -> anyhow::Result
 #[tokio::test]
 async fn a_node_port_is_reached_across_clusters_and_a_pod_ip_is_not() -> anyhow::Result<()> {
     let peer = TestNamespace::create_in(Cluster::Peer, "across").await?;
-    create(&peer.api::<Pod>(), server("far", "peer-a", json!({"app": "far"}))).await?;
+    create(
+        &peer.api::<Pod>(),
+        server("far", "peer-a", json!({"app": "far"})),
+    )
+    .await?;
     let service = create(
         &peer.api::<Service>(),
         json!({
@@ -369,7 +382,10 @@ async fn a_node_port_is_reached_across_clusters_and_a_pod_ip_is_not() -> anyhow:
     let node_port = service.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
     let far = wait_for_pod(&peer.api::<Pod>(), "far", POD_TIMEOUT, "Ready", is_ready).await?;
     let far_ip = pod_ip(&far);
-    assert!(far_ip.starts_with("10.101."), "peer pods are in 10.101/16: {far_ip}");
+    assert!(
+        far_ip.starts_with("10.101."),
+        "peer pods are in 10.101/16: {far_ip}"
+    );
     // Through peer-b, which does not run the pod: kube-proxy forwards it inside the peer cluster.
     let peer_node = node_ip(&peer.client, "peer-b").await?;
     let ns = TestNamespace::create("across").await?;
@@ -421,7 +437,10 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         }),
     )
     .await?;
-    wait_for_pod(&pods, "victim", POD_TIMEOUT, "Running", |p| phase(p) == "Running").await?;
+    wait_for_pod(&pods, "victim", POD_TIMEOUT, "Running", |p| {
+        phase(p) == "Running"
+    })
+    .await?;
     let log = wait_for_log(&ns.name, "victim", "main", "pid ", POD_TIMEOUT).await?;
     let pid: i32 = log
         .lines()
@@ -429,17 +448,30 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         .and_then(|p| p.trim().parse().ok())
         .context("no pid in the log")?;
 
-    let stop = Cluster::Main.script("node.sh").args(["stop", "node-x"]).status()?;
+    let stop = Cluster::Main
+        .script("node.sh")
+        .args(["stop", "node-x"])
+        .status()?;
     assert!(stop.success());
     let restart = scopeguard(|| {
-        let _ = Cluster::Main.script("node.sh").args(["start", "node-x"]).status();
+        let _ = Cluster::Main
+            .script("node.sh")
+            .args(["start", "node-x"])
+            .status();
     });
     // Power loss: the process was killed (it may linger a moment as a zombie until reaped).
-    wait_until(Duration::from_secs(10), "the pod's process dead", || async {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
-        Ok(matches!(state, None | Some("Z" | "X")))
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the pod's process dead",
+        || async {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            Ok(matches!(state, None | Some("Z" | "X")))
+        },
+    )
     .await?;
 
     // The real node lifecycle controller: NotReady (Unknown) after its grace period, the

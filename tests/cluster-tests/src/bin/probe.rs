@@ -35,6 +35,14 @@ enum Command {
         #[arg(long)]
         ignore_term: bool,
     },
+    /// Serves grpc.health.v1.Health/Check over h2c on $POD_IP:PORT: SERVING while FILE exists,
+    /// NOT_SERVING otherwise.
+    GrpcHealth {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        serving_while_file: std::path::PathBuf,
+    },
     /// Uses the pod's service account from inside the cluster: lists pods here (allowed by the test's
     /// Role), pods in kube-system and secrets here (both beyond it), prints one JSON line, then sleeps.
     Rbac,
@@ -46,6 +54,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { port } => serve(port).await,
         Command::Connect { addr, expect } => connect(&addr, &expect).await,
         Command::Sleep { ignore_term } => sleep(ignore_term).await,
+        Command::GrpcHealth {
+            port,
+            serving_while_file,
+        } => grpc_health(port, serving_while_file).await,
         Command::Rbac => rbac().await,
     }
 }
@@ -71,6 +83,43 @@ async fn serve(port: u16) -> anyhow::Result<()> {
                 body.len()
             );
             let _ = stream.write_all(reply.as_bytes()).await;
+        });
+    }
+}
+
+async fn grpc_health(port: u16, flag: std::path::PathBuf) -> anyhow::Result<()> {
+    let ip = std::env::var("POD_IP").context("POD_IP is not set")?;
+    let listener = tokio::net::TcpListener::bind((ip.as_str(), port))
+        .await
+        .with_context(|| format!("failed to listen on {ip}:{port}"))?;
+    println!("grpc health on {ip}:{port}");
+    loop {
+        let (stream, _) = listener.accept().await.context("accept failed")?;
+        let flag = flag.clone();
+        tokio::spawn(async move {
+            let Ok(mut conn) = h2::server::handshake(stream).await else {
+                return;
+            };
+            while let Some(Ok((request, mut respond))) = conn.accept().await {
+                // The request body (one HealthCheckRequest) is not needed to answer.
+                drop(request);
+                let serving = flag.exists();
+                let response = http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/grpc")
+                    .body(())
+                    .expect("static response");
+                let Ok(mut send) = respond.send_response(response, false) else {
+                    continue;
+                };
+                // HealthCheckResponse { status: SERVING (1) | NOT_SERVING (2) }, one gRPC frame.
+                let status: u8 = if serving { 1 } else { 2 };
+                let frame = bytes::Bytes::from(vec![0, 0, 0, 0, 2, 0x08, status]);
+                let _ = send.send_data(frame, false);
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let _ = send.send_trailers(trailers);
+            }
         });
     }
 }
