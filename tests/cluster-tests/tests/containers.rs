@@ -85,12 +85,22 @@ async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
     let pods = ns.api::<Pod>();
     wait_for_pod(&pods, "https", POD_TIMEOUT, "Ready through HTTPS", is_ready).await?;
 
-    let grpc = wait_for_pod(&pods, "grpc", POD_TIMEOUT, "Running", |p| phase(p) == "Running").await?;
+    let grpc = wait_for_pod(&pods, "grpc", POD_TIMEOUT, "Running", |p| {
+        phase(p) == "Running"
+    })
+    .await?;
     assert!(!is_ready(&grpc), "NOT_SERVING must not be Ready");
     std::fs::write(flags.join("serving"), b"")?;
     wait_for_pod(&pods, "grpc", POD_TIMEOUT, "Ready once SERVING", is_ready).await?;
     std::fs::remove_file(flags.join("serving"))?;
-    wait_for_pod(&pods, "grpc", POD_TIMEOUT, "not Ready once NOT_SERVING", |p| !is_ready(p)).await?;
+    wait_for_pod(
+        &pods,
+        "grpc",
+        POD_TIMEOUT,
+        "not Ready once NOT_SERVING",
+        |p| !is_ready(p),
+    )
+    .await?;
     ns.delete().await?;
     let _ = std::fs::remove_dir_all(flags);
     Ok(())
@@ -132,9 +142,13 @@ async fn failing_liveness_and_startup_probes_restart_the_container() -> anyhow::
     let live = wait_for_pod(&pods, "live", POD_TIMEOUT, "Ready", is_ready).await?;
     assert_eq!(restarts(&live), 0);
     std::fs::remove_file(flags.join("alive"))?;
-    let live = wait_for_pod(&pods, "live", POD_TIMEOUT, "restarted by its liveness probe", |p| {
-        restarts(p) >= 1
-    })
+    let live = wait_for_pod(
+        &pods,
+        "live",
+        POD_TIMEOUT,
+        "restarted by its liveness probe",
+        |p| restarts(p) >= 1,
+    )
     .await?;
     let last = live.status.unwrap().container_statuses.unwrap()[0]
         .last_state
@@ -144,9 +158,13 @@ async fn failing_liveness_and_startup_probes_restart_the_container() -> anyhow::
     assert_eq!(last.exit_code, 137, "killed: {last:?}");
 
     // The startup probe never passes: not Ready, and restarted after its threshold.
-    let start = wait_for_pod(&pods, "start", POD_TIMEOUT, "restarted by its startup probe", |p| {
-        restarts(p) >= 1
-    })
+    let start = wait_for_pod(
+        &pods,
+        "start",
+        POD_TIMEOUT,
+        "restarted by its startup probe",
+        |p| restarts(p) >= 1,
+    )
     .await?;
     assert!(!is_ready(&start));
     // Once it passes, the container is Ready.

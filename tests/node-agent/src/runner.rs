@@ -428,7 +428,7 @@ impl PodRunner {
         {
             self.net = Some(config.network.create(self.uid(), ip).await?);
         }
-        self.write_name_files()?;
+        self.write_name_files().map_err(io(&self.pod_dir))?;
         let node_root = config.node_root(&node.name);
         let pod_sc = spec.security_context.clone();
         let volumes = VolumeContext {
@@ -455,14 +455,11 @@ impl PodRunner {
     }
 
     /// The pod's /etc/hosts and, with the cluster DNS, /etc/resolv.conf, mounted into each container.
-    fn write_name_files(&self) -> Result<(), PrepareError> {
+    fn write_name_files(&self) -> std::io::Result<()> {
         let IpAddr::V4(ip) = self.ip else {
             return Ok(());
         };
-        let write = |name: &str, text: String| {
-            let path = self.pod_dir.join(name);
-            std::fs::write(&path, text).map_err(|source| PrepareError::Io { path, source })
-        };
+        let write = |name: &str, text: String| std::fs::write(self.pod_dir.join(name), text);
         if !host_network(&self.pod) {
             write("etc-hosts", crate::podnet::hosts_file(ip, &self.hostname()))?;
         }

@@ -104,11 +104,13 @@ async fn grpc_health(port: u16, flag: std::path::PathBuf) -> anyhow::Result<()> 
                 // The request body (one HealthCheckRequest) is not needed to answer.
                 drop(request);
                 let serving = flag.exists();
-                let response = http::Response::builder()
+                let Ok(response) = http::Response::builder()
                     .status(200)
                     .header("content-type", "application/grpc")
                     .body(())
-                    .expect("static response");
+                else {
+                    continue;
+                };
                 let Ok(mut send) = respond.send_response(response, false) else {
                     continue;
                 };
