@@ -21,6 +21,7 @@ start_node() {
     --netns "/run/netns/$netns_prefix-$node" --node-ip "$(node_ip "$node")" \
     --pod-cidr "$(node_pod_cidr "$node")" --pod-netns-prefix "$netns_prefix-$node" \
     --cluster-dns "$dns_service_ip" --apiserver-host "$kubernetes_service_ip" --apiserver-port 443 \
+    --kubelet-port 10250 --kubelet-cert "$pki_dir/kubelet-$node.crt" --kubelet-key "$pki_dir/kubelet-$node.key" \
     --bin-dir "$pod_bin_dir" --dockerfile "$repo_root/deploy/Dockerfile" --image "coredns=$bin/coredns" \
     >>"$log_dir/node-agent-$node.log" 2>&1 </dev/null &
   echo $! > "$pid_dir/node-agent-$node.pid"

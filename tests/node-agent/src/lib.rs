@@ -3,6 +3,7 @@
 //! - [`node`]: Node registration, Ready condition and Lease heartbeats;
 //! - [`pods`]: watches the pods bound to a node and gives each one a [`runner`];
 //! - [`runner`]: one pod's lifecycle (start, restart policy, probes, status, deletion);
+//! - [`kubelet_api`]: the container log endpoint `kubectl logs` reaches through the apiserver;
 //! - [`volumes`], [`env`], [`images`], [`process`], [`probes`], [`status`], [`podip`], [`podnet`],
 //!   [`sandbox`]:
 //!   the pieces a runner puts together.
@@ -11,6 +12,7 @@
 
 pub mod env;
 pub mod images;
+pub mod kubelet_api;
 pub mod node;
 pub mod podip;
 pub mod podnet;
@@ -36,6 +38,10 @@ pub struct AgentConfig {
     pub network: podnet::NodeNetwork,
     /// Where the kubelet API (container logs) listens on the node's address; 0 = not served.
     pub kubelet_port: u16,
+    /// The kubelet API's serving certificate and key (PEM files).
+    pub kubelet_tls: Option<(PathBuf, PathBuf)>,
+    /// The containers running now, for the log endpoint's `follow`.
+    pub running: kubelet_api::Running,
     pub apiserver_host: String,
     pub apiserver_port: u16,
     /// Image -> local binary (and the image's declared user).
@@ -89,6 +95,26 @@ pub async fn run_agent(client: kube::Client, config: AgentConfig) -> anyhow::Res
     let mut tasks = tokio::task::JoinSet::new();
     // Pod namespaces of an earlier run of this node hold nothing this agent adopts.
     config.network.remove_stale().await;
+    if config.kubelet_port != 0 {
+        let (cert, key) = config
+            .kubelet_tls
+            .clone()
+            .context("the kubelet API needs --kubelet-cert and --kubelet-key")?;
+        let read =
+            |p: &Path| std::fs::read(p).with_context(|| format!("failed to read {}", p.display()));
+        let tls = kubelet_api::server_config(&read(&cert)?, &read(&key)?, &read(&config.ca_file)?)
+            .context("invalid kubelet API certificates")?;
+        let addr = std::net::SocketAddr::from((config.network.node_ip, config.kubelet_port));
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("failed to listen on {addr} for the kubelet API"))?;
+        tokio::spawn(kubelet_api::serve(
+            listener,
+            Arc::new(tls),
+            config.cluster_dir.join("logs"),
+            config.running.clone(),
+        ));
+    }
     let name = &config.node;
     let node = Arc::new(node::NodeIdentity {
         name: name.clone(),

@@ -41,6 +41,11 @@ struct Args {
     /// The kubelet API port (container logs for `kubectl logs`) on the node's address; 0 = off.
     #[arg(long, default_value_t = 0)]
     kubelet_port: u16,
+    /// The kubelet API's serving certificate (PEM), signed by the cluster CA for the node's IP.
+    #[arg(long)]
+    kubelet_cert: Option<PathBuf>,
+    #[arg(long)]
+    kubelet_key: Option<PathBuf>,
     /// Address pods use to reach the apiserver (KUBERNETES_SERVICE_HOST): the kubernetes Service.
     #[arg(long)]
     apiserver_host: String,
@@ -142,6 +147,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             cluster_domain: args.cluster_domain,
         },
         kubelet_port: args.kubelet_port,
+        kubelet_tls: args.kubelet_cert.zip(args.kubelet_key),
+        running: Default::default(),
         apiserver_host: args.apiserver_host,
         apiserver_port: args.apiserver_port,
         images: ferry_node_agent::images::Catalog {

@@ -729,6 +729,7 @@ impl PodRunner {
         let run_dir = self.ctx.config.run_dir();
         let uid = self.uid().to_string();
         let key = self.key.clone();
+        let (namespace, pod_name) = (self.namespace().to_string(), self.name().to_string());
         let ctr = if init {
             &mut self.init[pos]
         } else {
@@ -771,6 +772,9 @@ impl PodRunner {
                 tracing::info!(pod = %key, container = %ctr.spec.name, pid = ?pgid, program = %ctr.launch.program.display(), "container started");
                 let generation = ctr.generation;
                 let tx = exit_tx.clone();
+                let running = self.ctx.config.running.clone();
+                let (ns, pod, name) = (namespace.clone(), pod_name.clone(), ctr.spec.name.clone());
+                running.insert(&ns, &pod, &name);
                 tokio::spawn(async move {
                     use std::os::unix::process::ExitStatusExt;
                     let (code, signal) = match child.wait().await {
@@ -782,6 +786,7 @@ impl PodRunner {
                         Err(_) => (255, None),
                     };
                     let _ = std::fs::remove_file(&pgid_file);
+                    running.remove(&ns, &pod, &name);
                     let _ = tx.send(Exit {
                         index,
                         generation,
