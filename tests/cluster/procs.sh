@@ -12,8 +12,9 @@ start() {
 
 # Starts node $1: its agent and its kube-proxy, both in the node's namespace.
 start_node() {
-  local node="$1" pod_bin_dir
+  local node="$1" pod_bin_dir metallb_bin_dir
   pod_bin_dir="$(cat "$cluster_dir/pod-bin-dir")"
+  metallb_bin_dir="$(cat "$cluster_dir/metallb-bin-dir")"
   # The agent joins the node's namespace itself (--netns) rather than through `ip netns exec`, whose
   # private mount namespace would hide the pod namespaces it creates from the host's `ip netns`.
   setsid "$target_dir/ferry-node-agent" \
@@ -23,6 +24,8 @@ start_node() {
     --cluster-dns "$dns_service_ip" --apiserver-host "$kubernetes_service_ip" --apiserver-port 443 \
     --kubelet-port 10250 --kubelet-cert "$pki_dir/kubelet-$node.crt" --kubelet-key "$pki_dir/kubelet-$node.key" \
     --bin-dir "$pod_bin_dir" --dockerfile "$repo_root/deploy/Dockerfile" --image "coredns=$bin/coredns" \
+    --image "metallb/controller=$metallb_bin_dir/metallb-controller" \
+    --image "metallb/speaker=$metallb_bin_dir/metallb-speaker" \
     >>"$log_dir/node-agent-$node.log" 2>&1 </dev/null &
   echo $! > "$pid_dir/node-agent-$node.pid"
   start "kube-proxy-$node" "$netns_prefix-$node" "$bin/kube-proxy" \

@@ -10,6 +10,7 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/net.sh"
 source "$(dirname "$0")/procs.sh"
+source "$(dirname "$0")/metallb.sh"
 started=$(date +%s.%N)
 "$repo_root/tests/scripts/deps.sh"
 bin="$("$repo_root/tests/k8s/build.sh")"
@@ -184,6 +185,14 @@ if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/fer
   done
 fi
 echo "$pod_bin_dir" > "$cluster_dir/pod-bin-dir"
+# MetalLB's controller runs as 65534: the same staging when the cache is not reachable for it.
+metallb_bin_dir="$bin"
+if ! setpriv --reuid 65534 --regid 65534 --clear-groups test -x "$bin/metallb-controller"; then
+  metallb_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)"
+  install -d -m 0755 "$metallb_bin_dir"
+  install -m 0755 "$bin/metallb-controller" "$bin/metallb-speaker" "$metallb_bin_dir/"
+fi
+echo "$metallb_bin_dir" > "$cluster_dir/metallb-bin-dir"
 for node in ${nodes//,/ }; do
   start_node "$node"
 done
@@ -209,6 +218,10 @@ alive_or_die kube-controller-manager
 
 # --- cluster DNS --------------------------------------------------------------------------------------
 sed -e "s/@DNS_IP@/$dns_service_ip/" "$(dirname "$0")/coredns.yaml" | kc apply -f - >/dev/null
+# LoadBalancer Services, installed while CoreDNS starts (its pods are not waited for: tests that
+# use a LoadBalancer wait for its address).
+metallb_up >"$log_dir/metallb-install.log" 2>&1 &
+metallb_install=$!
 coredns_ready() {
   [[ "$(kc -n kube-system get deploy coredns -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
 }
@@ -217,6 +230,12 @@ for node in ${nodes//,/ }; do
   alive_or_die "node-agent-$node"
   alive_or_die "kube-proxy-$node"
 done
+if ! wait "$metallb_install"; then
+  echo "up.sh: installing MetalLB failed:" >&2
+  cat "$log_dir/metallb-install.log" >&2
+  "$(dirname "$0")/down.sh" >/dev/null 2>&1 || true
+  exit 1
+fi
 
 awk -v a="$started" -v b="$(date +%s.%N)" -v k="$kubeconfig" \
   -v n="$cluster_name" 'BEGIN { printf "up.sh: cluster %s Ready in %.1f s; export KUBECONFIG=%s\n", n, b - a, k }' >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, etcd and helm
-# from the Go module next to this script, and CoreDNS from the module in coredns/, into
+# from the Go module next to this script, CoreDNS from coredns/ and MetalLB from metallb/, into
 # ${FERRY_CACHE:-~/.cache/ferry}/k8s-<version>/bin.
 #
 # Idempotent: a stamp keyed by a hash of go.mod, go.sum and this script marks a finished build, so a
@@ -21,7 +21,7 @@ helm_version="$(sed -n 's#^\s*helm.sh/helm/v3 \(v[0-9.]*\)$#\1#p' go.mod)"
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"
 out="$cache/k8s-$k8s_version"
 bin="$out/bin"
-key="$(cat go.mod go.sum coredns/go.mod coredns/go.sum build.sh | sha256sum | cut -c1-16)"
+key="$(cat go.mod go.sum coredns/go.mod coredns/go.sum metallb/go.mod metallb/go.sum build.sh | sha256sum | cut -c1-16)"
 stamp="$out/build-$key.stamp"
 if [[ -f "$stamp" ]]; then
   echo "$bin"
@@ -53,7 +53,7 @@ ldflags+=" -s -w"
 scratch="$out/bin.partial"
 rm -rf "$scratch"
 mkdir -p "$scratch"
-echo "build.sh: building Kubernetes $k8s_version, etcd, helm $helm_version and CoreDNS into $bin (takes ~12 min cold)" >&2
+echo "build.sh: building Kubernetes $k8s_version, etcd, helm $helm_version CoreDNS and MetalLB into $bin (takes ~13 min cold)" >&2
 # One `go build` for all commands shares the compiled dependencies and keeps both cores busy; `nice`
 # leaves room for the cargo builds running next to it.
 nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$scratch/" \
@@ -70,7 +70,15 @@ coredns_version="$(sed -n 's#^\s*require github.com/coredns/coredns \(v[0-9.]*\)
 (cd coredns && nice -n 10 go build -trimpath \
   -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns_version" \
   -o "$scratch/" github.com/coredns/coredns) >&2
-for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd helm coredns; do
+# MetalLB: both commands, and the upstream manifest they are deployed with (tests/cluster/metallb.sh).
+(cd metallb && nice -n 10 go build -trimpath -ldflags "-s -w" -o "$scratch/metallb/" \
+  go.universe.tf/metallb/controller go.universe.tf/metallb/speaker &&
+  cp "$(go list -m -f '{{.Dir}}' go.universe.tf/metallb)/config/manifests/metallb-native.yaml" "$scratch/metallb/") >&2
+mv "$scratch/metallb/controller" "$scratch/metallb-controller"
+mv "$scratch/metallb/speaker" "$scratch/metallb-speaker"
+mv "$scratch/metallb/metallb-native.yaml" "$scratch/metallb-native.yaml"
+rmdir "$scratch/metallb"
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd helm coredns metallb-controller metallb-speaker; do
   [[ -x "$scratch/$b" ]] || { echo "build.sh: $b missing after build" >&2; exit 1; }
 done
 rm -rf "$bin"

@@ -411,6 +411,98 @@ async fn a_node_port_is_reached_across_clusters_and_a_pod_ip_is_not() -> anyhow:
 }
 
 #[tokio::test]
+async fn a_load_balancer_address_is_announced_and_reached_from_the_host_and_the_other_cluster()
+-> anyhow::Result<()> {
+    let ns = TestNamespace::create("lb").await?;
+    create(
+        &ns.api::<Pod>(),
+        server("backend", "node-b", json!({"app": "lb"})),
+    )
+    .await?;
+    create(
+        &ns.api::<Service>(),
+        json!({
+            "metadata": {"name": "front"},
+            "spec": {
+                "type": "LoadBalancer", "selector": {"app": "lb"},
+                "ports": [{"port": 80, "targetPort": 8080}],
+            }
+        }),
+    )
+    .await?;
+    wait_for_pod(&ns.api::<Pod>(), "backend", POD_TIMEOUT, "Ready", is_ready).await?;
+    // MetalLB's controller assigns an address from the pool at the top of the node network.
+    let services = ns.api::<Service>();
+    let lb_ip = {
+        let deadline = tokio::time::Instant::now() + POD_TIMEOUT;
+        loop {
+            let svc = services.get("front").await?;
+            let ip = svc
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|l| l.ingress)
+                .and_then(|i| i.into_iter().next())
+                .and_then(|i| i.ip);
+            if let Some(ip) = ip {
+                break ip;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "no LoadBalancer address after {POD_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let last: u8 = lb_ip
+        .strip_prefix("10.100.0.")
+        .and_then(|l| l.parse().ok())
+        .with_context(|| format!("{lb_ip} is not on the node network"))?;
+    assert!((200..=250).contains(&last), "{lb_ip} outside the pool");
+    // From the host: the router resolves the address by ARP to a speaker's node (L2 mode).
+    let reply = tokio::time::timeout(POD_TIMEOUT, async {
+        loop {
+            if let Ok(mut s) = tokio::net::TcpStream::connect((lb_ip.as_str(), 80)).await {
+                tokio::io::AsyncWriteExt::write_all(&mut s, b"GET / HTTP/1.0\r\n\r\n").await?;
+                let mut reply = String::new();
+                tokio::io::AsyncReadExt::read_to_string(&mut s, &mut reply).await?;
+                if reply.contains("hello from backend") {
+                    return anyhow::Ok(reply);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .context("the LoadBalancer address never answered from the host")??;
+    assert!(reply.ends_with("hello from backend\n"), "{reply:?}");
+    // From a pod of the other cluster, as from another cluster on the same network.
+    let peer = TestNamespace::create_in(Cluster::Peer, "lb").await?;
+    let pods = peer.api::<Pod>();
+    create(
+        &pods,
+        json!({
+            "metadata": {"name": "visitor"},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {"kubernetes.io/hostname": "peer-a"},
+                "containers": [{
+                    "name": "main", "image": PROBE_IMAGE,
+                    "args": ["connect", "--addr", format!("{lb_ip}:80"), "--expect", "hello from backend"],
+                }],
+            }
+        }),
+    )
+    .await?;
+    let done = wait_for_pod(&pods, "visitor", POD_TIMEOUT, "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await?;
+    assert_eq!(phase(&done), "Succeeded", "{:?}", done.status);
+    peer.delete().await?;
+    ns.delete().await
+}
+
+#[tokio::test]
 async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> anyhow::Result<()> {
     let ns = TestNamespace::create("nodefail").await?;
     let pods = ns.api::<Pod>();

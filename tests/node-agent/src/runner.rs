@@ -598,6 +598,26 @@ impl PodRunner {
             })?;
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777));
+            // Volumes mounted below /tmp need their mount points inside this /tmp, which may be
+            // read-only in the container: made here, as a runtime makes them in the image's root.
+            for m in &mounts {
+                let Ok(rest) = m.target.strip_prefix("/tmp") else {
+                    continue;
+                };
+                let point = tmp.join(rest);
+                let made = if m.source.is_dir() {
+                    std::fs::create_dir_all(&point)
+                } else {
+                    point
+                        .parent()
+                        .map_or(Ok(()), std::fs::create_dir_all)
+                        .and_then(|()| std::fs::write(&point, b""))
+                };
+                made.map_err(|source| PrepareError::Io {
+                    path: point.clone(),
+                    source,
+                })?;
+            }
             mounts.push(BindMount {
                 source: tmp,
                 target: PathBuf::from("/tmp"),
