@@ -3,8 +3,9 @@
 # the network (net.sh: a namespace per node and per pod, behind a router namespace), etcd,
 # kube-apiserver (RBAC + the usual admission plugins), kube-controller-manager, kube-scheduler in
 # the control plane's namespace, then per node the node agent (runs pods as local processes in pod
-# namespaces) and kube-proxy, and CoreDNS as a pod behind the kube-dns Service.
-# Writes $FERRY_CLUSTER_DIR/kubeconfig and returns once every node is Ready and DNS answers.
+# namespaces) and kube-proxy, CoreDNS as a pod behind the kube-dns Service, and MetalLB for
+# LoadBalancer Services. Writes <state dir>/kubeconfig and returns once every node is Ready and
+# CoreDNS is.
 # A cluster of the same name left over from an earlier run is stopped first. Needs root.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
