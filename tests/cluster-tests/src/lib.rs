@@ -303,6 +303,37 @@ pub async fn wait_for_log(
     Ok(log)
 }
 
+/// Creates an object given as JSON in `api`.
+pub async fn create<K>(api: &Api<K>, value: serde_json::Value) -> anyhow::Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let object: K = from_json(value)?;
+    api.create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("failed to create {}", std::any::type_name::<K>()))
+}
+
+/// One `GET /` over HTTP/1.0 to `host:port` from the host; the whole reply.
+pub async fn http_get(host: &str, port: u16) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .with_context(|| format!("failed to connect to {host}:{port}"))?;
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await?;
+    Ok(reply)
+}
+
+/// Env entries the probe binary needs to know who and where it is.
+pub fn downward_env() -> serde_json::Value {
+    serde_json::json!([
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ])
+}
+
 /// Builds an object from JSON, naming the type that failed to parse.
 pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
     serde_json::from_value(value).with_context(|| format!("invalid {}", std::any::type_name::<T>()))

@@ -13,28 +13,10 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create<K>(api: &Api<K>, value: serde_json::Value) -> anyhow::Result<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = from_json(value)?;
-    api.create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("failed to create {}", std::any::type_name::<K>()))
-}
-
-/// Env entries the probe needs to know who and where it is.
-fn downward_env() -> serde_json::Value {
-    json!([
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ])
-}
 
 #[tokio::test]
 async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::Result<()> {
@@ -244,10 +226,7 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     );
     assert_eq!(client.spec.unwrap().node_name.as_deref(), Some("node-b"));
     // The host reaches the pod address too.
-    let mut stream = tokio::net::TcpStream::connect((server_ip.as_str(), 8080)).await?;
-    tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET / HTTP/1.0\r\n\r\n").await?;
-    let mut reply = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut reply).await?;
+    let reply = http_get(&server_ip, 8080).await?;
     assert!(reply.ends_with("hello from server\n"), "{reply:?}");
     // The server saw both peers.
     let log = wait_for_log(&ns.name, "server", "main", "connection from", POD_TIMEOUT).await?;

@@ -10,18 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ferry_cluster_tests::*;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::PostParams;
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create_pod(ns: &TestNamespace, value: serde_json::Value) -> anyhow::Result<Pod> {
-    let pod: Pod = from_json(value)?;
-    ns.api::<Pod>()
-        .create(&PostParams::default(), &pod)
-        .await
-        .context("failed to create pod")
-}
 
 /// A directory on node-a's disk, mounted at /flag in the pods below.
 fn flag_dir(ns: &TestNamespace) -> PathBuf {
@@ -47,8 +38,8 @@ fn restarts(pod: &Pod) -> i32 {
 async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
     let ns = TestNamespace::create("probes").await?;
     let flags = flag_dir(&ns);
-    create_pod(
-        &ns,
+    create(
+        &ns.api::<Pod>(),
         json!({
             "metadata": {"name": "grpc"},
             "spec": {
@@ -67,8 +58,8 @@ async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
     .await?;
     // A real TLS server (openssl s_server with a fresh self-signed certificate) behind an HTTPS
     // httpGet probe: the agent connects with TLS and reads the status without verifying.
-    create_pod(
-        &ns,
+    create(
+        &ns.api::<Pod>(),
         json!({
             "metadata": {"name": "https"},
             "spec": {
@@ -124,8 +115,8 @@ async fn failing_liveness_and_startup_probes_restart_the_container() -> anyhow::
             "volumeMounts": [{"name": "flag", "mountPath": "/flag"}],
         });
         container[kind] = probe(file, 2);
-        create_pod(
-            &ns,
+        create(
+            &ns.api::<Pod>(),
             json!({
                 "metadata": {"name": name},
                 "spec": {
@@ -179,8 +170,8 @@ async fn failing_liveness_and_startup_probes_restart_the_container() -> anyhow::
 async fn a_read_only_root_and_dropped_capabilities_hold_inside_the_container() -> anyhow::Result<()>
 {
     let ns = TestNamespace::create("sandbox").await?;
-    create_pod(
-        &ns,
+    create(
+        &ns.api::<Pod>(),
         json!({
             "metadata": {"name": "confined"},
             "spec": {
@@ -223,8 +214,8 @@ async fn a_read_only_root_and_dropped_capabilities_hold_inside_the_container() -
 #[tokio::test]
 async fn run_as_non_root_refuses_a_root_container_with_the_kubelets_reason() -> anyhow::Result<()> {
     let ns = TestNamespace::create("nonroot").await?;
-    create_pod(
-        &ns,
+    create(
+        &ns.api::<Pod>(),
         json!({
             "metadata": {"name": "rooty"},
             "spec": {

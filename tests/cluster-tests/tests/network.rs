@@ -11,28 +11,11 @@ use anyhow::Context as _;
 use ferry_cluster_tests::*;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client};
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
-
-async fn create<K>(api: &Api<K>, value: serde_json::Value) -> anyhow::Result<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = from_json(value)?;
-    api.create(&PostParams::default(), &object)
-        .await
-        .with_context(|| format!("failed to create {}", std::any::type_name::<K>()))
-}
-
-fn downward_env() -> serde_json::Value {
-    json!([
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-    ])
-}
 
 /// A probe pod answering "hello from <name>" on its pod IP, port 8080.
 fn server(name: &str, node: &str, labels: serde_json::Value) -> serde_json::Value {
@@ -45,6 +28,17 @@ fn server(name: &str, node: &str, labels: serde_json::Value) -> serde_json::Valu
                 "env": downward_env(),
                 "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
             }],
+        }
+    })
+}
+
+/// A Service of `type_` on port 80 in front of the pods labelled `app: <name>`, port 8080.
+fn service(name: &str, type_: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "type": type_, "selector": {"app": name},
+            "ports": [{"port": 80, "targetPort": 8080}],
         }
     })
 }
@@ -169,17 +163,7 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
         "name": "flag", "hostPath": {"path": format!("/data/{}", ns.name), "type": "Directory"},
     }]);
     create(&pods, flappy).await?;
-    let service = create(
-        &ns.api::<Service>(),
-        json!({
-            "metadata": {"name": "echo"},
-            "spec": {
-                "type": "NodePort", "selector": {"app": "echo"},
-                "ports": [{"port": 80, "targetPort": 8080}],
-            }
-        }),
-    )
-    .await?;
+    let service = create(&ns.api::<Service>(), service("echo", "NodePort")).await?;
     let spec = service.spec.unwrap();
     let cluster_ip = spec.cluster_ip.unwrap();
     let node_port = spec.ports.unwrap()[0].node_port.unwrap();
@@ -251,12 +235,7 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
     // NodePort on every node's address, from the host.
     for node in ["node-a", "node-b"] {
         let ip = node_ip(&ns.client, node).await?;
-        let mut stream = tokio::net::TcpStream::connect((ip.as_str(), node_port as u16))
-            .await
-            .with_context(|| format!("NodePort {ip}:{node_port}"))?;
-        tokio::io::AsyncWriteExt::write_all(&mut stream, b"GET / HTTP/1.0\r\n\r\n").await?;
-        let mut reply = String::new();
-        tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut reply).await?;
+        let reply = http_get(&ip, node_port as u16).await?;
         assert!(reply.ends_with("hello from steady\n"), "{node}: {reply:?}");
     }
     ns.delete().await?;
@@ -368,17 +347,7 @@ async fn a_node_port_is_reached_across_clusters_and_a_pod_ip_is_not() -> anyhow:
         server("far", "peer-a", json!({"app": "far"})),
     )
     .await?;
-    let service = create(
-        &peer.api::<Service>(),
-        json!({
-            "metadata": {"name": "far"},
-            "spec": {
-                "type": "NodePort", "selector": {"app": "far"},
-                "ports": [{"port": 80, "targetPort": 8080}],
-            }
-        }),
-    )
-    .await?;
+    let service = create(&peer.api::<Service>(), service("far", "NodePort")).await?;
     let node_port = service.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
     let far = wait_for_pod(&peer.api::<Pod>(), "far", POD_TIMEOUT, "Ready", is_ready).await?;
     let far_ip = pod_ip(&far);
@@ -419,17 +388,7 @@ async fn a_load_balancer_address_is_announced_and_reached_from_the_host_and_the_
         server("backend", "node-b", json!({"app": "lb"})),
     )
     .await?;
-    create(
-        &ns.api::<Service>(),
-        json!({
-            "metadata": {"name": "front"},
-            "spec": {
-                "type": "LoadBalancer", "selector": {"app": "lb"},
-                "ports": [{"port": 80, "targetPort": 8080}],
-            }
-        }),
-    )
-    .await?;
+    create(&ns.api::<Service>(), service("front", "LoadBalancer")).await?;
     wait_for_pod(&ns.api::<Pod>(), "backend", POD_TIMEOUT, "Ready", is_ready).await?;
     // MetalLB's controller assigns an address from the pool at the top of the node network.
     let services = ns.api::<Service>();
@@ -461,19 +420,14 @@ async fn a_load_balancer_address_is_announced_and_reached_from_the_host_and_the_
     // From the host: the router resolves the address by ARP to a speaker's node (L2 mode).
     let reply = tokio::time::timeout(POD_TIMEOUT, async {
         loop {
-            if let Ok(mut s) = tokio::net::TcpStream::connect((lb_ip.as_str(), 80)).await {
-                tokio::io::AsyncWriteExt::write_all(&mut s, b"GET / HTTP/1.0\r\n\r\n").await?;
-                let mut reply = String::new();
-                tokio::io::AsyncReadExt::read_to_string(&mut s, &mut reply).await?;
-                if reply.contains("hello from backend") {
-                    return anyhow::Ok(reply);
-                }
+            match http_get(&lb_ip, 80).await {
+                Ok(reply) if reply.contains("hello from backend") => return reply,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
     .await
-    .context("the LoadBalancer address never answered from the host")??;
+    .context("the LoadBalancer address never answered from the host")?;
     assert!(reply.ends_with("hello from backend\n"), "{reply:?}");
     // From a pod of the other cluster, as from another cluster on the same network.
     let peer = TestNamespace::create_in(Cluster::Peer, "lb").await?;

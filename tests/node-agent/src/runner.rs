@@ -381,18 +381,8 @@ impl PodRunner {
     /// Writes the terminal phase and final container states before the object is removed, so
     /// watchers (controllers, `kubectl get -w`) see how the pod ended.
     async fn report_terminal(&mut self) {
-        let init: Vec<ContainerView> = self.init.iter().map(|c| c.view.clone()).collect();
         let main: Vec<ContainerView> = self.main.iter().map(|c| c.view.clone()).collect();
-        let ip = self.ip.to_string();
-        let host_ip = self.ctx.node.ip.to_string();
-        let mut body = status::patch(&PodStatusInput {
-            pod_ip: &ip,
-            host_ip: &host_ip,
-            start_time: self.start_time,
-            init: &init,
-            main: &main,
-            blocked: self.blocked.as_deref(),
-        });
+        let mut body = self.status_body(&main);
         body["status"]["phase"] = status::terminal_phase(&main).into();
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), self.namespace());
         if let Err(e) = api
@@ -944,8 +934,22 @@ impl PodRunner {
     }
 
     /// Patches the pod status when it changed, or every [`STATUS_REFRESH`].
-    async fn report(&mut self, last: &mut Option<(serde_json::Value, Instant)>) {
+    /// The status patch for app containers shown as `main` (the init containers as they are).
+    fn status_body(&self, main: &[ContainerView]) -> serde_json::Value {
         let init: Vec<ContainerView> = self.init.iter().map(|c| c.view.clone()).collect();
+        let ip = self.ip.to_string();
+        let host_ip = self.ctx.node.ip.to_string();
+        status::patch(&PodStatusInput {
+            pod_ip: &ip,
+            host_ip: &host_ip,
+            start_time: self.start_time,
+            init: &init,
+            main,
+            blocked: self.blocked.as_deref(),
+        })
+    }
+
+    async fn report(&mut self, last: &mut Option<(serde_json::Value, Instant)>) {
         let main: Vec<ContainerView> = if self.main.is_empty() {
             // Not prepared yet: show the declared containers as waiting.
             self.pod
@@ -968,16 +972,7 @@ impl PodRunner {
         } else {
             self.main.iter().map(|c| c.view.clone()).collect()
         };
-        let ip = self.ip.to_string();
-        let host_ip = self.ctx.node.ip.to_string();
-        let body = status::patch(&PodStatusInput {
-            pod_ip: &ip,
-            host_ip: &host_ip,
-            start_time: self.start_time,
-            init: &init,
-            main: &main,
-            blocked: self.blocked.as_deref(),
-        });
+        let body = self.status_body(&main);
         // Compare without timestamps, which change every call.
         let fingerprint = strip_times(body.clone());
         if let Some((prev, at)) = last
