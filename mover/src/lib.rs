@@ -10,6 +10,7 @@
 //! - [`kind`]: where a failure lies (error kinds, exit status);
 //! - [`progress`]: the gRPC progress service;
 //! - [`quantity`]: byte quantities (`50M`, `1Gi`) shared with the operator;
+//! - [`limiter`]: bandwidth limits for send and copy;
 //! - [`cas`]: the per-node content-addressed block store;
 //! - [`report`]: summaries (`--json`) and the TTY progress bar;
 //! - [`cli`]: flag parsing and dispatch for the binary.
@@ -19,6 +20,7 @@ pub mod cli;
 pub mod copy;
 pub mod digest;
 pub mod kind;
+pub mod limiter;
 pub mod net;
 pub mod progress;
 pub mod quantity;

@@ -33,6 +33,10 @@ pub struct CopyArgs {
     /// Print one JSON summary line on stdout (and no progress bar).
     #[arg(long)]
     pub json: bool,
+    /// At most this many bytes per second written, all workers together (`50M` = 50 000 000,
+    /// `1Gi` = 2^30, as a Transfer's bandwidthLimit); 0 means no limit.
+    #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// Exit status 0 when everything was copied, 1 when some entries failed (each reported on
@@ -43,6 +47,7 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         checksum: args.checksum,
         delete: args.delete,
         xattrs: args.xattrs,
+        bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         ..CopyOptions::default()
     };
     if let Some(jobs) = args.jobs {

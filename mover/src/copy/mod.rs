@@ -52,6 +52,8 @@ pub struct CopyOptions {
     pub resolve: Resolve,
     /// Never try copy_file_range (tests use it to cover the read/write path).
     pub no_copy_file_range: bool,
+    /// Bytes per second all workers together may write; None for no limit.
+    pub bandwidth_limit: Option<u64>,
 }
 
 impl Default for CopyOptions {
@@ -64,6 +66,7 @@ impl Default for CopyOptions {
             xattrs: false,
             resolve: Resolve::Auto,
             no_copy_file_range: false,
+            bandwidth_limit: None,
         }
     }
 }
@@ -177,7 +180,10 @@ pub fn copy_tree(
         },
     )
     .map_err(CopyError::Dest)?;
-    let caps = CopyCaps::new();
+    let caps = match opts.bandwidth_limit {
+        Some(rate) => CopyCaps::with_limit(rate),
+        None => CopyCaps::new(),
+    };
     if opts.no_copy_file_range {
         caps.disable_copy_file_range();
     }

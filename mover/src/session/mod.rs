@@ -12,7 +12,6 @@ pub mod dest;
 mod dircache;
 mod framed;
 mod handshake;
-mod limiter;
 mod listen;
 mod receiver;
 pub mod relpath;

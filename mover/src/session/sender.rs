@@ -18,7 +18,6 @@ use super::OFFER_WINDOW;
 use super::compress::{CODEC_ZERO, CodecPolicy, Compress};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, send_hello};
-use super::limiter::Limiter;
 use super::scan::{self, ScanError};
 use super::{
     Abort, PEER_GRACE, Reason, SMALL_FILE_MAX, Summary, Timeouts, anyhow_chain, pending_peer_error,
@@ -27,6 +26,7 @@ use super::{
 use crate::cas::dedup::DedupSender;
 use crate::digest::{self, BlockHashes, DirList, Hash, HashError, HashPool, LinkList, TreeBuilder};
 use crate::kind::ErrorKind;
+use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, RelPath, Resolve};
