@@ -68,6 +68,8 @@ pub struct Progress {
     finished: tokio::sync::Notify,
     /// A progress client has been handed the final update.
     outcome_delivered: AtomicBool,
+    /// A long-running receiver's counters, which a session's also count into (see [`Progress::for_session`]).
+    parent: Option<std::sync::Arc<Progress>>,
 }
 
 /// A consistent-enough copy of the counters.
@@ -128,7 +130,48 @@ impl Progress {
             role: role.to_owned(),
             finished: tokio::sync::Notify::new(),
             outcome_delivered: AtomicBool::new(false),
+            parent: None,
         }
+    }
+
+    /// One session's counters beneath a receiver that serves many: each session's summary counts
+    /// only its own files and bytes, while what it adds also counts in `parent`, which the
+    /// receiver's progress bar and service follow. The wire counter is the session's own (its
+    /// streams count into it once the session is assembled); [`Progress::close_session`] adds it
+    /// to the parent's.
+    pub fn for_session(parent: &std::sync::Arc<Progress>) -> std::sync::Arc<Progress> {
+        let mut p = Progress::new(&parent.transfer_id, &parent.role);
+        p.parent = Some(parent.clone());
+        std::sync::Arc::new(p)
+    }
+
+    /// A session made by [`Progress::for_session`] ended: its wire bytes count in the parent's.
+    pub fn close_session(&self) {
+        if let Some(parent) = &self.parent {
+            parent
+                .wire_bytes
+                .fetch_add(self.wire_bytes.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// The counter of `other` that `c` (one of this Progress's counters) stands for.
+    fn counterpart<'a>(&self, c: &AtomicU64, other: &'a Progress) -> Option<&'a AtomicU64> {
+        let pairs = [
+            (&self.files_done, &other.files_done),
+            (&self.files_total, &other.files_total),
+            (&self.bytes_done, &other.bytes_done),
+            (&self.bytes_total, &other.bytes_total),
+            (&self.skipped, &other.skipped),
+            (&self.failed, &other.failed),
+            (&self.resumed_bytes, &other.resumed_bytes),
+            (&self.dedup_blocks, &other.dedup_blocks),
+            (&self.dedup_bytes, &other.dedup_bytes),
+            (&self.hashed_bytes, &other.hashed_bytes),
+        ];
+        pairs
+            .into_iter()
+            .find(|(mine, _)| std::ptr::eq(*mine, c))
+            .map(|(_, theirs)| theirs)
     }
 
     pub fn set_phase(&self, p: Phase) {
@@ -204,6 +247,11 @@ impl Progress {
 
     pub fn add(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
+        if let Some(parent) = &self.parent
+            && let Some(theirs) = self.counterpart(c, parent)
+        {
+            theirs.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The walk found `files` more files holding `bytes`.

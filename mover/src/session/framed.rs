@@ -121,6 +121,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.stream = stream;
         self.idle = idle;
     }
+
+    /// Counts the frames read from now on into `wire_bytes` (a session's own counter).
+    pub fn set_wire_counter(&mut self, wire_bytes: Arc<AtomicU64>) {
+        self.wire_bytes = wire_bytes;
+    }
 }
 
 /// Writes frames; bulk data is written from the caller's buffer without copying into a frame.

@@ -73,10 +73,22 @@ pub async fn serve(
     let (result_tx, mut result_rx) = mpsc::channel(MAX_SESSIONS);
     let mut running = tokio::task::JoinSet::new();
     let mut queued: VecDeque<Vec<TlsAccepted>> = VecDeque::new();
-    let start = |running: &mut tokio::task::JoinSet<()>, streams: Vec<TlsAccepted>| {
-        let (c, p, tx) = (cfg.clone(), progress.clone(), result_tx.clone());
+    let start = |running: &mut tokio::task::JoinSet<()>, mut streams: Vec<TlsAccepted>| {
+        // A receiver serving many sessions gives each its own counters, so each summary is that
+        // session's; with `once` the one session reports into the receiver's own.
+        let own = (!once).then(|| Progress::for_session(&progress));
+        if let Some(own) = &own {
+            for s in &mut streams {
+                s.reader.set_wire_counter(own.wire_bytes.clone());
+            }
+        }
+        let p = own.clone().unwrap_or_else(|| progress.clone());
+        let (c, tx) = (cfg.clone(), result_tx.clone());
         running.spawn(async move {
             let r = receive_session(&c, streams, p).await;
+            if let Some(own) = own {
+                own.close_session();
+            }
             let _ = tx.send(r).await;
         });
     };
