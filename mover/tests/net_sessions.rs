@@ -46,7 +46,10 @@ async fn each_session_of_a_long_running_receiver_reports_its_own_counts() {
             false,
             receiver_progress,
             |r| {
-                let _ = tx.send(r.as_ref().map(|s| s.clone()).map_err(|e| e.to_string()));
+                let _ = tx.send(match r {
+                    Ok(s) => Ok(s.clone()),
+                    Err(e) => Err(e.to_string()),
+                });
             },
         )
         .await
