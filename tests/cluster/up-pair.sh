@@ -3,6 +3,13 @@
 # fails when either does not come up. `down-pair.sh` stops both.
 set -uo pipefail
 here="$(dirname "$0")"
+repo_root="$(cd "$here/../.." && pwd)"
+# What both would otherwise build or install at the same time: once, first.
+"$repo_root/tests/scripts/deps.sh" || exit 1
+"$repo_root/tests/k8s/build.sh" >/dev/null || exit 1
+cargo_flags=()
+[[ "${FERRY_PROFILE:-debug}" == release ]] && cargo_flags+=(--release)
+(cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace) || exit 1
 "$here/up.sh" &
 main=$!
 FERRY_CLUSTER=peer "$here/up.sh" &

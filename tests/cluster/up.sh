@@ -179,7 +179,7 @@ start kube-scheduler "$cp_ns" "$bin/kube-scheduler" \
 # for them (a checkout under /root, say), the binaries pods run are staged where it is.
 pod_bin_dir="$target_dir"
 if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/ferry-mover"; then
-  pod_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)"
+  pod_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)-$cluster_name"
   install -d -m 0755 "$pod_bin_dir"
   for b in ferry-mover ferry-operator ferry-cluster-probe; do
     install -m 0755 "$target_dir/$b" "$pod_bin_dir/$b"
@@ -187,9 +187,10 @@ if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/fer
 fi
 echo "$pod_bin_dir" > "$cluster_dir/pod-bin-dir"
 # MetalLB's controller runs as 65534: the same staging when the cache is not reachable for it.
+# Each cluster stages into its own directory: two clusters start at the same time.
 metallb_bin_dir="$bin"
 if ! setpriv --reuid 65534 --regid 65534 --clear-groups test -x "$bin/metallb-controller"; then
-  metallb_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)"
+  metallb_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)-$cluster_name"
   install -d -m 0755 "$metallb_bin_dir"
   install -m 0755 "$bin/metallb-controller" "$bin/metallb-speaker" "$metallb_bin_dir/"
 fi
