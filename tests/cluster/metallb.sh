@@ -35,4 +35,5 @@ metadata: {name: local, namespace: metallb-system}
 spec:
   ipAddressPools: [local]
 YAML
+  kc -n metallb-system get ipaddresspool local >/dev/null && kc -n metallb-system get l2advertisement local >/dev/null
 }

@@ -385,7 +385,7 @@ async fn a_load_balancer_address_is_announced_and_reached_from_the_host_and_the_
     let ns = TestNamespace::create("lb").await?;
     create(
         &ns.api::<Pod>(),
-        server("backend", "node-b", json!({"app": "lb"})),
+        server("backend", "node-b", json!({"app": "front"})),
     )
     .await?;
     create(&ns.api::<Service>(), service("front", "LoadBalancer")).await?;
