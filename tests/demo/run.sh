@@ -32,7 +32,7 @@ if [[ -z "${DEMO_SKIP_BUILD:-}" ]]; then
   "$repo_root/tests/scripts/deps.sh"
   step "building ferry: cargo build --workspace (the first build takes several minutes)"
   (cd "$repo_root" && cargo build --workspace)
-  step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kubectl, helm (first time about 10 minutes, then cached in ${cache_dir/#$HOME/\~})"
+  step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kube-proxy, kubectl, helm, CoreDNS, MetalLB (first time about 13 minutes, then cached in ${cache_dir/#$HOME/\~})"
   "$repo_root/tests/k8s/build.sh" >/dev/null
 fi
 bin="$("$repo_root/tests/k8s/build.sh")"
@@ -41,7 +41,7 @@ export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig"
 if cluster_running "$bin/kubectl"; then
   step "the local cluster is already running: using it"
 else
-  step "starting the local cluster: etcd, apiserver, controller-manager, scheduler, nodes node-a and node-b"
+  step "starting the local cluster: control plane, nodes node-a, node-b and node-x (each node and pod in a network namespace of its own), kube-proxy, CoreDNS"
   "$repo_root/tests/cluster/up.sh"
 fi
 kubectl get nodes
