@@ -257,7 +257,8 @@ impl SendError {
             | SendError::Unexpected { .. }
             | SendError::WantMismatch { .. }
             | SendError::NoPeerDigest
-            | SendError::BadPeerDigest(_) => ErrorKind::Peer,
+            | SendError::BadPeerDigest(_)
+            | SendError::FilterUnsupported => ErrorKind::Peer,
             SendError::Read { .. } | SendError::Changed(_) | SendError::Digest(_) => {
                 ErrorKind::Source
             }

@@ -2,10 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = ferry_mover::cli::Cli::parse();
+    let cli = ferry_mover::cli::parse();
     ferry_mover::cli::init_output(&cli);
     match ferry_mover::cli::run(cli) {
         Ok(code) => code,

@@ -276,6 +276,7 @@ async fn a_hash_announced_without_possession_is_refused() {
             stream_index: 0,
             stream_count: 1,
             block_size: BLOCK_SIZE as u32,
+            filter_rules: Vec::new(),
         }))
         .await
         .unwrap();

@@ -485,6 +485,7 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         sync: false,
         bandwidth_limit: None,
         timeouts: stall_timeouts(),
+        filter: Default::default(),
     };
     let started = std::time::Instant::now();
     let progress = Arc::new(Progress::new("stall", "sender"));

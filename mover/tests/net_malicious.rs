@@ -67,6 +67,7 @@ fn hello(caps: u64) -> pb::Hello {
         stream_index: 0,
         stream_count: 1,
         block_size: BLOCK_SIZE as u32,
+        filter_rules: Vec::new(),
     }
 }
 

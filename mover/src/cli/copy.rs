@@ -37,6 +37,8 @@ pub struct CopyArgs {
     /// `1Gi` = 2^30, as a Transfer's bandwidthLimit); 0 means no limit.
     #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
     pub bandwidth_limit: Option<u64>,
+    #[command(flatten)]
+    pub filter: super::filter::FilterArgs,
 }
 
 /// Exit status 0 when everything was copied, 1 when some entries failed (each reported on
@@ -48,6 +50,7 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         delete: args.delete,
         xattrs: args.xattrs,
         bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
+        filter: args.filter.compile()?,
         ..CopyOptions::default()
     };
     if let Some(jobs) = args.jobs {

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 pub mod addr;
 pub mod cas;
 pub mod copy;
+pub mod filter;
 pub mod net;
 pub mod staging;
 
@@ -52,6 +53,21 @@ pub enum Command {
     Completions { shell: clap_complete::Shell },
     /// Print the manual page (roff; man -l <(ferry-mover man)).
     Man,
+}
+
+/// Parses the process's command line (with the order of `--exclude`/`--include` rules).
+pub fn parse() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some((_, sub)) = matches.subcommand() {
+        match &mut cli.command {
+            Command::Copy(a) => a.filter.order_from(sub),
+            Command::Send(a) => a.filter.order_from(sub),
+            _ => {}
+        }
+    }
+    cli
 }
 
 /// Runs a parsed command line; the exit code reflects partial failures (for example files that

@@ -108,6 +108,8 @@ pub struct SendArgs {
     #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
     pub bandwidth_limit: Option<u64>,
     #[command(flatten)]
+    pub filter: super::filter::FilterArgs,
+    #[command(flatten)]
     pub tls: TlsArgs,
 }
 
@@ -291,6 +293,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         sync: args.tls.sync,
         bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         timeouts,
+        filter: args.filter.compile()?,
     };
     if !args.root.is_dir() {
         anyhow::bail!("source root {} is not a directory", args.root.display());

@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::report::{Progress, Summary};
-use crate::tree::dest::{ensure_dir_at, list_dir, lookup_at, remove_at};
+use crate::tree::dest::{ensure_dir_at, excluded_listing_entry, list_dir, lookup_at, remove_at};
 use crate::tree::{
-    CopyCaps, DestError, DestOptions, DestRoot, Kind, Placed, Replace, Resolve, ScanError,
-    ScanEvent, Scanner, is_temp_name,
+    CopyCaps, DestError, DestOptions, DestRoot, Filter, Kind, Placed, RelPath, Replace, Resolve,
+    ScanError, ScanEvent, Scanner, is_temp_name,
 };
 
 use dirs::DirState;
@@ -54,6 +54,8 @@ pub struct CopyOptions {
     pub no_copy_file_range: bool,
     /// Bytes per second all workers together may write; None for no limit.
     pub bandwidth_limit: Option<u64>,
+    /// `--exclude` / `--include`: what is left out of the copy (and, with `--delete`, kept).
+    pub filter: Arc<Filter>,
 }
 
 impl Default for CopyOptions {
@@ -67,6 +69,7 @@ impl Default for CopyOptions {
             resolve: Resolve::Auto,
             no_copy_file_range: false,
             bandwidth_limit: None,
+            filter: Arc::default(),
         }
     }
 }
@@ -158,7 +161,9 @@ pub fn copy_tree(
     progress: Arc<Progress>,
 ) -> Result<Summary, CopyError> {
     let started = Instant::now();
-    let scanner = Scanner::open(src).map_err(CopyError::Source)?;
+    let scanner = Scanner::open(src)
+        .map_err(CopyError::Source)?
+        .with_filter(opts.filter.clone());
     let dst_existed = dst.symlink_metadata().is_ok();
     // A destination inside the source would be scanned while it is being filled.
     if let (Ok(s), Some(d)) = (src.canonicalize(), canonical_prefix(dst))
@@ -458,6 +463,16 @@ fn delete_extras(shared: &Shared, state: &DirState) {
         };
         let name = item.file_name().to_bytes();
         if name == b"." || name == b".." || is_temp_name(name) {
+            continue;
+        }
+        let parent = state.rel.as_ref().map(RelPath::as_bytes);
+        if excluded_listing_entry(
+            &shared.opts.filter,
+            parent,
+            name,
+            item.file_type(),
+            dst.as_fd(),
+        ) {
             continue;
         }
         match lookup_at(src.as_fd(), name) {

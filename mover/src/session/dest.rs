@@ -293,6 +293,7 @@ impl DestRoot {
         &self,
         path: Option<&str>,
         keep: &std::collections::HashSet<String>,
+        protect: &tree::Filter,
     ) -> Result<u64, DestError> {
         let shown = path.unwrap_or(".");
         let dir = self.open_dir(path)?;
@@ -312,7 +313,15 @@ impl DestRoot {
             }
             let keep_it = std::str::from_utf8(name).is_ok_and(|n| keep.contains(n))
                 || (path.is_none() && name == STAGING_DIR.as_bytes());
-            if !keep_it {
+            if !keep_it
+                && !tree::dest::excluded_listing_entry(
+                    protect,
+                    path.map(str::as_bytes),
+                    name,
+                    ent.file_type(),
+                    dir.as_fd(),
+                )
+            {
                 doomed.push(name.to_vec());
             }
         }

@@ -28,7 +28,7 @@ use crate::cas::{BlockHash, CasError, CasStore};
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::kind::{ErrorKind, is_no_space};
 use crate::progress::{Phase, Progress};
-use crate::tree::{CommitError, Kind, Meta, NonEmptyDir, Placed, Replace};
+use crate::tree::{CommitError, Filter, Kind, Meta, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, caps, codec};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
@@ -327,6 +327,8 @@ struct Shared {
     clock: super::ProgressClock,
     /// The sender reads Busy frames (progress capability).
     busy: bool,
+    /// The sender's exclude rules: `--delete` keeps the destination entries they match.
+    protect: Filter,
 }
 
 impl Shared {
@@ -557,6 +559,19 @@ where
         .first()
         .ok_or_else(|| ReceiveError::Streams("no streams".into()))?;
     let (sid, caps) = (first.hello.session_id.clone(), first.caps);
+    let protect = if caps & caps::FILTER != 0 {
+        Filter::from_wire(&first.hello.filter_rules)
+            .map_err(|e| proto(format!("filter rules: {e}")))
+    } else {
+        Ok(Filter::default())
+    };
+    let protect = match protect {
+        Ok(f) => f,
+        Err(e) => {
+            tell_all(&mut streams, &e, &cfg.transfer_id).await;
+            return Err(e);
+        }
+    };
     for (i, s) in streams.iter().enumerate() {
         if s.hello.session_id != sid
             || s.hello.stream_count != n
@@ -618,6 +633,7 @@ where
         transfer_id: cfg.transfer_id.clone(),
         clock: super::ProgressClock::new(),
         busy: caps & caps::PROGRESS != 0,
+        protect,
     });
     progress.set_phase(Phase::Transferring);
 
@@ -1771,9 +1787,9 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
             }
             keep.insert(name);
         }
-        let removed = sh
-            .dest
-            .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep)?;
+        let removed =
+            sh.dest
+                .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep, &sh.protect)?;
         sh.deleted.fetch_add(removed, Ordering::Relaxed);
     }
     let mtime = mtime_of(&dir);

@@ -17,7 +17,7 @@ use super::SMALL_FILE_MAX;
 use super::relpath::STAGING_DIR;
 use crate::digest::{self, TreeBuilder};
 use crate::progress::Progress;
-use crate::tree::{self, DirFd, Kind, Meta, RelPath, Scanner};
+use crate::tree::{self, DirFd, Filter, Kind, Meta, RelPath, Scanner};
 
 /// Entries per Offer and whole-file bytes per group (keeps one group's batches small).
 const GROUP_ENTRIES: usize = 1024;
@@ -84,6 +84,7 @@ fn rel_string(rel: &Path) -> Result<String, ScanError> {
 /// anyway and computes both hashes in that one read). Hard links are not part of the tree.
 pub fn scan(
     root: &Path,
+    filter: &Arc<Filter>,
     checksum: bool,
     tx: mpsc::Sender<Vec<pb::Entry>>,
     progress: Arc<Progress>,
@@ -100,7 +101,8 @@ pub fn scan(
     let mut hardlinks = Vec::new();
     let scanner = Scanner::open(root)
         .map_err(|e| walk_error(root, e))?
-        .exclude_at_root(STAGING_DIR.as_bytes());
+        .exclude_at_root(STAGING_DIR.as_bytes())
+        .with_filter(filter.clone());
 
     let flush = |group: &mut Vec<pb::Entry>, bytes: &mut u64| -> Result<(), ScanError> {
         if !group.is_empty() {
@@ -225,6 +227,7 @@ const MAX_LISTING_BYTES: usize = 12 * 1024 * 1024;
 /// digest's `dirs` list is hashed in that order on both ends).
 pub fn walk_dirs(
     root: &Path,
+    filter: &Filter,
     with_names: bool,
     tx: mpsc::Sender<pb::DirDone>,
 ) -> Result<(), ScanError> {
@@ -242,6 +245,11 @@ pub fn walk_dirs(
                 continue;
             }
             let ft = ent.file_type().map_err(io(&abs))?;
+            if !filter.is_empty()
+                && filter.excludes(rel.join(&name).as_os_str().as_bytes(), ft.is_dir())
+            {
+                continue;
+            }
             if ft.is_dir() {
                 subdirs.push(name.clone());
             }

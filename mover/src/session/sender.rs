@@ -29,7 +29,7 @@ use crate::kind::ErrorKind;
 use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
-use crate::tree::{DirFd, RelPath, Resolve};
+use crate::tree::{DirFd, Filter, RelPath, Resolve};
 use crate::wire::{
     BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, PROTOCOL_VERSION, block_len, caps, codec,
 };
@@ -99,6 +99,11 @@ pub enum SendError {
     BadPeerDigest(usize),
     #[error("internal error: the transfer digest is incomplete")]
     DigestIncomplete,
+    #[error(
+        "the receiver does not support --exclude/--include with --delete (it would delete the \
+         excluded entries); upgrade it or leave out --delete"
+    )]
+    FilterUnsupported,
     #[error("internal channel closed")]
     Channel,
     #[error("a blocking task failed")]
@@ -116,6 +121,9 @@ pub struct SenderConfig {
     pub sync: bool,
     pub bandwidth_limit: Option<u64>,
     pub timeouts: Timeouts,
+    /// `--exclude` / `--include`: left out of the walk, and (sent to the receiver) kept from
+    /// `--delete`.
+    pub filter: Arc<Filter>,
 }
 
 struct BlockJob {
@@ -285,6 +293,9 @@ where
     if cfg.sync {
         want_caps |= caps::SYNC;
     }
+    if !cfg.filter.is_empty() {
+        want_caps |= caps::FILTER;
+    }
     let wire = progress.wire_bytes.clone();
     let mut halves = Vec::new();
     let mut negotiated = want_caps;
@@ -300,6 +311,11 @@ where
             stream_index: i as u32,
             stream_count: n,
             block_size: BLOCK_SIZE as u32,
+            filter_rules: if i == 0 {
+                cfg.filter.to_wire()
+            } else {
+                Vec::new()
+            },
         };
         let fut = send_hello(&mut reader, &mut writer, hello);
         let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
@@ -314,6 +330,10 @@ where
         // Proofs on a stream are keyed by that stream's nonce.
         let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
         halves.push((reader, writer, dedup));
+    }
+    // A receiver that does not know the rules would delete what they leave out.
+    if cfg.delete && !cfg.filter.is_empty() && negotiated & caps::FILTER == 0 {
+        return Err(SendError::FilterUnsupported);
     }
     let started = Instant::now();
     progress.set_phase(Phase::Transferring);
@@ -347,8 +367,10 @@ where
     });
     let root = cfg.root.clone();
     let p = progress.clone();
-    let scanner =
-        tokio::task::spawn_blocking(move || scan::scan(&root, checksum, work_tx, p, &tree));
+    let filter = cfg.filter.clone();
+    let scanner = tokio::task::spawn_blocking(move || {
+        scan::scan(&root, &filter, checksum, work_tx, p, &tree)
+    });
 
     let mut futs = Vec::new();
     for (reader, writer, dedup) in halves {
@@ -522,7 +544,9 @@ where
     let (tx, mut rx) = mpsc::channel(16);
     let root = cfg.root.clone();
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
-    let walker = tokio::task::spawn_blocking(move || scan::walk_dirs(&root, with_names, tx));
+    let filter = cfg.filter.clone();
+    let walker =
+        tokio::task::spawn_blocking(move || scan::walk_dirs(&root, &filter, with_names, tx));
     let mut dirs = DirList::default();
     while let Some(d) = rx.recv().await {
         if let Some(dir) = &d.dir

@@ -20,7 +20,7 @@ use rustix::io::Errno;
 
 use super::confine::{DIR_FLAGS, Resolve, open_dir_beneath};
 use super::data::{self, CopyCaps, Method};
-use super::meta::Meta;
+use super::meta::{Kind, Meta};
 use super::policy::{MetaError, MetaPolicy};
 use super::relpath::{PathError, RelPath, display_opt};
 
@@ -395,6 +395,32 @@ pub fn lookup_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<Option<Meta>, Errno
         Err(Errno::NOENT) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Whether `filter` excludes the destination entry `name` (of type `file_type`, as listed) in
+/// the directory `dir` at relative path `parent` (None: the root): `--delete` keeps such entries.
+pub fn excluded_listing_entry(
+    filter: &super::Filter,
+    parent: Option<&[u8]>,
+    name: &[u8],
+    file_type: rustix::fs::FileType,
+    dir: BorrowedFd<'_>,
+) -> bool {
+    if filter.is_empty() {
+        return false;
+    }
+    let is_dir = match file_type {
+        rustix::fs::FileType::Directory => true,
+        rustix::fs::FileType::Unknown => {
+            matches!(lookup_at(dir, name), Ok(Some(m)) if m.kind == Kind::Dir)
+        }
+        _ => false,
+    };
+    let rel = match parent {
+        Some(p) => [p, b"/", name].concat(),
+        None => name.to_vec(),
+    };
+    filter.excludes(&rel, is_dir)
 }
 
 /// Makes sure `name` in `parent` is a directory (creating it with `perm | 0o700`, or replacing a
@@ -1051,7 +1077,6 @@ mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
-    use crate::tree::meta::Kind;
 
     fn rel(s: &str) -> RelPath {
         RelPath::parse(s.as_bytes()).expect("valid")

@@ -3,7 +3,7 @@
 //!
 //! - [`RelPath`]: a validated relative path (from a user or a peer);
 //! - [`Meta`]: what is preserved about an entry;
-//! - [`Scanner`]: streaming walk of a source tree;
+//! - [`Scanner`]: streaming walk of a source tree, optionally through a [`Filter`];
 //! - [`DestRoot`]: every destination operation, confined beneath one directory handle;
 //! - [`StagedFile`]: a file written under a temporary name and renamed into place on commit;
 //! - [`data`]: the data-copy fast paths (reflink, holes, copy_file_range, read/write).
@@ -11,6 +11,7 @@
 pub mod confine;
 pub mod data;
 pub mod dest;
+pub mod filter;
 pub mod meta;
 pub mod policy;
 pub mod relpath;
@@ -22,6 +23,7 @@ pub use dest::{
     CommitError, DestError, DestOptions, DestRoot, DirFd, FileOpen, NonEmptyDir, Placed, Replace,
     StagedFile, TEMP_PREFIX, is_temp_name,
 };
+pub use filter::{Filter, FilterError};
 pub use meta::{Kind, Meta};
 pub use policy::{MetaError, MetaPolicy};
 pub use relpath::{PathError, RelPath};

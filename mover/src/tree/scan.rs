@@ -16,6 +16,7 @@ use rustix::io::Errno;
 
 use super::confine::DIR_FLAGS;
 use super::dest::DirFd;
+use super::filter::Filter;
 use super::meta::{Kind, Meta};
 use super::relpath::{PathError, RelPath, display_opt};
 
@@ -91,6 +92,8 @@ pub struct Scanner {
     /// A name directly under the root that is not part of the tree (a receiver's staging
     /// directory when the source is itself a receiver's root).
     root_exclude: Option<Vec<u8>>,
+    /// `--exclude` / `--include`: entries it excludes are not reported (directories not walked).
+    filter: Option<Arc<Filter>>,
     links: HashMap<(u64, u64), RelPath>,
     root_meta: Meta,
     root: DirFd,
@@ -123,6 +126,7 @@ impl Scanner {
                 failed: false,
             }],
             root_exclude: None,
+            filter: None,
             links: HashMap::new(),
             root_meta: meta,
             root: fd,
@@ -132,6 +136,12 @@ impl Scanner {
     /// Leaves the entry `name` directly under the root (and everything in it) out of the walk.
     pub fn exclude_at_root(mut self, name: &[u8]) -> Scanner {
         self.root_exclude = Some(name.to_vec());
+        self
+    }
+
+    /// Leaves out what `filter` excludes.
+    pub fn with_filter(mut self, filter: Arc<Filter>) -> Scanner {
+        self.filter = (!filter.is_empty()).then_some(filter);
         self
     }
 
@@ -164,6 +174,11 @@ impl Scanner {
             Err(e) => return Err(ScanError::io("stat", rel.to_string(), e)),
         };
         let meta = Meta::from_stat(&st);
+        if let Some(f) = &self.filter
+            && f.excludes(rel.as_bytes(), meta.kind == Kind::Dir)
+        {
+            return Ok(None);
+        }
         let mut entry = Entry {
             rel,
             meta,

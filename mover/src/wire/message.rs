@@ -248,6 +248,7 @@ mod tests {
                 stream_index: 0,
                 stream_count: 2,
                 block_size: 4 << 20,
+                filter_rules: Vec::new(),
             }),
             Message::Offer(pb::Offer {
                 offer_id: 9,

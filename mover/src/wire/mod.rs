@@ -45,9 +45,12 @@ pub mod caps {
     /// Busy frames (with a work counter) replace keepalives, and each end holds the other to a
     /// progress deadline.
     pub const PROGRESS: u64 = 1 << 8;
+    /// Hello carries the sender's filter rules; `--delete` keeps what they exclude.
+    pub const FILTER: u64 = 1 << 9;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
-    pub const SUPPORTED: u64 = ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS;
+    pub const SUPPORTED: u64 =
+        ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS | FILTER;
 }
 
 /// Codec identifiers in Block and Batch headers.

@@ -258,6 +258,7 @@ pub struct SendOpts {
     pub delete: bool,
     pub checksum: bool,
     pub bandwidth_limit: Option<u64>,
+    pub filter: std::sync::Arc<ferry_mover::tree::Filter>,
 }
 
 impl Default for SendOpts {
@@ -268,6 +269,7 @@ impl Default for SendOpts {
             delete: false,
             checksum: false,
             bandwidth_limit: None,
+            filter: Default::default(),
         }
     }
 }
@@ -309,6 +311,7 @@ pub async fn send_watched(
         sync: false,
         bandwidth_limit: o.bandwidth_limit,
         timeouts: fast_timeouts(),
+        filter: o.filter.clone(),
     };
     session::send_session(&cfg, streams, progress)
         .await
@@ -359,6 +362,7 @@ pub fn hello(
         stream_index,
         stream_count,
         block_size: ferry_mover::wire::BLOCK_SIZE as u32,
+        filter_rules: Vec::new(),
     }
 }
 

@@ -1,0 +1,396 @@
+//! `--exclude` / `--include` rules with rsync's matching semantics, over path bytes.
+//!
+//! - Rules are tried in the order given; the first that matches decides; no match includes.
+//! - A pattern ending in `/` matches directories only.
+//! - A pattern starting with `/` is anchored at the root of the transfer; one with a `/`
+//!   elsewhere (or `**`) matches the whole relative path or any tail of it that starts after a
+//!   `/`; any other pattern matches the entry's own name at every depth.
+//! - `*` matches any bytes but `/`, `**` any bytes including `/`, `?` one byte but `/`,
+//!   `[a-z]` / `[!a-z]` one byte of (not of) a class, `\x` the byte `x` itself.
+//! - An excluded directory is not walked, so nothing beneath it can be included again.
+//!
+//! The same rules travel to a receiver (as text) so that `--delete` keeps destination entries an
+//! exclude rule matches, as rsync does: a receiver compiles them with this module too, and a
+//! hostile sender can only make it delete less.
+
+/// Most rules accepted (from the command line or from a peer).
+pub const MAX_RULES: usize = 1024;
+/// Longest pattern accepted, in bytes.
+pub const MAX_PATTERN: usize = 4096;
+
+/// An invalid rule.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("empty {0} pattern")]
+    Empty(&'static str),
+    #[error("{which} pattern {pattern:?} is longer than {MAX_PATTERN} bytes")]
+    TooLong {
+        which: &'static str,
+        pattern: String,
+    },
+    #[error("{which} pattern {pattern:?}: unclosed `[`")]
+    UnclosedClass {
+        which: &'static str,
+        pattern: String,
+    },
+    #[error("more than {MAX_RULES} --exclude/--include rules")]
+    TooMany,
+    #[error("filter rule {0:?} is neither `+ PATTERN` nor `- PATTERN`")]
+    BadWireRule(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Byte(u8),
+    AnyByte,
+    Star,
+    DoubleStar,
+    Class {
+        negated: bool,
+        ranges: Vec<(u8, u8)>,
+    },
+}
+
+impl Token {
+    fn matches(&self, b: u8) -> bool {
+        match self {
+            Token::Byte(x) => *x == b,
+            Token::AnyByte => b != b'/',
+            Token::Class { negated, ranges } => {
+                b != b'/' && ranges.iter().any(|&(lo, hi)| lo <= b && b <= hi) != *negated
+            }
+            Token::Star | Token::DoubleStar => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Matched against the entry's own name.
+    Name,
+    /// Matched against the whole relative path.
+    Anchored,
+    /// Matched against the whole relative path or a tail of it starting after a `/`.
+    Tail,
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    include: bool,
+    text: String,
+    dir_only: bool,
+    scope: Scope,
+    tokens: Vec<Token>,
+}
+
+/// An ordered list of include and exclude rules.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    rules: Vec<Rule>,
+}
+
+impl Filter {
+    /// Compiles rules given as (include?, pattern), in command-line order.
+    pub fn new<'a>(
+        rules: impl IntoIterator<Item = (bool, &'a str)>,
+    ) -> Result<Filter, FilterError> {
+        let mut out = Vec::new();
+        for (include, text) in rules {
+            if out.len() == MAX_RULES {
+                return Err(FilterError::TooMany);
+            }
+            out.push(Rule::compile(include, text)?);
+        }
+        Ok(Filter { rules: out })
+    }
+
+    /// Compiles rules as [`Filter::to_wire`] writes them (`+ PATTERN` / `- PATTERN`).
+    pub fn from_wire(rules: &[String]) -> Result<Filter, FilterError> {
+        if rules.len() > MAX_RULES {
+            return Err(FilterError::TooMany);
+        }
+        let parsed = rules
+            .iter()
+            .map(|r| match r.split_at_checked(2) {
+                Some(("+ ", p)) => Ok((true, p)),
+                Some(("- ", p)) => Ok((false, p)),
+                _ => Err(FilterError::BadWireRule(r.clone())),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Filter::new(parsed)
+    }
+
+    /// The rules as text for a peer, in order.
+    pub fn to_wire(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .map(|r| format!("{} {}", if r.include { '+' } else { '-' }, r.text))
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether the entry at `rel` (a relative path, `/`-separated, no leading `/`) is left out.
+    pub fn excludes(&self, rel: &[u8], is_dir: bool) -> bool {
+        self.rules
+            .iter()
+            .find(|r| r.matches(rel, is_dir))
+            .is_some_and(|r| !r.include)
+    }
+}
+
+impl Rule {
+    fn compile(include: bool, text: &str) -> Result<Rule, FilterError> {
+        let which = if include { "--include" } else { "--exclude" };
+        if text.len() > MAX_PATTERN {
+            return Err(FilterError::TooLong {
+                which,
+                pattern: text.chars().take(64).collect(),
+            });
+        }
+        let mut body = text.as_bytes();
+        let dir_only = body.len() > 1 && body.ends_with(b"/");
+        if dir_only {
+            body = &body[..body.len() - 1];
+        }
+        let anchored = body.first() == Some(&b'/');
+        if anchored {
+            body = &body[1..];
+        }
+        if body.is_empty() {
+            return Err(FilterError::Empty(which));
+        }
+        let tokens = tokenize(body).ok_or_else(|| FilterError::UnclosedClass {
+            which,
+            pattern: text.to_owned(),
+        })?;
+        let scope = if anchored {
+            Scope::Anchored
+        } else if body.contains(&b'/') || tokens.contains(&Token::DoubleStar) {
+            Scope::Tail
+        } else {
+            Scope::Name
+        };
+        Ok(Rule {
+            include,
+            text: text.to_owned(),
+            dir_only,
+            scope,
+            tokens,
+        })
+    }
+
+    fn matches(&self, rel: &[u8], is_dir: bool) -> bool {
+        if self.dir_only && !is_dir {
+            return false;
+        }
+        match self.scope {
+            Scope::Anchored => glob_match(&self.tokens, rel),
+            Scope::Name => {
+                let name = rel.rsplit(|&b| b == b'/').next().unwrap_or(rel);
+                glob_match(&self.tokens, name)
+            }
+            Scope::Tail => {
+                glob_match(&self.tokens, rel)
+                    || rel
+                        .iter()
+                        .enumerate()
+                        .filter(|&(_, &b)| b == b'/')
+                        .any(|(i, _)| glob_match(&self.tokens, &rel[i + 1..]))
+            }
+        }
+    }
+}
+
+/// None for an unclosed class.
+fn tokenize(p: &[u8]) -> Option<Vec<Token>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < p.len() {
+        match p[i] {
+            b'*' if p.get(i + 1) == Some(&b'*') => {
+                while p.get(i) == Some(&b'*') {
+                    i += 1;
+                }
+                out.push(Token::DoubleStar);
+                continue;
+            }
+            b'*' => out.push(Token::Star),
+            b'?' => out.push(Token::AnyByte),
+            b'\\' if i + 1 < p.len() => {
+                i += 1;
+                out.push(Token::Byte(p[i]));
+            }
+            b'[' => {
+                let (token, next) = class(p, i + 1)?;
+                out.push(token);
+                i = next;
+                continue;
+            }
+            b => out.push(Token::Byte(b)),
+        }
+        i += 1;
+    }
+    Some(out)
+}
+
+/// Parses a class whose body starts at `i` (after `[`); returns it and the index after `]`.
+fn class(p: &[u8], mut i: usize) -> Option<(Token, usize)> {
+    let negated = matches!(p.get(i), Some(b'!' | b'^'));
+    if negated {
+        i += 1;
+    }
+    let mut ranges = Vec::new();
+    let mut first = true;
+    loop {
+        let b = *p.get(i)?;
+        if b == b']' && !first {
+            return Some((Token::Class { negated, ranges }, i + 1));
+        }
+        first = false;
+        if p.get(i + 1) == Some(&b'-') && p.get(i + 2).is_some_and(|&c| c != b']') {
+            ranges.push((b, p[i + 2]));
+            i += 3;
+        } else {
+            ranges.push((b, b));
+            i += 1;
+        }
+    }
+}
+
+/// Whether `tokens` match all of `s`: one row of the usual dynamic programme per token, so the
+/// cost is at most tokens x bytes whatever the pattern (no backtracking blow-up on `*a*a*a*b`).
+fn glob_match(tokens: &[Token], s: &[u8]) -> bool {
+    // row[j]: the tokens so far match s[..j].
+    let mut row = vec![false; s.len() + 1];
+    row[0] = true;
+    let mut next = vec![false; s.len() + 1];
+    for t in tokens {
+        match t {
+            Token::Star | Token::DoubleStar => {
+                next[0] = row[0];
+                for j in 1..=s.len() {
+                    let extend = next[j - 1] && (*t == Token::DoubleStar || s[j - 1] != b'/');
+                    next[j] = row[j] || extend;
+                }
+            }
+            _ => {
+                next[0] = false;
+                for j in 1..=s.len() {
+                    next[j] = row[j - 1] && t.matches(s[j - 1]);
+                }
+            }
+        }
+        std::mem::swap(&mut row, &mut next);
+        if !row.contains(&true) {
+            return false;
+        }
+    }
+    row[s.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn excl(rules: &[(bool, &str)], path: &str, dir: bool) -> bool {
+        Filter::new(rules.iter().copied())
+            .expect("rules")
+            .excludes(path.as_bytes(), dir)
+    }
+
+    #[test]
+    fn a_bare_pattern_matches_the_name_at_every_depth() {
+        let r = [(false, "*.tmp")];
+        assert!(excl(&r, "a.tmp", false));
+        assert!(excl(&r, "x/y/a.tmp", false));
+        assert!(!excl(&r, "a.tmp.keep", false));
+        assert!(!excl(&r, "a.tmp/b", false), "the name of b is b");
+    }
+
+    #[test]
+    fn a_leading_slash_anchors_at_the_root() {
+        let r = [(false, "/cache")];
+        assert!(excl(&r, "cache", true));
+        assert!(!excl(&r, "x/cache", true));
+    }
+
+    #[test]
+    fn a_slash_inside_matches_a_tail_of_the_path_at_a_component_boundary() {
+        let r = [(false, "logs/*.gz")];
+        assert!(excl(&r, "logs/a.gz", false));
+        assert!(excl(&r, "srv/logs/a.gz", false));
+        assert!(!excl(&r, "srvlogs/a.gz", false));
+        assert!(!excl(&r, "logs/x/a.gz", false), "* stops at /");
+        assert!(excl(&[(false, "logs/**.gz")], "logs/x/a.gz", false));
+    }
+
+    #[test]
+    fn a_trailing_slash_matches_directories_only() {
+        let r = [(false, "build/")];
+        assert!(excl(&r, "build", true));
+        assert!(!excl(&r, "build", false));
+    }
+
+    #[test]
+    fn the_first_matching_rule_decides() {
+        let r = [(true, "*.txt"), (true, "*/"), (false, "*")];
+        assert!(!excl(&r, "a.txt", false));
+        assert!(!excl(&r, "d", true));
+        assert!(!excl(&r, "d/b.txt", false));
+        assert!(excl(&r, "d/b.bin", false));
+        assert!(!excl(&[(false, "*.txt"), (true, "a.txt")], "b.bin", false));
+        assert!(excl(&[(false, "*.txt"), (true, "a.txt")], "a.txt", false));
+    }
+
+    #[test]
+    fn classes_question_marks_and_escapes() {
+        assert!(excl(&[(false, "f[0-9].bin")], "f7.bin", false));
+        assert!(!excl(&[(false, "f[!0-9].bin")], "f7.bin", false));
+        assert!(excl(&[(false, "f[!0-9].bin")], "fx.bin", false));
+        assert!(excl(&[(false, "a?c")], "abc", false));
+        assert!(!excl(&[(false, "a?c")], "a/c", false));
+        assert!(excl(&[(false, r"a\*c")], "a*c", false));
+        assert!(!excl(&[(false, r"a\*c")], "abc", false));
+        assert!(excl(&[(false, "[]]x")], "]x", false));
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_matched_as_bytes() {
+        let f = Filter::new([(false, "caf*")]).expect("rules");
+        assert!(f.excludes(b"d/caf\xe9", false));
+    }
+
+    #[test]
+    fn pathological_patterns_stay_cheap() {
+        let p = "*a".repeat(200) + "b";
+        let s = "a".repeat(4000);
+        let f = Filter::new([(false, p.as_str())]).expect("rules");
+        let t = std::time::Instant::now();
+        assert!(!f.excludes(s.as_bytes(), false));
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_the_flag_named() {
+        let e = Filter::new([(false, "")]).expect_err("empty");
+        assert_eq!(e.to_string(), "empty --exclude pattern");
+        let e = Filter::new([(true, "a[b")]).expect_err("class");
+        assert!(e.to_string().contains("--include pattern \"a[b\""), "{e}");
+        assert!(Filter::from_wire(&["* x".into()]).is_err());
+        let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("- {i}")).collect();
+        assert!(Filter::from_wire(&many).is_err());
+    }
+
+    #[test]
+    fn rules_survive_the_wire() {
+        let f = Filter::new([(true, "keep/"), (false, "/a b/**")]).expect("rules");
+        let wire = f.to_wire();
+        assert_eq!(wire, vec!["+ keep/".to_owned(), "- /a b/**".to_owned()]);
+        let g = Filter::from_wire(&wire).expect("back");
+        assert!(g.excludes(b"a b/c/d", false));
+        assert!(!g.excludes(b"keep", true));
+    }
+}
