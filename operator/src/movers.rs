@@ -111,6 +111,10 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             if spec.checksum {
                 push("--checksum");
             }
+            for pattern in &spec.exclude {
+                push("--exclude");
+                push(pattern);
+            }
             if let Some(limit) = crate::plan::bandwidth_bytes(spec).ok().flatten() {
                 push("--bandwidth-limit");
                 push(&limit.to_string());
@@ -483,6 +487,7 @@ mod tests {
     fn sender_pod_connects_to_the_receiver_with_the_spec_flags() {
         let mut t = transfer();
         t.spec.delete_extraneous = true;
+        t.spec.exclude = vec!["*.tmp".into(), "/cache/".into()];
         t.spec.bandwidth_limit = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
             "10M".into(),
         ));
@@ -509,6 +514,7 @@ mod tests {
         assert!(args.contains("--root /ferry/data/sets/a"), "{args}");
         assert!(args.contains("--delete"), "{args}");
         assert!(args.contains("--bandwidth-limit 10000000"), "{args}");
+        assert!(args.contains("--exclude *.tmp --exclude /cache/"), "{args}");
         let vol = &pod
             .spec
             .as_ref()

@@ -129,12 +129,16 @@ pub use ferry_mover::quantity::parse_quantity;
 
 /// Spec fields this operator cannot honour yet, refused instead of silently ignored.
 fn unsupported(spec: &TransferSpec) -> Option<Blocked> {
-    let what = if !spec.exclude.is_empty() {
-        "spec.exclude"
-    } else if spec.preserve_ownership {
+    let what = if spec.preserve_ownership {
         "spec.preserveOwnership"
     } else {
-        return bandwidth_bytes(spec).err().map(|message| Blocked {
+        let invalid = bandwidth_bytes(spec).err().or_else(|| {
+            let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
+            ferry_mover::tree::Filter::new(rules)
+                .err()
+                .map(|e| format!("spec.exclude: {e}"))
+        });
+        return invalid.map(|message| Blocked {
             reason: Reason::InvalidSpec,
             message,
         });
@@ -1163,8 +1167,13 @@ pub(crate) mod tests {
             p.actions
                 .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
         );
-        t.spec.exclude = vec!["*.tmp".into()];
-        assert_eq!(cond(&plan(&t, &obs(21)), "Ready").reason, "Unsupported");
+        t.spec.exclude = vec!["*.tmp".into(), "cache[".into()];
+        let planned = plan(&t, &obs(21));
+        let ready = cond(&planned, "Ready");
+        assert_eq!(ready.reason, "InvalidSpec");
+        assert!(ready.message.contains("unclosed"), "{}", ready.message);
+        t.spec.exclude.pop();
+        assert_ne!(cond(&plan(&t, &obs(22)), "Ready").reason, "InvalidSpec");
     }
 
     #[test]

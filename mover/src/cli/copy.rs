@@ -11,7 +11,8 @@ use crate::report::{Progress, ProgressBar};
 
 #[derive(clap::Args, Debug)]
 pub struct CopyArgs {
-    /// Source directory (its contents are copied into DST).
+    /// Source directory (its contents are copied into DST), or a single file (copied into DST
+    /// under its own name).
     pub src: PathBuf,
     /// Destination directory (created if missing).
     pub dst: PathBuf,
@@ -30,6 +31,9 @@ pub struct CopyArgs {
     /// Copy user.* extended attributes.
     #[arg(long)]
     pub xattrs: bool,
+    /// Show what would be copied and deleted (with -v or -i, each entry), change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
     /// Print one JSON summary line on stdout (and no progress bar).
     #[arg(long)]
     pub json: bool,
@@ -58,6 +62,16 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
         opts.jobs = jobs;
     }
     raise_open_file_limit();
+    if args.dry_run {
+        let summary = crate::copy::plan_tree(&args.src, &args.dst, &opts).with_context(|| {
+            format!(
+                "failed to plan a copy of {} to {}",
+                args.src.display(),
+                args.dst.display()
+            )
+        })?;
+        return finish(&summary, args.json, true);
+    }
     let progress = Arc::new(Progress::new("local", "copy"));
     let bar = ProgressBar::start(progress.clone(), !args.json);
     let result = copy_tree(&args.src, &args.dst, &opts, progress);
@@ -69,10 +83,23 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
             args.dst.display()
         )
     })?;
-    if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+    finish(&summary, args.json, false)
+}
+
+fn finish(summary: &crate::report::Summary, json: bool, dry_run: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        let mut v = serde_json::to_value(summary)?;
+        if dry_run {
+            v["dry_run"] = true.into();
+        }
+        println!("{v}");
     } else if !crate::report::quiet() {
-        eprintln!("{}", summary.human());
+        let prefix = if dry_run {
+            "dry run, nothing changed: would have "
+        } else {
+            ""
+        };
+        eprintln!("{prefix}{}", summary.human());
     }
     Ok(if summary.failed > 0 {
         ExitCode::from(1)

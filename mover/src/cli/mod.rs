@@ -15,9 +15,12 @@ pub mod staging;
 #[derive(Parser, Debug)]
 #[command(name = "ferry-mover", version, about, propagate_version = true)]
 pub struct Cli {
-    /// More log output (repeat for more); --log-level and RUST_LOG override.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
-    pub verbose: u8,
+    /// List each entry created, updated or deleted, on stdout (as rsync -v).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+    /// List each change with rsync's itemized code (`>f+++++++++ path`, `*deleting   path`).
+    #[arg(short, long, global = true)]
+    pub itemize_changes: bool,
     /// Log level: error, warn (the default), info, debug or trace; RUST_LOG overrides.
     #[arg(long, global = true, value_parser = ["error", "warn", "info", "debug", "trace"])]
     pub log_level: Option<String>,
@@ -106,14 +109,19 @@ fn print_ignoring_closed_pipe(bytes: &[u8]) -> anyhow::Result<ExitCode> {
 /// Logs go to stderr so stdout stays machine-readable (`--json`, bound addresses), coloured only
 /// when stderr is a terminal. Also applies `--quiet` and `--no-progress`.
 pub fn init_output(cli: &Cli) {
+    use crate::report::changes::{Listing, set_listing};
     crate::report::configure(cli.quiet, cli.no_progress);
-    let default = match (cli.quiet, cli.log_level.as_deref(), cli.verbose) {
-        (_, Some(level), _) => level,
-        (true, None, _) => "error",
-        (false, None, 0) => "warn",
-        (false, None, 1) => "info",
-        (false, None, 2) => "debug",
-        _ => "trace",
+    set_listing(if cli.itemize_changes {
+        Listing::Itemized
+    } else if cli.verbose {
+        Listing::Names
+    } else {
+        Listing::Off
+    });
+    let default = match (cli.quiet, cli.log_level.as_deref()) {
+        (_, Some(level)) => level,
+        (true, None) => "error",
+        (false, None) => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -88,7 +88,8 @@ pub struct SendArgs {
     /// Receiver address: HOST:PORT (a name or an IP; [v6]:PORT), or :PORT for this host.
     #[arg(long)]
     pub connect: String,
-    /// Tree to send.
+    /// Tree to send (its contents land in the receiver's root), or a single file (it lands in
+    /// the receiver's root under its own name).
     #[arg(long)]
     pub root: PathBuf,
     /// Parallel TLS streams.
@@ -295,8 +296,8 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         timeouts,
         filter: args.filter.compile()?,
     };
-    if !args.root.is_dir() {
-        anyhow::bail!("source root {} is not a directory", args.root.display());
+    if let Err(e) = std::fs::metadata(&args.root) {
+        anyhow::bail!("cannot read the source {}: {e}", args.root.display());
     }
     let progress = Arc::new(Progress::new(&transfer, "sender"));
     let rt = runtime()?;

@@ -23,13 +23,22 @@ pub(crate) struct DirState {
     pub dst: Option<DirFd>,
     /// Created by this run, so it is empty: no per-file lookups, no clean-up, no deletes needed.
     pub fresh: bool,
+    /// Give the destination directory the source's mode and mtime when done (not for the root
+    /// when a single file is copied into it: its source is only that file's parent).
+    apply_meta: bool,
     pending: AtomicUsize,
     parent: Option<Arc<DirState>>,
 }
 
 impl DirState {
-    pub fn root(shared: &Shared, scanner: &Scanner, fresh: bool) -> Arc<DirState> {
+    pub fn root(
+        shared: &Shared,
+        scanner: &Scanner,
+        fresh: bool,
+        apply_meta: bool,
+    ) -> Arc<DirState> {
         Arc::new(DirState {
+            apply_meta,
             rel: None,
             meta: *scanner.root_meta(),
             src: Some(scanner.root().clone()),
@@ -48,6 +57,7 @@ impl DirState {
             src: entry.dir,
             dst: Some(dst),
             fresh,
+            apply_meta: true,
             pending: AtomicUsize::new(1),
             parent: Some(parent.clone()),
         })
@@ -62,6 +72,7 @@ impl DirState {
             src: entry.dir,
             dst: None,
             fresh: true,
+            apply_meta: true,
             pending: AtomicUsize::new(1),
             parent: Some(parent.clone()),
         })
@@ -90,7 +101,9 @@ impl DirState {
 
     fn finish(&self, shared: &Shared) {
         let Some(dst) = &self.dst else { return };
-        if let Err(e) = shared.dest.policy().apply_fd(dst.as_fd(), &self.meta, None) {
+        if self.apply_meta
+            && let Err(e) = shared.dest.policy().apply_fd(dst.as_fd(), &self.meta, None)
+        {
             shared.fail(&EntryError::new(
                 "set metadata of directory",
                 &self.rel_display(),

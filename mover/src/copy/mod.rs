@@ -15,6 +15,7 @@
 
 mod checksum;
 mod dirs;
+mod dry_run;
 mod worker;
 mod xattr;
 
@@ -25,14 +26,16 @@ use std::sync::mpsc::{TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::report::changes::{self, Change};
 use crate::report::{Progress, Summary};
 use crate::tree::dest::{ensure_dir_at, excluded_listing_entry, list_dir, lookup_at, remove_at};
 use crate::tree::{
     CopyCaps, DestError, DestOptions, DestRoot, Filter, Kind, Placed, RelPath, Replace, Resolve,
-    ScanError, ScanEvent, Scanner, is_temp_name,
+    ScanError, ScanEvent, Scanner, is_temp_name, split_source,
 };
 
 use dirs::DirState;
+pub use dry_run::plan_tree;
 use worker::{Batch, Job, Worker};
 
 /// What a copy does beyond the defaults.
@@ -161,9 +164,13 @@ pub fn copy_tree(
     progress: Arc<Progress>,
 ) -> Result<Summary, CopyError> {
     let started = Instant::now();
-    let scanner = Scanner::open(src)
+    let (src_dir, single) = split_source(src);
+    let mut scanner = Scanner::open(&src_dir)
         .map_err(CopyError::Source)?
         .with_filter(opts.filter.clone());
+    if let Some(name) = &single {
+        scanner = scanner.only_at_root(name);
+    }
     let dst_existed = dst.symlink_metadata().is_ok();
     // A destination inside the source would be scanned while it is being filled.
     if let (Ok(s), Some(d)) = (src.canonicalize(), canonical_prefix(dst))
@@ -244,7 +251,7 @@ pub fn copy_tree(
         Err(TrySendError::Disconnected(batch)) => own.run(batch),
     };
 
-    let root = DirState::root(&shared, &scanner, !dst_existed);
+    let root = DirState::root(&shared, &scanner, !dst_existed, single.is_none());
     if dst_existed {
         make_writable(&shared, shared.dest.root().as_fd());
         clean_temps(&shared, &root);
@@ -263,7 +270,8 @@ pub fn copy_tree(
         match event {
             ScanEvent::DirDone { complete, .. } => {
                 let Some(state) = stack.pop() else { continue };
-                if shared.opts.delete && complete && !state.fresh {
+                // A single file given as the source says nothing about its siblings.
+                if shared.opts.delete && complete && !state.fresh && single.is_none() {
                     delete_extras(&shared, &state);
                 }
                 // Files still queued in this batch must not wait for the next directory.
@@ -294,6 +302,9 @@ pub fn copy_tree(
                         let state = match created {
                             Ok((fd, created)) => {
                                 shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
+                                if created {
+                                    changes::report(&Change::Dir, entry.rel.as_bytes());
+                                }
                                 if !created {
                                     make_writable(&shared, fd.as_fd());
                                 }
@@ -480,6 +491,12 @@ fn delete_extras(shared: &Shared, state: &DirState) {
             Ok(None) => match remove_at(dst.as_fd(), name) {
                 Ok(()) => {
                     shared.stats.deleted.fetch_add(1, Ordering::Relaxed);
+                    let rel = match &state.rel {
+                        Some(r) => [r.as_bytes(), b"/", name].concat(),
+                        None => name.to_vec(),
+                    };
+                    let dir = item.file_type() == rustix::fs::FileType::Directory;
+                    changes::report(&Change::Deleted { dir }, &rel);
                 }
                 Err(e) => shared.fail(&dirs::EntryError::new(
                     "delete",

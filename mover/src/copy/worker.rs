@@ -17,6 +17,7 @@ use super::Shared;
 use super::checksum::same_contents;
 use super::dirs::{DirState, EntryError};
 use super::xattr::copy_user_xattrs;
+use crate::report::changes::{self, Change};
 
 /// One file or symlink to copy, with the directory state it belongs to.
 pub(crate) struct Job {
@@ -56,8 +57,8 @@ pub(crate) struct Worker<'a> {
 
 /// Outcome of one entry.
 enum Done {
-    /// Written: its bytes, and what it replaced.
-    Copied(u64, Placed),
+    /// Written: its bytes, what it replaced, and the entry that was there before (if any).
+    Copied(u64, Placed, Option<Meta>),
     Unchanged,
 }
 
@@ -97,11 +98,23 @@ impl<'a> Worker<'a> {
         };
         let progress = &self.shared.progress;
         match result {
-            Ok(Done::Copied(bytes, placed)) => {
-                if job.entry.meta.kind == Kind::File {
+            Ok(Done::Copied(bytes, placed, old)) => {
+                let entry = &job.entry;
+                if entry.meta.kind == Kind::File {
                     progress.add_done(1, bytes);
+                    let old = old.filter(|m| m.kind == Kind::File);
+                    let change = Change::File {
+                        old: old.as_ref(),
+                        new: &entry.meta,
+                    };
+                    changes::report(&change, entry.rel.as_bytes());
                 } else {
                     self.shared.stats.symlinks.fetch_add(1, Ordering::Relaxed);
+                    let change = Change::Symlink {
+                        target: entry.link_target.as_deref().unwrap_or_default(),
+                        replaced: old.is_some_and(|m| m.kind == Kind::Symlink),
+                    };
+                    changes::report(&change, entry.rel.as_bytes());
                 }
                 self.shared.count_placed(placed);
             }
@@ -135,9 +148,11 @@ impl<'a> Worker<'a> {
         let meta = &entry.meta;
         let name = entry.rel.file_name();
         let path = &entry.rel;
+        let mut before = None;
         if !job.dir.fresh {
             let existing = lookup_at(dst, name)
                 .map_err(|e| EntryError::new("look up destination", path, e))?;
+            before = existing;
             // Refused before any data is copied; the commit would refuse it too.
             if existing.is_some_and(|m| m.kind == Kind::Dir) {
                 self.check_dir_in_the_way(dst, name, path)?;
@@ -181,7 +196,7 @@ impl<'a> Worker<'a> {
                 CommitError::NonEmptyDir(refused) => Failure::Refused(refused.at(path)),
                 e => EntryError::new("commit", path, e).into(),
             })?;
-        Ok(Done::Copied(bytes, placed))
+        Ok(Done::Copied(bytes, placed, before))
     }
 
     /// The destination has a directory where the source has the file `path`: without
@@ -236,8 +251,12 @@ impl<'a> Worker<'a> {
         let path = &entry.rel;
         let name = entry.rel.file_name();
         let target = entry.link_target.as_deref().unwrap_or_default();
-        if !job.dir.fresh
-            && let Ok(Some(old)) = lookup_at(dst, name)
+        let before = if job.dir.fresh {
+            None
+        } else {
+            lookup_at(dst, name).ok().flatten()
+        };
+        if let Some(old) = before
             && old.kind == Kind::Symlink
             && old.same_size_and_mtime(&entry.meta)
             && readlinkat(dst, name, Vec::new()).is_ok_and(|t| t.as_bytes() == target)
@@ -254,7 +273,7 @@ impl<'a> Worker<'a> {
             shared.dest.replace(),
         )
         .map_err(|e| link_failure(e, path, "create symlink"))?;
-        Ok(Done::Copied(0, placed))
+        Ok(Done::Copied(0, placed, before))
     }
 
     /// Makes `entry` a hard link to the first path of its inode (called after all files exist).
@@ -286,6 +305,12 @@ impl<'a> Worker<'a> {
         match result {
             Ok(Some(placed)) => {
                 shared.stats.hardlinks.fetch_add(1, Ordering::Relaxed);
+                if let Some(first) = &entry.hardlink_of {
+                    let change = Change::HardLink {
+                        target: first.as_bytes(),
+                    };
+                    changes::report(&change, path.as_bytes());
+                }
                 shared.count_placed(placed);
             }
             Ok(None) => shared.progress.add_skipped(1),

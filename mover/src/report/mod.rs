@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub mod changes;
+
 pub use crate::progress::Progress;
 
 /// What the command line asked to see (`--quiet`, `--no-progress`), for every command.

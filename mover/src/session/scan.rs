@@ -84,6 +84,7 @@ fn rel_string(rel: &Path) -> Result<String, ScanError> {
 /// anyway and computes both hashes in that one read). Hard links are not part of the tree.
 pub fn scan(
     root: &Path,
+    only: Option<&[u8]>,
     filter: &Arc<Filter>,
     checksum: bool,
     tx: mpsc::Sender<Vec<pb::Entry>>,
@@ -103,6 +104,10 @@ pub fn scan(
         .map_err(|e| walk_error(root, e))?
         .exclude_at_root(STAGING_DIR.as_bytes())
         .with_filter(filter.clone());
+    let scanner = match only {
+        Some(name) => scanner.only_at_root(name),
+        None => scanner,
+    };
 
     let flush = |group: &mut Vec<pb::Entry>, bytes: &mut u64| -> Result<(), ScanError> {
         if !group.is_empty() {

@@ -29,7 +29,7 @@ use crate::kind::ErrorKind;
 use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::tree::confine::open_dir_beneath;
-use crate::tree::{DirFd, Filter, RelPath, Resolve};
+use crate::tree::{DirFd, Filter, RelPath, Resolve, split_source};
 use crate::wire::{
     BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, PROTOCOL_VERSION, block_len, caps, codec,
 };
@@ -340,8 +340,10 @@ where
 
     let (work_tx, work_rx) = mpsc::channel(2 * n as usize);
     let (block_tx, block_rx) = mpsc::channel(n as usize);
-    let src = std::fs::File::open(&cfg.root).map_err(|source| SendError::Read {
-        path: cfg.root.clone(),
+    // A single file is sent as its directory holding just that name.
+    let (root_dir, only) = split_source(&cfg.root);
+    let src = std::fs::File::open(&root_dir).map_err(|source| SendError::Read {
+        path: root_dir.clone(),
         source,
     })?;
     let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
@@ -349,7 +351,7 @@ where
     let pool = Arc::new(HashPool::per_core());
     let _cancel = CancelOnDrop(pool.clone());
     let ctx = Arc::new(Ctx {
-        root: cfg.root.clone(),
+        root: root_dir.clone(),
         src: Arc::new(src.into()),
         policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
         limiter: cfg.bandwidth_limit.map(Limiter::new),
@@ -365,11 +367,18 @@ where
         busy: negotiated & caps::PROGRESS != 0,
         progress_timeout: cfg.timeouts.progress,
     });
-    let root = cfg.root.clone();
     let p = progress.clone();
     let filter = cfg.filter.clone();
     let scanner = tokio::task::spawn_blocking(move || {
-        scan::scan(&root, &filter, checksum, work_tx, p, &tree)
+        scan::scan(
+            &root_dir,
+            only.as_deref(),
+            &filter,
+            checksum,
+            work_tx,
+            p,
+            &tree,
+        )
     });
 
     let mut futs = Vec::new();
@@ -545,8 +554,13 @@ where
     let root = cfg.root.clone();
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
     let filter = cfg.filter.clone();
-    let walker =
-        tokio::task::spawn_blocking(move || scan::walk_dirs(&root, &filter, with_names, tx));
+    let walker = tokio::task::spawn_blocking(move || {
+        // A single file has no directory of its own to finish (nor siblings to delete).
+        if split_source(&root).1.is_some() {
+            return Ok(());
+        }
+        scan::walk_dirs(&root, &filter, with_names, tx)
+    });
     let mut dirs = DirList::default();
     while let Some(d) = rx.recv().await {
         if let Some(dir) = &d.dir

@@ -27,4 +27,4 @@ pub use filter::{Filter, FilterError};
 pub use meta::{Kind, Meta};
 pub use policy::{MetaError, MetaPolicy};
 pub use relpath::{PathError, RelPath};
-pub use scan::{Entry, ScanError, ScanEvent, Scanner};
+pub use scan::{Entry, ScanError, ScanEvent, Scanner, split_source};

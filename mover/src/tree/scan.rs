@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Dir, Mode, OFlags, openat, readlinkat, statat};
@@ -33,6 +33,24 @@ pub struct Entry {
     pub parent: DirFd,
     /// For directories: the directory's own handle.
     pub dir: Option<DirFd>,
+}
+
+/// Splits a source as given on a command line: a directory (or a symlink to one) is walked as
+/// it is; anything else, such as a single file, is walked as its parent directory holding just
+/// that name (see [`Scanner::only_at_root`]), so it lands in the destination under its own name.
+pub fn split_source(path: &Path) -> (PathBuf, Option<Vec<u8>>) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let is_dir = std::fs::metadata(path).map_or(true, |m| m.is_dir());
+    match (is_dir, path.file_name()) {
+        (false, Some(name)) => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            (parent, Some(name.as_bytes().to_vec()))
+        }
+        _ => (path.to_owned(), None),
+    }
 }
 
 /// What the scanner reports.
@@ -92,6 +110,9 @@ pub struct Scanner {
     /// A name directly under the root that is not part of the tree (a receiver's staging
     /// directory when the source is itself a receiver's root).
     root_exclude: Option<Vec<u8>>,
+    /// The only name directly under the root that is part of the tree (a single file given as
+    /// the source is walked as its directory holding just that name).
+    root_only: Option<Vec<u8>>,
     /// `--exclude` / `--include`: entries it excludes are not reported (directories not walked).
     filter: Option<Arc<Filter>>,
     links: HashMap<(u64, u64), RelPath>,
@@ -126,6 +147,7 @@ impl Scanner {
                 failed: false,
             }],
             root_exclude: None,
+            root_only: None,
             filter: None,
             links: HashMap::new(),
             root_meta: meta,
@@ -136,6 +158,12 @@ impl Scanner {
     /// Leaves the entry `name` directly under the root (and everything in it) out of the walk.
     pub fn exclude_at_root(mut self, name: &[u8]) -> Scanner {
         self.root_exclude = Some(name.to_vec());
+        self
+    }
+
+    /// Leaves everything directly under the root but `name` out of the walk.
+    pub fn only_at_root(mut self, name: &[u8]) -> Scanner {
+        self.root_only = Some(name.to_vec());
         self
     }
 
@@ -159,7 +187,10 @@ impl Scanner {
         let Some(top) = self.stack.last() else {
             return Ok(None);
         };
-        if top.rel.is_none() && self.root_exclude.as_deref() == Some(name) {
+        if top.rel.is_none()
+            && (self.root_exclude.as_deref() == Some(name)
+                || self.root_only.as_deref().is_some_and(|only| only != name))
+        {
             return Ok(None);
         }
         let parent = top.fd.clone();

@@ -65,7 +65,9 @@ pub struct TransferSpec {
     /// directory by a file).
     #[serde(default)]
     pub delete_extraneous: bool,
-    /// Patterns of source paths to leave out (as the mover's `--exclude`).
+    /// Patterns of source paths to leave out, rsync's rules as the mover's `--exclude`: `*.tmp`
+    /// any such name, `/cache/` only the top-level directory, `logs/*.gz` a path tail, `**`
+    /// crosses `/`. With deleteExtraneous, destination entries they match are kept.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
     /// Keep file owners (needs a root mover, which the operator's configuration must allow).
