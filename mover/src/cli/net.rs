@@ -187,27 +187,49 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         serde_json::to_writer(&mut out, s)?;
         writeln!(out)?;
     } else if !crate::report::quiet() {
-        let rate = s.bytes as f64 / s.seconds.max(1e-9) / 1e6;
-        eprintln!(
-            "{role}: {} files, {} bytes in {:.2} s ({rate:.1} MB/s), {} wire bytes, {} skipped, \
-             {} resumed bytes, {} streams, {} blocks ({} bytes) from the block store, \
-             {} deleted, {} failed, digest {}",
-            s.files,
-            s.bytes,
-            s.seconds,
-            s.wire_bytes,
-            s.skipped,
-            s.resumed_bytes,
-            s.streams,
-            s.dedup_blocks,
-            s.dedup_bytes,
-            s.deleted,
-            s.failed,
-            if s.digest.is_empty() { "-" } else { &s.digest }
-        );
+        eprintln!("{role}: {}", human_summary(s));
     }
     out.flush()?;
     Ok(())
+}
+
+/// One line for people: what moved (and at what rate), what was already there, and how, in one
+/// unit family (decimal, as the progress bar). The rate counts only bytes that crossed the
+/// network: blocks from the block store and resumed blocks did not.
+pub fn human_summary(s: &Summary) -> String {
+    use crate::report::decimal;
+    let sent = s.bytes.saturating_sub(s.dedup_bytes);
+    let mut line = format!(
+        "wrote {} files, {} ({} sent at {}/s",
+        s.files,
+        decimal(s.bytes as f64),
+        decimal(sent as f64),
+        decimal(sent as f64 / s.seconds.max(1e-9)),
+    );
+    if s.dedup_blocks > 0 {
+        line.push_str(&format!(
+            ", {} in {} blocks from the block store",
+            decimal(s.dedup_bytes as f64),
+            s.dedup_blocks
+        ));
+    }
+    line.push_str(&format!(") in {:.2} s", s.seconds));
+    if s.resumed_bytes > 0 {
+        line.push_str(&format!(
+            "; {} already held from an interrupted run",
+            decimal(s.resumed_bytes as f64)
+        ));
+    }
+    line.push_str(&format!(
+        "; {} unchanged; {} on the wire over {} streams; {} deleted; {} failed; digest {}",
+        s.skipped,
+        decimal(s.wire_bytes as f64),
+        s.streams,
+        s.deleted,
+        s.failed,
+        if s.digest.is_empty() { "-" } else { &s.digest }
+    ));
+    line
 }
 
 /// The receiver's first few failure messages on the sender's stderr (the receiver logged each
@@ -419,4 +441,44 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_counts_only_what_crossed_the_network() {
+        let s = Summary {
+            files: 3,
+            bytes: 20_000_000,
+            dedup_bytes: 16_000_000,
+            dedup_blocks: 4,
+            resumed_bytes: 8_000_000,
+            wire_bytes: 4_100_000,
+            seconds: 2.0,
+            streams: 4,
+            skipped: 7,
+            ..Summary::default()
+        };
+        let line = human_summary(&s);
+        assert!(
+            line.starts_with(
+                "wrote 3 files, 20.0 MB (4.0 MB sent at 2.0 MB/s, 16.0 MB in 4 blocks from the \
+                 block store) in 2.00 s; 8.0 MB already held from an interrupted run; 7 unchanged; \
+                 4.1 MB on the wire over 4 streams"
+            ),
+            "{line}"
+        );
+        let unchanged = Summary {
+            skipped: 16,
+            seconds: 0.01,
+            ..Summary::default()
+        };
+        assert!(
+            human_summary(&unchanged).starts_with("wrote 0 files, 0 B (0 B sent at 0 B/s) in"),
+            "{}",
+            human_summary(&unchanged)
+        );
+    }
 }

@@ -135,7 +135,8 @@ pub fn status_line(s: &crate::progress::Snapshot) -> String {
     line
 }
 
-fn decimal(v: f64) -> String {
+/// `v` bytes in decimal units (`12.3 MB`), as everywhere a person reads sizes and rates.
+pub fn decimal(v: f64) -> String {
     const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
     let mut v = v;
     let mut unit = 0;
