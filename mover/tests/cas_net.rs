@@ -293,7 +293,7 @@ async fn a_hash_announced_without_possession_is_refused() {
     };
     let entries = (0..3)
         .map(|i| pb::Entry {
-            path: format!("stolen-{i}.bin"),
+            path: format!("stolen-{i}.bin").into(),
             kind: pb::EntryKind::File as i32,
             mode: 0o644,
             size: BLOCK_SIZE as u64,

@@ -123,7 +123,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
     out
 }
 
-fn file(path: &str, size: u64) -> pb::Entry {
+fn file(path: impl Into<Vec<u8>>, size: u64) -> pb::Entry {
     pb::Entry {
         path: path.into(),
         kind: pb::EntryKind::File as i32,
@@ -163,7 +163,7 @@ fn valid_session() -> Vec<Message> {
         Message::Done(pb::Done::default()),
         Message::DirDone(pb::DirDone {
             dir: Some(pb::Entry {
-                path: String::new(),
+                path: Vec::new(),
                 kind: pb::EntryKind::Dir as i32,
                 mode: 0o755,
                 ..Default::default()
@@ -185,12 +185,19 @@ async fn valid_script_succeeds() {
 
 #[tokio::test]
 async fn dot_dot_and_absolute_names_are_refused() {
+    // Names travel as bytes; the rules hold for names that are not UTF-8 too.
     for bad in [
-        "../escape",
-        "a/../../escape",
-        "/tmp/ferry-abs-escape",
-        "a//b",
-        "./x",
+        &b"../escape"[..],
+        b"a/../../escape",
+        b"/tmp/ferry-abs-escape",
+        b"a//b",
+        b"./x",
+        b"\xff/../../escape",
+        b"/tmp/ferry-abs-escape-\xe9",
+        b"caf\xe9\0.txt",
+        b"\xe9//b",
+        b".ferry-staging/\xe9",
+        b"",
     ] {
         let w = world();
         let out = run_script(
@@ -199,7 +206,8 @@ async fn dot_dot_and_absolute_names_are_refused() {
             encode(&[offer(1, vec![file(bad, 1)])]),
         )
         .await;
-        assert!(out.contains("invalid path"), "{bad}: {out}");
+        let shown = String::from_utf8_lossy(bad);
+        assert!(out.contains("invalid path"), "{shown}: {out}");
         w.assert_outside_untouched();
         assert!(!Path::new("/tmp/ferry-abs-escape").exists());
     }
@@ -211,7 +219,7 @@ async fn write_through_a_symlink_is_refused() {
     let link = pb::Entry {
         path: "l".into(),
         kind: pb::EntryKind::Symlink as i32,
-        target: w.outside.display().to_string(),
+        target: w.outside.display().to_string().into(),
         ..Default::default()
     };
     let script = encode(&[
@@ -571,7 +579,7 @@ async fn a_peer_that_floods_without_reading_is_cut_off() {
         // Endless offers, never reading a Want: the receiver's answers back up and its write
         // deadline cuts the peer off instead of buffering.
         for i in 0.. {
-            let entries = (0..200).map(|j| file(&format!("d{i}/f{j}"), 1)).collect();
+            let entries = (0..200).map(|j| file(format!("d{i}/f{j}"), 1)).collect();
             if w.send(&offer(i, entries)).await.is_err() {
                 return;
             }

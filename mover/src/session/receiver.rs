@@ -380,7 +380,7 @@ impl Shared {
         let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
             Some(t) => t
-                .add_leaf(path.as_str().as_bytes(), entry)
+                .add_leaf(path.as_bytes(), entry)
                 .map_err(ReceiveError::Digest),
             None => Err(ReceiveError::Internal(
                 "entry after the digest was computed",
@@ -407,9 +407,7 @@ impl Shared {
     fn record_dir(&self, path: &PeerPath) -> Result<(), ReceiveError> {
         let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
-            Some(t) => t
-                .add_dir(path.as_str().as_bytes())
-                .map_err(ReceiveError::Digest),
+            Some(t) => t.add_dir(path.as_bytes()).map_err(ReceiveError::Digest),
             None => Err(ReceiveError::Internal(
                 "entry after the digest was computed",
             )),
@@ -454,7 +452,7 @@ fn record_unchanged(
     content: Option<Hash>,
 ) -> Result<(), ReceiveError> {
     if let Some(content) = content {
-        let f = sh.dest.open_read(path.as_str())?;
+        let f = sh.dest.open_read(path.as_bytes())?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(path.to_string(), e))?;
         return sh.record_file(path, &meta, &content);
     }
@@ -463,7 +461,7 @@ fn record_unchanged(
         let shown = || p.to_string();
         let mut f = s
             .dest
-            .open_read(p.as_str())
+            .open_read(p.as_bytes())
             .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
         let mut counted = digest::CountingReader {
@@ -519,7 +517,7 @@ struct LinkTargetNotFile {
 #[derive(Default)]
 struct Table {
     files: HashMap<u64, InFlight>,
-    paths: HashSet<String>,
+    paths: HashSet<PeerPath>,
     /// Large files among `files`.
     large: usize,
 }
@@ -940,7 +938,7 @@ where
         if let Some(example) = table.paths.iter().next() {
             return Err(ReceiveError::Incomplete {
                 count: table.paths.len(),
-                example: example.clone(),
+                example: example.to_string(),
             });
         }
     }
@@ -985,7 +983,7 @@ fn handle_offer(sh: &Arc<Shared>, offer: pb::Offer) -> Result<pb::Want, ReceiveE
     }
     let mut wants = Vec::with_capacity(offer.entries.len());
     // Entries of one directory arrive together: create each parent once per offer.
-    let mut last_parent: Option<String> = None;
+    let mut last_parent: Option<Vec<u8>> = None;
     for e in offer.entries {
         wants.push(handle_entry(sh, e, &mut last_parent)?);
     }
@@ -1007,18 +1005,18 @@ fn skip() -> pb::EntryWant {
 fn handle_entry(
     sh: &Arc<Shared>,
     e: pb::Entry,
-    last_parent: &mut Option<String>,
+    last_parent: &mut Option<Vec<u8>>,
 ) -> Result<pb::EntryWant, ReceiveError> {
     let path = PeerPath::parse(&e.path)?;
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
         pb::EntryKind::Dir => {
-            sh.dest.create_dirs(path.as_str())?;
+            sh.dest.create_dirs(path.as_bytes())?;
             sh.record_dir(&path)?;
             Ok(skip())
         }
         pb::EntryKind::Symlink => {
-            if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
+            if e.target.is_empty() || e.target.len() > 4096 || e.target.contains(&0) {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
             let existing = sh.dest.existing_before_write(&path)?;
@@ -1044,7 +1042,7 @@ fn handle_entry(
             let parent = path.split_parent().0;
             if parent != last_parent.as_deref() {
                 sh.dest.ensure_parent(&path)?;
-                *last_parent = parent.map(str::to_owned);
+                *last_parent = parent.map(<[u8]>::to_vec);
             }
             offer_file(sh, path, &e)
         }
@@ -1086,10 +1084,10 @@ fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), Rece
         (Some(a), None) => (a.mode, (a.mtime_sec, a.mtime_nsec), false),
         _ => (0, (0, 0), false),
     };
-    let shown_target = if joined { target.as_str() } else { "" };
+    let shown_target: &[u8] = if joined { target.as_bytes() } else { b"" };
     sh.links.lock().map_err(|_| ReceiveError::Poisoned)?.add(
-        path.as_str().as_bytes(),
-        shown_target.as_bytes(),
+        path.as_bytes(),
+        shown_target,
         mode,
         mtime,
     );
@@ -1150,7 +1148,7 @@ fn offer_file(
     }
     {
         let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        if t.paths.contains(path.as_str()) {
+        if t.paths.contains(&path) {
             return Err(proto(format!("duplicate entry {path} in one session")));
         }
         if t.files.len() >= MAX_IN_FLIGHT {
@@ -1183,9 +1181,9 @@ fn offer_file(
             // applied, so the destination matches what the digest describes.
             if mtime != meta.mtime || mode != meta.mode & 0o777 {
                 // Read-only is enough for fchmod/futimens, and works on a read-only file.
-                let f = sh.dest.open_read(path.as_str())?;
+                let f = sh.dest.open_read(path.as_bytes())?;
                 let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
-                sh.dest.apply_meta(&f, path.as_str(), &m)?;
+                sh.dest.apply_meta(&f, path.as_bytes(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
             record_unchanged(sh, &path, content)?;
@@ -1231,8 +1229,8 @@ fn offer_file(
 fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
     let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
     let path = match &f {
-        InFlight::Small(m) => m.path.as_str().to_owned(),
-        InFlight::Large(l) => l.meta.path.as_str().to_owned(),
+        InFlight::Small(m) => m.path.clone(),
+        InFlight::Large(l) => l.meta.path.clone(),
     };
     if !t.paths.insert(path.clone()) {
         return Err(proto(format!("duplicate entry {path} in one session")));
@@ -1247,7 +1245,7 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
 /// Reads a destination file once for `--checksum`: its whole-file BLAKE3 and its digest
 /// content hash.
 fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
-    let mut f = sh.dest.open_read(path.as_str())?;
+    let mut f = sh.dest.open_read(path.as_bytes())?;
     let mut counted = digest::CountingReader {
         inner: &mut f,
         count: &sh.progress.hashed_bytes,
@@ -1276,7 +1274,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
             off = end;
             let meta = match t.files.remove(&bf.file_id) {
                 Some(InFlight::Small(m)) => {
-                    t.paths.remove(m.path.as_str());
+                    t.paths.remove(&m.path);
                     m
                 }
                 Some(other) => {
@@ -1537,7 +1535,7 @@ fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), Recei
         if t.files.remove(&file_id).is_some() {
             t.large = t.large.saturating_sub(1);
         }
-        t.paths.remove(lf.meta.path.as_str());
+        t.paths.remove(&lf.meta.path);
     }
     if commit_large(sh, lf)? {
         sh.progress.add(&sh.progress.files_done, 1);
@@ -1704,7 +1702,8 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
 /// its path after the offer was answered).
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
     let st = &lf.staging;
-    let path = lf.meta.path.as_str();
+    let path = lf.meta.path.to_string();
+    let path = path.as_str();
     let staged = format!("{}/{}", sh.staging.rel, st.part_name);
     let m = sh
         .dest
@@ -1722,14 +1721,19 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
             path: path.to_owned(),
             source,
         })?;
-    sh.dest.apply_meta(&st.data, &staged, &m).map_err(publish)?;
+    sh.dest
+        .apply_meta(&st.data, staged.as_bytes(), &m)
+        .map_err(publish)?;
     if sh.sync {
         st.data.sync_all().map_err(|source| ReceiveError::Write {
             path: path.to_owned(),
             source,
         })?;
     }
-    let published = match sh.dest.publish_from_staging(&staged, &lf.meta.path) {
+    let published = match sh
+        .dest
+        .publish_from_staging(staged.as_bytes(), &lf.meta.path)
+    {
         Err(e) if !matches!(e, DestError::NonEmptyDir(_)) => return Err(publish(e)),
         r => r,
     };
@@ -1764,16 +1768,15 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
         }
         let mut keep = HashSet::with_capacity(d.names.len());
         for name in d.names {
-            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
                 return Err(proto(format!(
-                    "invalid name {name:?} in a directory listing"
+                    "invalid name {:?} in a directory listing",
+                    String::from_utf8_lossy(&name)
                 )));
             }
             keep.insert(name);
         }
-        let removed = sh
-            .dest
-            .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep)?;
+        let removed = sh.dest.delete_extraneous(rel.as_ref(), &keep)?;
         sh.deleted.fetch_add(removed, Ordering::Relaxed);
     }
     let mtime = mtime_of(&dir);
@@ -1785,11 +1788,10 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
                 Some(m) => (m.mode, (m.mtime_sec, m.mtime_nsec)),
                 None => (0, (0, 0)),
             };
-            sh.dirs.lock().map_err(|_| ReceiveError::Poisoned)?.add(
-                p.as_str().as_bytes(),
-                mode,
-                mtime,
-            );
+            sh.dirs
+                .lock()
+                .map_err(|_| ReceiveError::Poisoned)?
+                .add(p.as_bytes(), mode, mtime);
         }
         None => {
             if let Ok(mut m) = sh.root_meta.lock() {

@@ -33,8 +33,6 @@ pub enum ScanError {
         #[source]
         source: std::io::Error,
     },
-    #[error("source path {0} is not valid UTF-8; ferry transfers UTF-8 names only")]
-    NotUtf8(PathBuf),
     #[error("failed to walk source {root}")]
     Walk {
         root: PathBuf,
@@ -52,7 +50,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
     }
 }
 
-fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
+fn entry_of(rel: Vec<u8>, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
     pb::Entry {
         path: rel,
         kind: kind as i32,
@@ -64,15 +62,14 @@ fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
         } else {
             0
         },
-        target: String::new(),
+        target: Vec::new(),
         checksum: Vec::new(),
     }
 }
 
-fn rel_string(rel: &Path) -> Result<String, ScanError> {
-    rel.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ScanError::NotUtf8(rel.to_owned()))
+/// `root/rel` for messages and for the few opens by path; `rel` is raw bytes as on the wire.
+pub fn source_path(root: &Path, rel: &[u8]) -> PathBuf {
+    root.join(std::ffi::OsStr::from_bytes(rel))
 }
 
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
@@ -121,21 +118,19 @@ pub fn scan(
                 continue;
             }
         };
-        let rel = utf8(root, &entry.rel)?;
+        let rel = entry.rel.as_bytes().to_vec();
         let m = &entry.meta;
         match m.kind {
             Kind::Dir => {
-                with_tree(&mut |t| t.open_dir(rel.as_bytes()));
+                with_tree(&mut |t| t.open_dir(&rel));
                 group.push(entry_of(rel, m, pb::EntryKind::Dir));
             }
             Kind::Symlink => {
                 let target = entry.link_target.unwrap_or_default();
                 let mut e = entry_of(rel, m, pb::EntryKind::Symlink);
-                e.target = String::from_utf8(target)
-                    .map_err(|_| ScanError::NotUtf8(root.join(&e.path)))?;
-                let h =
-                    digest::symlink_entry(e.mode, (e.mtime_sec, e.mtime_nsec), e.target.as_bytes());
-                with_tree(&mut |t| t.add(e.path.as_bytes(), h));
+                e.target = target;
+                let h = digest::symlink_entry(e.mode, (e.mtime_sec, e.mtime_nsec), &e.target);
+                with_tree(&mut |t| t.add(&e.path, h));
                 group.push(e);
             }
             Kind::File => {
@@ -143,13 +138,13 @@ pub fn scan(
                     && hardlinks.len() < MAX_HARDLINKS
                 {
                     let mut e = entry_of(rel, m, pb::EntryKind::Hardlink);
-                    e.target = utf8(root, first)?;
+                    e.target = first.as_bytes().to_vec();
                     hardlinks.push(e);
                     continue;
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
                 if checksum {
-                    let abs = root.join(&e.path);
+                    let abs = source_path(root, &e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
                     let mut counted = digest::CountingReader {
                         inner: &mut f,
@@ -164,9 +159,9 @@ pub fn scan(
                         (e.mtime_sec, e.mtime_nsec),
                         &read.content,
                     );
-                    with_tree(&mut |t| t.add(e.path.as_bytes(), h));
+                    with_tree(&mut |t| t.add(&e.path, h));
                 } else {
-                    with_tree(&mut |t| t.expect(e.path.as_bytes()));
+                    with_tree(&mut |t| t.expect(&e.path));
                 }
                 progress.add(&progress.files_total, 1);
                 progress.add(&progress.bytes_total, m.size);
@@ -198,11 +193,6 @@ fn walk_error(root: &Path, e: tree::ScanError) -> ScanError {
         root: root.to_owned(),
         source: e,
     }
-}
-
-fn utf8(root: &Path, rel: &RelPath) -> Result<String, ScanError> {
-    String::from_utf8(rel.as_bytes().to_vec())
-        .map_err(|_| ScanError::NotUtf8(root.join(std::ffi::OsStr::from_bytes(rel.as_bytes()))))
 }
 
 /// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf.
@@ -246,10 +236,7 @@ pub fn walk_dirs(
                 subdirs.push(name.clone());
             }
             if with_names && listing_bytes <= MAX_LISTING_BYTES {
-                let n = name
-                    .to_str()
-                    .ok_or_else(|| ScanError::NotUtf8(rel.join(&name)))?
-                    .to_owned();
+                let n = name.as_bytes().to_vec();
                 listing_bytes += n.len() + 4;
                 names.push(n);
             }
@@ -263,7 +250,11 @@ pub fn walk_dirs(
         }
         let nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
         let dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
-        let dir = entry_of(rel_string(&rel)?, &dir_meta, pb::EntryKind::Dir);
+        let dir = entry_of(
+            rel.as_os_str().as_bytes().to_vec(),
+            &dir_meta,
+            pb::EntryKind::Dir,
+        );
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
             complete_listing: complete,

@@ -191,7 +191,7 @@ impl Ctx {
     fn file_digested(&self, e: &pb::Entry, content: &Hash) {
         let entry = digest::file_entry(e.size, e.mode, (e.mtime_sec, e.mtime_nsec), content);
         if let Ok(mut t) = self.tree.lock() {
-            t.fulfil(e.path.as_bytes(), entry);
+            t.fulfil(&e.path, entry);
         }
     }
 
@@ -498,15 +498,10 @@ where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     ctx.progress.set_phase(Phase::Finishing);
-    hardlinks.sort_by(|a, b| digest::path_order(a.path.as_bytes(), b.path.as_bytes()));
+    hardlinks.sort_by(|a, b| digest::path_order(&a.path, &b.path));
     let mut links = LinkList::default();
     for h in &hardlinks {
-        links.add(
-            h.path.as_bytes(),
-            h.target.as_bytes(),
-            h.mode,
-            (h.mtime_sec, h.mtime_nsec),
-        );
+        links.add(&h.path, &h.target, h.mode, (h.mtime_sec, h.mtime_nsec));
     }
     for chunk in hardlinks.chunks(super::MAX_OFFER_ENTRIES) {
         let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
@@ -528,11 +523,7 @@ where
         if let Some(dir) = &d.dir
             && !dir.path.is_empty()
         {
-            dirs.add(
-                dir.path.as_bytes(),
-                dir.mode,
-                (dir.mtime_sec, dir.mtime_nsec),
-            );
+            dirs.add(&dir.path, dir.mode, (dir.mtime_sec, dir.mtime_nsec));
         }
         writer.send(&Message::DirDone(d)).await?;
     }
@@ -859,10 +850,13 @@ async fn handle_want(
             small.push((w.file_id, e));
             continue;
         }
-        let path = Arc::new(ctx.root.join(&e.path));
+        let path = Arc::new(scan::source_path(&ctx.root, &e.path));
         let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
         let need = BlockSet::from_want(&w.need_blocks, &w.need_ranges, nblocks).map_err(|err| {
-            SendError::Peer(format!("answer to offer {offer_id} for {}: {err}", e.path))
+            SendError::Peer(format!(
+                "answer to offer {offer_id} for {}: {err}",
+                path.display()
+            ))
         })?;
         let file = {
             let (c, rel) = (ctx.clone(), e.path.clone());
@@ -1077,7 +1071,7 @@ impl UnchangedFiles {
     async fn push(&mut self, ctx: &Arc<Ctx>, e: pb::Entry) -> Result<(), SendError> {
         if e.size > SMALL_FILE_MAX {
             let fd = FileDigest::new(&e);
-            let path = ctx.root.join(&e.path);
+            let path = scan::source_path(&ctx.root, &e.path);
             let all: Vec<u64> = (0..e.size.div_ceil(BLOCK_SIZE as u64)).collect();
             let c = ctx.clone();
             ctx.pool
@@ -1145,7 +1139,7 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
     let mut dirs = SourceDirs::new(&ctx.src);
     let mut data = Vec::with_capacity(SMALL_FILE_MAX as usize + 1);
     for e in files {
-        let shown = || ctx.root.join(&e.path).display().to_string();
+        let shown = || scan::source_path(&ctx.root, &e.path).display().to_string();
         let f = dirs
             .open(&e.path)
             .map_err(|err| HashError::new(shown(), err))?;
@@ -1162,7 +1156,7 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
 
 /// Opens a source file beneath the root handle: no symlink is followed on the way (a directory
 /// swapped for a symlink after the walk fails the open), and only a regular file is read.
-fn open_beneath(src: &DirFd, rel: &str) -> std::io::Result<std::fs::File> {
+fn open_beneath(src: &DirFd, rel: &[u8]) -> std::io::Result<std::fs::File> {
     let f = SourceDirs::new(src).open(rel)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file any more"));
@@ -1212,13 +1206,13 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
     let mut dirs = SourceDirs::new(&ctx.src);
     for (file_id, e) in files {
         let rerr = |source| SendError::Read {
-            path: ctx.root.join(&e.path),
+            path: scan::source_path(&ctx.root, &e.path),
             source,
         };
         let f = dirs.open(&e.path).map_err(rerr)?;
         let start = data.len();
         if !read_small_into(&f, e.size, &mut data).map_err(rerr)? {
-            return Err(SendError::Changed(ctx.root.join(&e.path)));
+            return Err(SendError::Changed(scan::source_path(&ctx.root, &e.path)));
         }
         let hash = blake3::hash(&data[start..]);
         if !ctx.content_in_scan {
@@ -1260,7 +1254,7 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
 /// directories, so each is resolved beneath the source root once, not once per file.
 struct SourceDirs<'a> {
     root: &'a DirFd,
-    last: Option<(String, DirFd)>,
+    last: Option<(Vec<u8>, DirFd)>,
 }
 
 impl<'a> SourceDirs<'a> {
@@ -1268,27 +1262,27 @@ impl<'a> SourceDirs<'a> {
         Self { root, last: None }
     }
 
-    fn open(&mut self, path: &str) -> std::io::Result<std::fs::File> {
-        let (parent, name) = match path.rsplit_once('/') {
-            Some((parent, name)) => (Some(parent), name),
+    fn open(&mut self, path: &[u8]) -> std::io::Result<std::fs::File> {
+        let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(cut) => (Some(&path[..cut]), &path[cut + 1..]),
             None => (None, path),
         };
         let Some(parent) = parent else {
-            return scan::open_in(self.root, name.as_bytes());
+            return scan::open_in(self.root, name);
         };
         let dir = match &self.last {
-            Some((p, dir)) if p == parent => dir.clone(),
+            Some((p, dir)) if p.as_slice() == parent => dir.clone(),
             _ => {
-                let rel = RelPath::parse(parent.as_bytes())
+                let rel = RelPath::parse(parent)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
                 // The walk never follows symlinks; neither does this (RESOLVE_NO_SYMLINKS).
                 let dir: DirFd =
                     Arc::new(open_dir_beneath(self.root.as_fd(), &rel, Resolve::Auto)?);
-                self.last = Some((parent.to_owned(), dir.clone()));
+                self.last = Some((parent.to_vec(), dir.clone()));
                 dir
             }
         };
-        scan::open_in(&dir, name.as_bytes())
+        scan::open_in(&dir, name)
     }
 }
 
@@ -1523,17 +1517,17 @@ mod tests {
             assert!(read_small_into(&f, 1, &mut data).expect("read"));
             data
         };
-        assert_eq!(read(dirs.open("a/b/f").expect("open")), b"x");
-        assert_eq!(read(dirs.open("top").expect("open")), b"t");
-        assert_eq!(read(dirs.open("a/b/f").expect("open again")), b"x");
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open")), b"x");
+        assert_eq!(read(dirs.open(b"top").expect("open")), b"t");
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open again")), b"x");
         assert!(
-            dirs.open("a/link/secret").is_err(),
+            dirs.open(b"a/link/secret").is_err(),
             "followed a symlinked directory"
         );
         assert!(
-            dirs.open("a/leaf").is_err(),
+            dirs.open(b"a/leaf").is_err(),
             "followed a symlink at the leaf"
         );
-        assert!(dirs.open("../x").is_err(), "left the root");
+        assert!(dirs.open(b"../x").is_err(), "left the root");
     }
 }

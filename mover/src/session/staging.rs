@@ -119,7 +119,7 @@ impl Staging {
 
     pub fn open(dest: &DestRoot, transfer_id: &str) -> Result<Self, StagingError> {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
-        let dir = dest.create_dirs(&rel)?;
+        let dir = dest.create_dirs(rel.as_bytes())?;
         let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel)(e.into()))?;
         let key = (st.st_dev, st.st_ino);
         let mut u = users();
@@ -151,12 +151,13 @@ impl Staging {
         mtime: (i64, u32),
         resume: bool,
     ) -> Result<Opened, StagingError> {
-        let key = blake3::hash(path.as_str().as_bytes()).to_hex();
+        let key = blake3::hash(path.as_bytes()).to_hex();
         let base_name = &key.as_str()[..32];
         let part_name = format!("{base_name}.part");
         let manifest_name = format!("{base_name}.manifest");
         let header = manifest_header(path, size, mtime);
-        let shown = path.as_str();
+        let shown = path.to_string();
+        let shown = shown.as_str();
 
         if resume
             && let Some((data, manifest)) =
@@ -283,7 +284,7 @@ impl Staging {
         if self.shared() {
             return;
         }
-        if let Ok(parent) = dest.open_dir(Some(STAGING_DIR)) {
+        if let Ok(parent) = dest.open_dir(Some(STAGING_DIR.as_bytes())) {
             if let Some(leaf) = self.rel.rsplit('/').next() {
                 let _ = rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR);
             }
@@ -414,7 +415,7 @@ fn open_locked(dir: &DirFd, name: &str, shown: &str) -> Result<File, StagingErro
 }
 
 fn manifest_header(path: &PeerPath, size: u64, mtime: (i64, u32)) -> Vec<u8> {
-    let p = path.as_str().as_bytes();
+    let p = path.as_bytes();
     let mut h = Vec::with_capacity(32 + p.len());
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(&size.to_le_bytes());
