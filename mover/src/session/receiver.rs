@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_proto::wire::v1 as pb;
-use std::os::unix::fs::FileExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::{self, CodecError};
@@ -1474,12 +1473,13 @@ fn handle_block(
         path: lf.meta.path.to_string(),
         source,
     };
-    // What is written is what was hashed: an all-zero block is a hole, punched out of a staging
-    // file an earlier run left (whose bytes there are unknown).
+    // What is written is what was hashed: an all-zero block, and each all-zero page of a block,
+    // is a hole, punched out of a staging file an earlier run left (whose bytes there are
+    // unknown).
     if codec == compress::CODEC_ZERO {
         lf.staging.write_zeros(off, expected).map_err(werr)?;
     } else {
-        lf.staging.data.write_all_at(buf, off).map_err(werr)?;
+        lf.staging.write_block(off, buf).map_err(werr)?;
     }
     lf.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
     let finished = lf.written(1)?;
@@ -1592,7 +1592,7 @@ fn handle_announce(
     // Claim them, exactly as Block frames would: no block is announced twice or sent too.
     lf.claim(&a.indexes)?;
     // Reads, verifies and writes without holding the file's lock.
-    let needed = dedup.materialize_announced(key, &lf.staging.data, &announced)?;
+    let needed = dedup.materialize_announced(key, &lf.staging, &announced)?;
     let mut bitmap = Bitmap::with_len(n);
     let mut taken = 0u64;
     let mut taken_blocks = 0u64;

@@ -1020,7 +1020,10 @@ fn build_announce(
                         rerr(e)
                     }
                 })?;
-            out.push((index, (!is_zero(&buf)).then(|| dedup.announce(index, &buf))));
+            out.push((
+                index,
+                (!crate::tree::data::is_zero(&buf)).then(|| dedup.announce(index, &buf)),
+            ));
         }
         Ok::<_, SendError>(out)
     });
@@ -1352,6 +1355,24 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             data: Bytes::new(),
         });
     }
+    // A block that is partly a hole: only its data ranges are read, the rest stays zeros.
+    if let Some(ranges) = partial_data_ranges(&job.file, off, job.len) {
+        let mut buf = vec![0u8; len];
+        for (start, end) in ranges {
+            let at = (start - off) as usize..(end - off) as usize;
+            job.file
+                .read_exact_at(&mut buf[at], start)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => SendError::Changed(path.to_owned()),
+                    _ => rerr(e),
+                })?;
+        }
+        // A file cut short since the walk would read as a zero tail here, not as a short read.
+        if job.file.metadata().map_err(rerr)?.len() < off + job.len {
+            return Err(SendError::Changed(path.to_owned()));
+        }
+        return Ok(block_message(ctx, &job, buf));
+    }
     // pread into spare capacity: no zeroing of a fresh 4 MiB buffer per block, no reopen.
     let mut buf = Vec::with_capacity(len);
     while buf.len() < len {
@@ -1368,12 +1389,47 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
     if buf.len() != len {
         return Err(SendError::Changed(path.to_owned()));
     }
+    Ok(block_message(ctx, &job, buf))
+}
+
+/// The data ranges (`SEEK_DATA`/`SEEK_HOLE`) of `[off, off+len)` when the range is partly a
+/// hole; `None` when it is all data or the filesystem cannot tell (then the whole is read).
+fn partial_data_ranges(f: &std::fs::File, off: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    let end = off + len;
+    let mut ranges = Vec::new();
+    let mut pos = off;
+    while pos < end {
+        let data = match seek(f, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // No data past `pos`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(_) => return None,
+        };
+        if data >= end {
+            break;
+        }
+        let hole = seek(f, SeekFrom::Hole(data)).ok()?.min(end);
+        if hole <= data {
+            return None;
+        }
+        ranges.push((data, hole));
+        pos = hole;
+    }
+    if ranges.as_slice() == [(off, end)] {
+        return None;
+    }
+    Some(ranges)
+}
+
+/// The Block frame of a block read in full into `buf`.
+fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message {
     let hash = blake3::hash(&buf);
     if let Some(fd) = &job.digest {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
     ctx.progress.add(&ctx.progress.bytes_done, job.len);
-    let (codec_id, data) = if is_zero(&buf) {
+    let (codec_id, data) = if crate::tree::data::is_zero(&buf) {
         (CODEC_ZERO, Bytes::new())
     } else {
         match ctx.policy.compress(&buf) {
@@ -1381,7 +1437,7 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             None => (codec::RAW, Bytes::from(buf)),
         }
     };
-    Ok(Message::Block {
+    Message::Block {
         header: pb::BlockHeader {
             file_id: job.file_id,
             index: job.index,
@@ -1390,15 +1446,7 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             hash: hash.as_bytes().to_vec(),
         },
         data,
-    })
-}
-
-fn is_zero(buf: &[u8]) -> bool {
-    let mut words = buf.chunks_exact(16);
-    words
-        .by_ref()
-        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0)
-        && words.remainder().iter().all(|b| *b == 0)
+    }
 }
 
 async fn writer_task<S>(

@@ -19,6 +19,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags, SeekFrom};
@@ -297,6 +298,13 @@ impl Staging {
     }
 }
 
+/// Blocks taken from the block store keep their zero pages as holes too.
+impl crate::cas::store::BlockSink for LargeStaging {
+    fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        LargeStaging::write_block(self, offset, data)
+    }
+}
+
 impl LargeStaging {
     /// Records block `index` as written with `hash` (the hash of the bytes written).
     pub fn record(&self, index: u64, hash: &Hash) -> std::io::Result<()> {
@@ -305,6 +313,13 @@ impl LargeStaging {
             .and_then(|o| o.checked_add(self.base))
             .ok_or_else(|| std::io::Error::other("block index out of range"))?;
         self.manifest.write_all_at(hash, off)
+    }
+
+    /// Writes a verified block at `off`, its all-zero pages left as holes (skipped in a fresh
+    /// part file, punched out of one an earlier run left, whose bytes there are unknown).
+    pub fn write_block(&self, off: u64, data: &[u8]) -> std::io::Result<()> {
+        crate::tree::data::write_keeping_holes(self.data.as_fd(), data, off, !self.reused)
+            .map_err(Into::into)
     }
 
     /// An all-zero block: in a fresh part file it is a hole already; in a reused one whatever an
