@@ -254,6 +254,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         sync: false,
         cas: Some(store.clone()),
         identity: None,
+        keep: Default::default(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));

@@ -49,6 +49,7 @@ async fn connect_with(
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let receiver = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));

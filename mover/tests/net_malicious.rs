@@ -89,6 +89,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -527,6 +528,7 @@ where
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let started = std::time::Instant::now();
     let recv = tokio::spawn(async move {
@@ -590,4 +592,33 @@ async fn a_peer_that_floods_without_reading_is_cut_off() {
         out.contains("write timeout") || out.contains("too many files"),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn foreign_or_oversized_xattrs_are_refused() {
+    let with = |name: &[u8], value: Vec<u8>| {
+        let mut e = file("f", 1);
+        e.xattrs = vec![pb::Xattr {
+            name: name.to_vec(),
+            value,
+        }];
+        e
+    };
+    for (e, why) in [
+        (
+            with(b"security.capability", vec![1]),
+            "is not a user.* name",
+        ),
+        (with(b"trusted.x", vec![1]), "is not a user.* name"),
+        (with(b"user.a\0b", vec![1]), "is not a user.* name"),
+        (
+            with(b"user.big", vec![0; 70 * 1024]),
+            "bytes of extended attributes",
+        ),
+    ] {
+        let w = world();
+        let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![e])])).await;
+        assert!(out.contains(why), "{why}: {out}");
+        assert!(!w.root.join("f").exists());
+    }
 }

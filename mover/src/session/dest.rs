@@ -1,7 +1,8 @@
 //! The receiver's view of its destination: a thin adapter over the engine's confined
 //! [`crate::tree::DestRoot`], so network and local copies share one set of semantics (every
 //! operation beneath the root handle, symlinks never followed, atomic publish, metadata through
-//! file descriptors, setuid/setgid/sticky stripped for peer-described files).
+//! file descriptors, setuid/setgid/sticky stripped for peer-described files unless the receiver
+//! keeps them).
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -33,6 +34,8 @@ pub enum Existing {
 pub struct DestRoot {
     tree: tree::DestRoot,
     dirs: DirCache,
+    /// setuid/setgid/sticky are applied (the receiver asked for them).
+    special_bits: bool,
 }
 
 fn rel(s: &[u8]) -> Result<RelPath, DestError> {
@@ -41,14 +44,15 @@ fn rel(s: &[u8]) -> Result<RelPath, DestError> {
 }
 
 impl DestRoot {
-    /// Opens (creating if missing) the root directory; setuid/setgid/sticky never applied.
-    /// `replace` says whether a non-empty directory may give way to a non-directory (only when
-    /// the sender asked for `--delete`).
-    pub fn open(path: &Path, replace: Replace) -> Result<Self, DestError> {
+    /// Opens (creating if missing) the root directory; setuid/setgid/sticky applied only with
+    /// `special_bits` (the receiver's choice, never the sender's). `replace` says whether a
+    /// non-empty directory may give way to a non-directory (only when the sender asked for
+    /// `--delete`).
+    pub fn open(path: &Path, replace: Replace, special_bits: bool) -> Result<Self, DestError> {
         let tree = tree::DestRoot::open_with(
             path,
             tree::DestOptions {
-                allow_special_bits: false,
+                allow_special_bits: special_bits,
                 replace,
                 ..Default::default()
             },
@@ -56,6 +60,7 @@ impl DestRoot {
         Ok(Self {
             tree,
             dirs: DirCache::default(),
+            special_bits,
         })
     }
 
@@ -68,9 +73,11 @@ impl DestRoot {
         self.tree.replace()
     }
 
-    /// Metadata for a peer-described entry, owned by whoever runs the receiver.
+    /// Metadata for a peer-described entry, owned by whoever runs the receiver (see
+    /// [`owned`]); setuid/setgid/sticky kept only when the receiver asked for them.
     pub fn meta(&self, kind: Kind, mode: u32, size: u64, mtime: (i64, u32)) -> Meta {
-        let mut m = Meta::new(kind, mode & 0o777, size, mtime.0, mtime.1);
+        let mask = if self.special_bits { 0o7777 } else { 0o777 };
+        let mut m = Meta::new(kind, mode & mask, size, mtime.0, mtime.1);
         let p = self.tree.policy();
         m.uid = p.euid;
         m.gid = p.egid;
@@ -239,10 +246,14 @@ impl DestRoot {
         path: &PeerPath,
         target: &[u8],
         mtime: (i64, u32),
+        owner: Option<(u32, u32)>,
     ) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
         self.dirs.forget_under(path.as_bytes());
-        let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
+        let meta = owned(
+            self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime),
+            owner,
+        );
         self.tree.symlink(path.rel(), target, &meta)
     }
 
@@ -274,8 +285,9 @@ impl DestRoot {
         path: Option<&PeerPath>,
         mode: u32,
         mtime: (i64, u32),
+        owner: Option<(u32, u32)>,
     ) -> Result<(), DestError> {
-        let meta = self.meta(Kind::Dir, mode, 0, mtime);
+        let meta = owned(self.meta(Kind::Dir, mode, 0, mtime), owner);
         match path {
             None => self.tree.set_dir_meta(None, &meta),
             Some(p) => {
@@ -324,6 +336,14 @@ impl DestRoot {
         }
         Ok(doomed.len() as u64)
     }
+}
+
+/// `meta` with the sender's owner, when the receiver keeps owners (applied only as root).
+pub fn owned(mut meta: Meta, owner: Option<(u32, u32)>) -> Meta {
+    if let Some((uid, gid)) = owner {
+        (meta.uid, meta.gid) = (uid, gid);
+    }
+    meta
 }
 
 fn existing_of(found: Option<Meta>) -> Existing {

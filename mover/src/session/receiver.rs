@@ -12,7 +12,7 @@ use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::{self, CodecError};
-use super::dest::{DestError, DestRoot, Existing};
+use super::dest::{DestError, DestRoot, Existing, owned};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
@@ -52,6 +52,11 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const MAX_FILE_RANGES: usize = 4096;
 /// Failure messages the receiver keeps for its Summary (all are counted and logged).
 pub const MAX_REPORTED_FAILURES: usize = 8;
+/// Extended attribute bytes (names and values) one entry may carry; more is a protocol error.
+pub const MAX_XATTR_BYTES: usize = super::scan::MAX_XATTR_BYTES;
+/// Extended attribute bytes held for files in flight (only with `--xattrs`); more is a protocol
+/// error (an honest sender's in-flight files stay far below it).
+const MAX_XATTR_BYTES_IN_FLIGHT: u64 = 64 * 1024 * 1024;
 /// Longest failure message carried in the Summary (a path alone may take 4 KiB).
 const MAX_FAILURE_MESSAGE: usize = 1024;
 
@@ -189,6 +194,70 @@ pub struct ReceiverConfig {
     /// This receiver's own identity (from its certificate), named in the log when a peer
     /// refuses the handshake.
     pub identity: Option<crate::net::Identity>,
+    /// Metadata beyond permission bits and times that this receiver applies.
+    pub keep: Keep,
+}
+
+/// What a receiver keeps of the metadata every sender sends beyond permission bits and times.
+/// Each is off by default: the receiver decides, never the sender, so a hostile sender cannot
+/// plant a setuid file, a foreign owner or attributes unless the receiver asked for them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Owner and group (applied only when the receiver runs as root).
+    pub owner: bool,
+    /// setuid, setgid and sticky bits.
+    pub special_bits: bool,
+    /// `user.*` extended attributes.
+    pub xattrs: bool,
+}
+
+/// What was sent but not applied because the receiver did not ask for it.
+#[derive(Debug, Default)]
+struct Dropped {
+    /// Entries whose setuid/setgid/sticky bits were masked.
+    special_bits: AtomicU64,
+    /// Extended attributes not applied.
+    xattrs: AtomicU64,
+    /// Entries whose owner or group differs from the receiver's and was not applied.
+    owners: AtomicU64,
+}
+
+/// The owner and extended attributes of one entry that this receiver applies (empty unless it
+/// asked for them). Attribute bytes count against the session's in-flight bound until dropped.
+#[derive(Debug, Default)]
+struct Kept {
+    owner: Option<(u32, u32)>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    held: Option<(u64, Arc<AtomicU64>)>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some((bytes, counter)) = &self.held {
+            counter.fetch_sub(*bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Kept {
+    /// Applies the extended attributes to the open file or directory `fd`.
+    fn set_xattrs(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        path: &PeerPath,
+    ) -> Result<(), ReceiveError> {
+        for (name, value) in &self.xattrs {
+            rustix::fs::fsetxattr(fd, name.as_slice(), value, rustix::fs::XattrFlags::empty())
+                .map_err(|e| ReceiveError::Write {
+                    path: format!(
+                        "{path} (extended attribute {})",
+                        String::from_utf8_lossy(name)
+                    ),
+                    source: e.into(),
+                })?;
+        }
+        Ok(())
+    }
 }
 
 /// One stream past Hello/Welcome.
@@ -266,6 +335,7 @@ struct FileMeta {
     size: u64,
     mode: u32,
     mtime: (i64, u32),
+    kept: Arc<Kept>,
 }
 
 struct LargeFile {
@@ -326,6 +396,10 @@ struct Shared {
     clock: super::ProgressClock,
     /// The sender reads Busy frames (progress capability).
     busy: bool,
+    keep: Keep,
+    dropped: Dropped,
+    /// Extended attribute bytes held by files in flight (see [`Kept`]).
+    xattr_held: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -572,8 +646,9 @@ where
     let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
     // Only a sender that asked for --delete may have non-empty directories replaced.
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
+    let keep = cfg.keep;
     let setup = tokio::task::spawn_blocking(move || {
-        let dest = DestRoot::open(&root, replace)?;
+        let dest = DestRoot::open(&root, replace, keep.special_bits)?;
         let staging = Staging::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
         Ok::<_, ReceiveError>((dest, staging, dedup))
@@ -615,6 +690,9 @@ where
         transfer_id: cfg.transfer_id.clone(),
         clock: super::ProgressClock::new(),
         busy: caps & caps::PROGRESS != 0,
+        keep,
+        dropped: Dropped::default(),
+        xattr_held: Arc::new(AtomicU64::new(0)),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -665,7 +743,7 @@ where
                 sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
-                    sh.dest.set_dir_meta(None, mode, mtime)?;
+                    sh.dest.set_dir_meta(None, mode, mtime, None)?;
                 }
                 Ok::<(), ReceiveError>(())
             })
@@ -689,6 +767,9 @@ where
                 deleted: shared.deleted.load(Ordering::Relaxed),
                 failed: p.failed,
                 failures: shared.failures(),
+                dropped_special_bits: shared.dropped.special_bits.load(Ordering::Relaxed),
+                dropped_xattrs: shared.dropped.xattrs.load(Ordering::Relaxed),
+                dropped_owners: shared.dropped.owners.load(Ordering::Relaxed),
                 digest: shared
                     .digest
                     .lock()
@@ -1022,7 +1103,8 @@ fn handle_entry(
             if refuse_over_dir(sh, &path, existing, "a symlink")? {
                 return Ok(skip());
             }
-            let made = sh.dest.symlink(&path, &e.target, mtime_of(&e));
+            let kept = kept_attrs(sh, &e, &path)?;
+            let made = sh.dest.symlink(&path, &e.target, mtime_of(&e), kept.owner);
             if let Some(placed) = tolerate_refusal(sh, made)? {
                 sh.count_placed(&path, placed);
                 // The digest describes the link as it is now, read back.
@@ -1128,6 +1210,58 @@ fn tolerate_refusal<T>(sh: &Shared, r: Result<T, DestError>) -> Result<Option<T>
     }
 }
 
+/// Checks the owner and extended attributes the sender sent for `e` and returns what this
+/// receiver applies; what it does not apply is counted as dropped.
+fn kept_attrs(sh: &Shared, e: &pb::Entry, path: &PeerPath) -> Result<Kept, ReceiveError> {
+    let mut total = 0u64;
+    for x in &e.xattrs {
+        if !x.name.starts_with(b"user.") || x.name.len() > 255 || x.name.contains(&0) {
+            return Err(proto(format!(
+                "{path}: extended attribute name {:?} is not a user.* name",
+                String::from_utf8_lossy(&x.name)
+            )));
+        }
+        total += (x.name.len() + x.value.len()) as u64;
+    }
+    if total > MAX_XATTR_BYTES as u64 {
+        return Err(proto(format!(
+            "{path}: {total} bytes of extended attributes (at most {MAX_XATTR_BYTES})"
+        )));
+    }
+    if e.mode & 0o7000 != 0 && !sh.keep.special_bits {
+        sh.dropped.special_bits.fetch_add(1, Ordering::Relaxed);
+    }
+    let owner = e.uid.zip(e.gid);
+    let policy = sh.dest.tree().policy();
+    if !sh.keep.owner && owner.is_some_and(|o| o != (policy.euid, policy.egid)) {
+        sh.dropped.owners.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut kept = Kept {
+        owner: owner.filter(|_| sh.keep.owner),
+        xattrs: Vec::new(),
+        held: None,
+    };
+    if !sh.keep.xattrs {
+        sh.dropped
+            .xattrs
+            .fetch_add(e.xattrs.len() as u64, Ordering::Relaxed);
+    } else if total > 0 {
+        let held = sh.xattr_held.fetch_add(total, Ordering::Relaxed) + total;
+        kept.held = Some((total, sh.xattr_held.clone()));
+        if held > MAX_XATTR_BYTES_IN_FLIGHT {
+            return Err(proto(format!(
+                "more than {MAX_XATTR_BYTES_IN_FLIGHT} bytes of extended attributes in flight"
+            )));
+        }
+        kept.xattrs = e
+            .xattrs
+            .iter()
+            .map(|x| (x.name.clone(), x.value.clone()))
+            .collect();
+    }
+    Ok(kept)
+}
+
 fn offer_file(
     sh: &Arc<Shared>,
     path: PeerPath,
@@ -1138,6 +1272,7 @@ fn offer_file(
         size: e.size,
         mode: e.mode,
         mtime: mtime_of(e),
+        kept: Arc::new(kept_attrs(sh, e, &path)?),
     };
     if e.size > MAX_FILE_SIZE {
         return Err(proto(format!(
@@ -1181,7 +1316,10 @@ fn offer_file(
             if mtime != meta.mtime || mode != meta.mode & 0o777 {
                 // Read-only is enough for fchmod/futimens, and works on a read-only file.
                 let f = sh.dest.open_read(path.as_bytes())?;
-                let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+                let m = owned(
+                    sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
+                    meta.kept.owner,
+                );
                 sh.dest.apply_meta(&f, path.as_bytes(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
@@ -1367,7 +1505,11 @@ fn write_small(
             path: meta.path.to_string(),
             source: e.into(),
         })?;
-    let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+    meta.kept.set_xattrs(staged.fd(), &meta.path)?;
+    let m = owned(
+        sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
+        meta.kept.owner,
+    );
     // Dropping an uncommitted StagedFile removes its temporary file.
     let (placed, committed) = match staged.commit_and_stat(&m, sh.sync, sh.dest.replace()) {
         Ok(placed) => placed,
@@ -1705,9 +1847,14 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
     let path = lf.meta.path.to_string();
     let path = path.as_str();
     let staged = format!("{}/{}", sh.staging.rel, st.part_name);
-    let m = sh
-        .dest
-        .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
+    let m = owned(
+        sh.dest
+            .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime),
+        lf.meta.kept.owner,
+    );
+    lf.meta
+        .kept
+        .set_xattrs(std::os::fd::AsFd::as_fd(&st.data), &lf.meta.path)?;
     // Errors name the file's path, then the staging file they happened on.
     let publish = |source| ReceiveError::Publish {
         path: path.to_owned(),
@@ -1782,7 +1929,13 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
     let mtime = mtime_of(&dir);
     match rel {
         Some(p) => {
-            sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?;
+            let kept = kept_attrs(sh, &dir, &p)?;
+            sh.dest
+                .set_dir_meta(Some(&p), dir.mode, mtime, kept.owner)?;
+            if !kept.xattrs.is_empty() {
+                let fd = sh.dest.open_dir(Some(p.as_bytes()))?;
+                kept.set_xattrs(std::os::fd::AsFd::as_fd(&*fd), &p)?;
+            }
             // The digest's `dirs` list, read back, in the order DirDone frames come.
             let (mode, mtime) = match sh.dest.lookup(&p)? {
                 Some(m) => (m.mode, (m.mtime_sec, m.mtime_nsec)),

@@ -64,7 +64,51 @@ fn entry_of(rel: Vec<u8>, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
         },
         target: Vec::new(),
         checksum: Vec::new(),
+        // Always sent: whether to apply them is the receiver's choice.
+        uid: Some(m.uid),
+        gid: Some(m.gid),
+        xattrs: Vec::new(),
     }
+}
+
+/// Most bytes of extended attribute names and values sent for one entry; an entry with more
+/// sends none (the receiver refuses more, so an honest sender stays below it).
+pub const MAX_XATTR_BYTES: usize = 64 * 1024;
+
+/// The `user.*` extended attributes of the entry at `path` (not following a symlink there), or
+/// none when the filesystem has none, they cannot be read, or they exceed [`MAX_XATTR_BYTES`].
+/// Reading them is the sender's duty; whether they are applied is the receiver's choice.
+pub fn user_xattrs(path: &Path) -> Vec<pb::Xattr> {
+    let mut names = vec![0u8; MAX_XATTR_BYTES];
+    let len = match rustix::fs::llistxattr(path, &mut names[..]) {
+        Ok(0) | Err(_) => return Vec::new(),
+        Ok(n) => n,
+    };
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut value = vec![0u8; MAX_XATTR_BYTES];
+    for name in names[..len].split(|&b| b == 0) {
+        if !name.starts_with(b"user.") {
+            continue;
+        }
+        let n = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+            Ok(n) => n,
+            Err(_) => continue, // removed meanwhile, or too large: not sent
+        };
+        total += name.len() + n;
+        if total > MAX_XATTR_BYTES {
+            tracing::warn!(
+                path = %path.display(),
+                "extended attributes above {MAX_XATTR_BYTES} bytes: none sent for this entry"
+            );
+            return Vec::new();
+        }
+        out.push(pb::Xattr {
+            name: name.to_vec(),
+            value: value[..n].to_vec(),
+        });
+    }
+    out
 }
 
 /// `root/rel` for messages and for the few opens by path; `rel` is raw bytes as on the wire.
@@ -143,6 +187,7 @@ pub fn scan(
                     continue;
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
+                e.xattrs = user_xattrs(&source_path(root, &e.path));
                 if checksum {
                     let abs = source_path(root, &e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
@@ -249,12 +294,15 @@ pub fn walk_dirs(
             names.clear();
         }
         let nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
-        let dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
-        let dir = entry_of(
+        let mut dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
+        (dir_meta.uid, dir_meta.gid) = (md.uid(), md.gid());
+        let mut dir = entry_of(
             rel.as_os_str().as_bytes().to_vec(),
             &dir_meta,
             pb::EntryKind::Dir,
         );
+        // A directory's xattrs travel with its final metadata, here.
+        dir.xattrs = user_xattrs(&abs);
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
             complete_listing: complete,

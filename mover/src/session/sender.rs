@@ -443,6 +443,10 @@ where
         deleted: summary.deleted,
         failed: summary.failed,
         digest: hex,
+        // What the receiver dropped is its own report (not carried in the wire Summary).
+        dropped_special_bits: 0,
+        dropped_xattrs: 0,
+        dropped_owners: 0,
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
