@@ -71,6 +71,16 @@ fn entry_of(rel: Vec<u8>, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
     }
 }
 
+/// `name` in the open directory `dir`, as a path through that handle: what it names cannot move
+/// outside the tree whatever happens to the directories above (the l*xattr calls do not follow
+/// `name` itself).
+fn beneath(dir: &DirFd, name: &[u8]) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    let mut p = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    p.push(std::ffi::OsStr::from_bytes(name));
+    p
+}
+
 /// Most bytes of extended attribute names and values sent for one entry; an entry with more
 /// sends none (the receiver refuses more, so an honest sender stays below it).
 pub const MAX_XATTR_BYTES: usize = 64 * 1024;
@@ -187,7 +197,7 @@ pub fn scan(
                     continue;
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
-                e.xattrs = user_xattrs(&source_path(root, &e.path));
+                e.xattrs = user_xattrs(&beneath(&entry.parent, entry.rel.file_name()));
                 if checksum {
                     let abs = source_path(root, &e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
