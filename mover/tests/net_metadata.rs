@@ -222,6 +222,35 @@ fn receive_summary_names_what_was_dropped_and_owner_needs_root() {
     assert_eq!(r["dropped_xattrs"], 0, "{line}");
     assert_eq!(mode(&dst.path().join("tool")), 0o755);
 
+    // The human summary on stderr names them too.
+    let dst2 = tempfile::tempdir().unwrap();
+    let mut recv = std::process::Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--once", "--root"])
+        .arg(dst2.path())
+        .args(pki.args("receiver"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (addr, _out) = bound_addr(&mut recv);
+    let send = std::process::Command::new(BIN)
+        .args(["send", "--connect", &addr, "--root"])
+        .arg(src.path())
+        .args(pki.args("sender"))
+        .output()
+        .unwrap();
+    assert!(
+        send.status.success(),
+        "{}",
+        String::from_utf8_lossy(&send.stderr)
+    );
+    let recv = recv.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&recv.stderr);
+    assert!(
+        err.contains("received: dropped: 1 setuid/setgid/sticky bits (--special-bits)"),
+        "{err}"
+    );
+
     // Without root, --owner is refused before anything listens.
     let nobody = std::process::Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
