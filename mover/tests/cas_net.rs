@@ -254,6 +254,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         sync: false,
         cas: Some(store.clone()),
         identity: None,
+        keep: Default::default(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -294,7 +295,7 @@ async fn a_hash_announced_without_possession_is_refused() {
     };
     let entries = (0..3)
         .map(|i| pb::Entry {
-            path: format!("stolen-{i}.bin"),
+            path: format!("stolen-{i}.bin").into(),
             kind: pb::EntryKind::File as i32,
             mode: 0o644,
             size: BLOCK_SIZE as u64,

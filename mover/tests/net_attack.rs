@@ -49,6 +49,7 @@ async fn connect_with(
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let receiver = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
@@ -278,7 +279,7 @@ async fn a_forged_part_and_manifest_on_disk_are_not_trusted() {
     manifest.extend(e.mtime_sec.to_le_bytes());
     manifest.extend(e.mtime_nsec.to_le_bytes());
     manifest.extend((e.path.len() as u32).to_le_bytes());
-    manifest.extend(e.path.as_bytes());
+    manifest.extend(&e.path);
     for _ in 0..3 {
         manifest.extend(blake3::hash(&evil).as_bytes());
     }

@@ -105,7 +105,7 @@ fn rand_id() -> Vec<u8> {
 
 fn file(path: String, size: u64) -> pb::Entry {
     pb::Entry {
-        path,
+        path: path.into(),
         kind: pb::EntryKind::File as i32,
         mode: 0o644,
         mtime_sec: 1_700_000_000,

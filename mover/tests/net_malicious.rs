@@ -90,6 +90,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -124,7 +125,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
     out
 }
 
-fn file(path: &str, size: u64) -> pb::Entry {
+fn file(path: impl Into<Vec<u8>>, size: u64) -> pb::Entry {
     pb::Entry {
         path: path.into(),
         kind: pb::EntryKind::File as i32,
@@ -164,7 +165,7 @@ fn valid_session() -> Vec<Message> {
         Message::Done(pb::Done::default()),
         Message::DirDone(pb::DirDone {
             dir: Some(pb::Entry {
-                path: String::new(),
+                path: Vec::new(),
                 kind: pb::EntryKind::Dir as i32,
                 mode: 0o755,
                 ..Default::default()
@@ -186,12 +187,19 @@ async fn valid_script_succeeds() {
 
 #[tokio::test]
 async fn dot_dot_and_absolute_names_are_refused() {
+    // Names travel as bytes; the rules hold for names that are not UTF-8 too.
     for bad in [
-        "../escape",
-        "a/../../escape",
-        "/tmp/ferry-abs-escape",
-        "a//b",
-        "./x",
+        &b"../escape"[..],
+        b"a/../../escape",
+        b"/tmp/ferry-abs-escape",
+        b"a//b",
+        b"./x",
+        b"\xff/../../escape",
+        b"/tmp/ferry-abs-escape-\xe9",
+        b"caf\xe9\0.txt",
+        b"\xe9//b",
+        b".ferry-staging/\xe9",
+        b"",
     ] {
         let w = world();
         let out = run_script(
@@ -200,7 +208,8 @@ async fn dot_dot_and_absolute_names_are_refused() {
             encode(&[offer(1, vec![file(bad, 1)])]),
         )
         .await;
-        assert!(out.contains("invalid path"), "{bad}: {out}");
+        let shown = String::from_utf8_lossy(bad);
+        assert!(out.contains("invalid path"), "{shown}: {out}");
         w.assert_outside_untouched();
         assert!(!Path::new("/tmp/ferry-abs-escape").exists());
     }
@@ -212,7 +221,7 @@ async fn write_through_a_symlink_is_refused() {
     let link = pb::Entry {
         path: "l".into(),
         kind: pb::EntryKind::Symlink as i32,
-        target: w.outside.display().to_string(),
+        target: w.outside.display().to_string().into(),
         ..Default::default()
     };
     let script = encode(&[
@@ -520,6 +529,7 @@ where
         sync: false,
         cas: None,
         identity: None,
+        keep: Default::default(),
     };
     let started = std::time::Instant::now();
     let recv = tokio::spawn(async move {
@@ -572,7 +582,7 @@ async fn a_peer_that_floods_without_reading_is_cut_off() {
         // Endless offers, never reading a Want: the receiver's answers back up and its write
         // deadline cuts the peer off instead of buffering.
         for i in 0.. {
-            let entries = (0..200).map(|j| file(&format!("d{i}/f{j}"), 1)).collect();
+            let entries = (0..200).map(|j| file(format!("d{i}/f{j}"), 1)).collect();
             if w.send(&offer(i, entries)).await.is_err() {
                 return;
             }
@@ -583,4 +593,33 @@ async fn a_peer_that_floods_without_reading_is_cut_off() {
         out.contains("write timeout") || out.contains("too many files"),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn foreign_or_oversized_xattrs_are_refused() {
+    let with = |name: &[u8], value: Vec<u8>| {
+        let mut e = file("f", 1);
+        e.xattrs = vec![pb::Xattr {
+            name: name.to_vec(),
+            value,
+        }];
+        e
+    };
+    for (e, why) in [
+        (
+            with(b"security.capability", vec![1]),
+            "is not a user.* name",
+        ),
+        (with(b"trusted.x", vec![1]), "is not a user.* name"),
+        (with(b"user.a\0b", vec![1]), "is not a user.* name"),
+        (
+            with(b"user.big", vec![0; 70 * 1024]),
+            "bytes of extended attributes",
+        ),
+    ] {
+        let w = world();
+        let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![e])])).await;
+        assert!(out.contains(why), "{why}: {out}");
+        assert!(!w.root.join("f").exists());
+    }
 }

@@ -34,6 +34,7 @@ async fn each_session_of_a_long_running_receiver_reports_its_own_counts() {
         sync: false,
         cas: None,
         identity: Some(files.identity.clone()),
+        keep: Default::default(),
     };
     let progress = Arc::new(Progress::new(&pki.transfer, "receiver"));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

@@ -9,7 +9,6 @@
 //! knows hashes.
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -137,7 +136,7 @@ impl DedupReceiver {
     pub fn materialize_announced(
         &self,
         key: &PopKey,
-        dst: &File,
+        dst: &(impl super::store::BlockSink + Sync + ?Sized),
         announced: &[AnnouncedBlock],
     ) -> Result<Vec<bool>> {
         let mut need = vec![true; announced.len()];

@@ -47,6 +47,18 @@ pub enum InsertOutcome {
     AlreadyPresent,
 }
 
+/// Where a block read from the store is written: a plain file, or the receiver's staging file
+/// (which keeps the block's zero pages as holes).
+pub trait BlockSink {
+    fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl BlockSink for File {
+    fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        self.write_all_at(data, offset)
+    }
+}
+
 /// What [`CasStore::materialize`] did with one requested block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Materialized {
@@ -362,11 +374,16 @@ impl CasStore {
 
     /// Writes a verified block into `dst` at `offset`. `Ok(None)` if the store does not have it
     /// (or had only a corrupt copy).
-    pub fn copy_into(&self, hash: &BlockHash, dst: &File, offset: u64) -> Result<Option<u64>> {
+    pub fn copy_into(
+        &self,
+        hash: &BlockHash,
+        dst: &(impl BlockSink + ?Sized),
+        offset: u64,
+    ) -> Result<Option<u64>> {
         let Some(bytes) = self.read_verified(hash)? else {
             return Ok(None);
         };
-        dst.write_all_at(&bytes, offset)
+        dst.write_block(&bytes, offset)
             .map_err(|source| CasError::Materialize {
                 hash: *hash,
                 offset,
@@ -382,7 +399,7 @@ impl CasStore {
         hash: &BlockHash,
         key: &PopKey,
         proof: &Proof,
-        dst: &File,
+        dst: &(impl BlockSink + ?Sized),
         offset: u64,
     ) -> Result<Materialized> {
         match self.check_proof(hash, key, proof) {
@@ -420,13 +437,13 @@ impl CasStore {
     pub fn materialize_proven(
         &self,
         hash: &BlockHash,
-        dst: &File,
+        dst: &(impl BlockSink + ?Sized),
         offset: u64,
     ) -> Result<Materialized> {
         let Some(bytes) = self.read_verified(hash)? else {
             return Ok(Materialized::Missing);
         };
-        dst.write_all_at(&bytes, offset)
+        dst.write_block(&bytes, offset)
             .map_err(|source| CasError::Materialize {
                 hash: *hash,
                 offset,

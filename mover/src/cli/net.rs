@@ -133,6 +133,17 @@ pub struct ReceiveArgs {
     /// Cap of the block store in bytes (recorded in the store; least recently used blocks go).
     #[arg(long, requires = "cas")]
     pub cas_cap: Option<u64>,
+    /// Apply the sender's owner and group to what is written (needs root; refused otherwise).
+    /// Without it everything belongs to the user running the receiver.
+    #[arg(long)]
+    pub owner: bool,
+    /// Keep setuid, setgid and sticky bits as the sender sends them. Without it they are
+    /// masked, so a sender cannot plant a setuid file.
+    #[arg(long)]
+    pub special_bits: bool,
+    /// Apply the sender's user.* extended attributes to files and directories.
+    #[arg(long)]
+    pub xattrs: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -188,6 +199,9 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
         writeln!(out)?;
     } else if !crate::report::quiet() {
         eprintln!("{role}: {}", human_summary(s));
+        if let Some(line) = dropped_line(s) {
+            eprintln!("{role}: dropped: {line}");
+        }
     }
     out.flush()?;
     Ok(())
@@ -230,6 +244,25 @@ pub fn human_summary(s: &Summary) -> String {
         if s.digest.is_empty() { "-" } else { &s.digest }
     ));
     line
+}
+
+/// What a receiver did not apply because it was not asked to, e.g. `3 setuid/setgid/sticky
+/// bits (--special-bits), 12 xattrs (--xattrs)`; `None` when nothing was dropped.
+fn dropped_line(s: &Summary) -> Option<String> {
+    let parts: Vec<String> = [
+        (
+            s.dropped_special_bits,
+            "setuid/setgid/sticky bits",
+            "--special-bits",
+        ),
+        (s.dropped_xattrs, "xattrs", "--xattrs"),
+        (s.dropped_owners, "owners", "--owner"),
+    ]
+    .iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, what, flag)| format!("{n} {what} ({flag})"))
+    .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
 }
 
 /// The receiver's first few failure messages on the sender's stderr (the receiver logged each
@@ -356,6 +389,13 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
 /// Exit status 0 when every session succeeded, 1 when one left entries out (each logged); with
 /// `--once`, 10-15 by kind when the session failed (the sender was told why).
 pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
+    let euid = rustix::process::geteuid().as_raw();
+    if args.owner && euid != 0 {
+        anyhow::bail!(
+            "--owner needs the receiver to run as root (euid 0); it runs as uid {euid}, so it \
+             cannot give files to other owners"
+        );
+    }
     let transfer = transfer_id(&args.tls)?;
     let files = net::load_files(
         &args.tls.ca,
@@ -385,6 +425,11 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         sync: args.tls.sync,
         cas,
         identity: Some(files.identity.clone()),
+        keep: crate::session::Keep {
+            owner: args.owner,
+            special_bits: args.special_bits,
+            xattrs: args.xattrs,
+        },
     };
     let progress = Arc::new(Progress::new(&transfer, "receiver"));
     let rt = runtime()?;

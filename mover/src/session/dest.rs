@@ -1,7 +1,8 @@
 //! The receiver's view of its destination: a thin adapter over the engine's confined
 //! [`crate::tree::DestRoot`], so network and local copies share one set of semantics (every
 //! operation beneath the root handle, symlinks never followed, atomic publish, metadata through
-//! file descriptors, setuid/setgid/sticky stripped for peer-described files).
+//! file descriptors, setuid/setgid/sticky stripped for peer-described files unless the receiver
+//! keeps them).
 
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -33,22 +34,25 @@ pub enum Existing {
 pub struct DestRoot {
     tree: tree::DestRoot,
     dirs: DirCache,
+    /// setuid/setgid/sticky are applied (the receiver asked for them).
+    special_bits: bool,
 }
 
-fn rel(s: &str) -> Result<RelPath, DestError> {
+fn rel(s: &[u8]) -> Result<RelPath, DestError> {
     // Peer paths were validated by `PeerPath`; staging paths are ours. The engine validates again.
-    Ok(RelPath::parse(s.as_bytes())?)
+    Ok(RelPath::parse(s)?)
 }
 
 impl DestRoot {
-    /// Opens (creating if missing) the root directory; setuid/setgid/sticky never applied.
-    /// `replace` says whether a non-empty directory may give way to a non-directory (only when
-    /// the sender asked for `--delete`).
-    pub fn open(path: &Path, replace: Replace) -> Result<Self, DestError> {
+    /// Opens (creating if missing) the root directory; setuid/setgid/sticky applied only with
+    /// `special_bits` (the receiver's choice, never the sender's). `replace` says whether a
+    /// non-empty directory may give way to a non-directory (only when the sender asked for
+    /// `--delete`).
+    pub fn open(path: &Path, replace: Replace, special_bits: bool) -> Result<Self, DestError> {
         let tree = tree::DestRoot::open_with(
             path,
             tree::DestOptions {
-                allow_special_bits: false,
+                allow_special_bits: special_bits,
                 replace,
                 ..Default::default()
             },
@@ -56,6 +60,7 @@ impl DestRoot {
         Ok(Self {
             tree,
             dirs: DirCache::default(),
+            special_bits,
         })
     }
 
@@ -68,9 +73,11 @@ impl DestRoot {
         self.tree.replace()
     }
 
-    /// Metadata for a peer-described entry, owned by whoever runs the receiver.
+    /// Metadata for a peer-described entry, owned by whoever runs the receiver (see
+    /// [`owned`]); setuid/setgid/sticky kept only when the receiver asked for them.
     pub fn meta(&self, kind: Kind, mode: u32, size: u64, mtime: (i64, u32)) -> Meta {
-        let mut m = Meta::new(kind, mode & 0o777, size, mtime.0, mtime.1);
+        let mask = if self.special_bits { 0o7777 } else { 0o777 };
+        let mut m = Meta::new(kind, mode & mask, size, mtime.0, mtime.1);
         let p = self.tree.policy();
         m.uid = p.euid;
         m.gid = p.egid;
@@ -78,7 +85,7 @@ impl DestRoot {
     }
 
     /// Opens a directory beneath the root (None is the root itself).
-    pub fn open_dir(&self, path: Option<&str>) -> Result<DirFd, DestError> {
+    pub fn open_dir(&self, path: Option<&[u8]>) -> Result<DirFd, DestError> {
         match path {
             None => self.tree.open_dir(None),
             Some(p) => self.tree.open_dir(Some(&rel(p)?)),
@@ -87,7 +94,7 @@ impl DestRoot {
 
     /// Creates every missing directory of `path` (a non-directory in the way is replaced) and
     /// remembers its handle for the files that follow.
-    pub fn create_dirs(&self, path: &str) -> Result<DirFd, DestError> {
+    pub fn create_dirs(&self, path: &[u8]) -> Result<DirFd, DestError> {
         let (fd, created) = self.tree.ensure_dir_all(&rel(path)?, 0o755)?;
         self.dirs.insert(
             path,
@@ -110,7 +117,7 @@ impl DestRoot {
     }
 
     /// The handle of `path`'s parent (cached, or resolved beneath the root) and its last name.
-    fn parent<'p>(&self, path: &'p PeerPath) -> Result<(CachedDir, &'p str), DestError> {
+    fn parent<'p>(&self, path: &'p PeerPath) -> Result<(CachedDir, &'p [u8]), DestError> {
         match path.split_parent() {
             (None, name) => Ok((
                 CachedDir {
@@ -132,7 +139,7 @@ impl DestRoot {
     }
 
     pub fn existing(&self, path: &PeerPath) -> Result<Existing, DestError> {
-        Ok(existing_of(self.tree.lookup(&rel(path.as_str())?)?))
+        Ok(existing_of(self.tree.lookup(path.rel())?))
     }
 
     /// What is at `path` before this session writes it. A directory this session created holds
@@ -147,13 +154,12 @@ impl DestRoot {
         if dir.fresh {
             return Ok(Existing::Missing);
         }
-        let found = tree::dest::lookup_at(dir.fd.as_fd(), name.as_bytes()).map_err(|source| {
-            DestError::Io {
+        let found =
+            tree::dest::lookup_at(dir.fd.as_fd(), name).map_err(|source| DestError::Io {
                 op: "look up",
                 path: path.to_string(),
                 source: source.into(),
-            }
-        })?;
+            })?;
         Ok(existing_of(found))
     }
 
@@ -161,33 +167,31 @@ impl DestRoot {
     /// there: only an empty directory is replaced without `--delete`).
     pub fn is_empty_dir(&self, path: &PeerPath) -> Result<bool, DestError> {
         let (dir, name) = self.parent(path)?;
-        tree::dest::dir_is_empty_at(dir.fd.as_fd(), name.as_bytes()).map_err(|source| {
-            DestError::Io {
-                op: "look into directory",
-                path: path.to_string(),
-                source: source.into(),
-            }
+        tree::dest::dir_is_empty_at(dir.fd.as_fd(), name).map_err(|source| DestError::Io {
+            op: "look into directory",
+            path: path.to_string(),
+            source: source.into(),
         })
     }
 
     /// Drops cached handles of `path` and beneath it (a directory there was replaced).
     pub fn forget_under(&self, path: &PeerPath) {
-        self.dirs.forget_under(path.as_str());
+        self.dirs.forget_under(path.as_bytes());
     }
 
     /// Opens an existing regular file beneath the root (no symlinks followed).
-    pub fn open_file(&self, path: &str) -> Result<File, DestError> {
+    pub fn open_file(&self, path: &[u8]) -> Result<File, DestError> {
         self.tree.open_file(&rel(path)?, FileOpen::Existing)
     }
 
     /// Opens an existing regular file beneath the root for reading only.
-    pub fn open_read(&self, path: &str) -> Result<File, DestError> {
+    pub fn open_read(&self, path: &[u8]) -> Result<File, DestError> {
         self.tree.open_file(&rel(path)?, FileOpen::Read)
     }
 
     /// `lstat` of `path` beneath the root; `None` if nothing is there.
     pub fn lookup(&self, path: &PeerPath) -> Result<Option<Meta>, DestError> {
-        self.tree.lookup(&rel(path.as_str())?)
+        self.tree.lookup(path.rel())
     }
 
     /// The symlink at `path`: its `lstat` and its target bytes.
@@ -205,7 +209,7 @@ impl DestRoot {
     }
 
     /// Applies mode and mtime to an open file at `path`.
-    pub fn apply_meta(&self, f: &File, path: &str, meta: &Meta) -> Result<(), DestError> {
+    pub fn apply_meta(&self, f: &File, path: &[u8], meta: &Meta) -> Result<(), DestError> {
         self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
     }
 
@@ -214,21 +218,25 @@ impl DestRoot {
     /// the commit needs no chmod when the umask allows it.
     pub fn stage(&self, path: &PeerPath, mode: u32) -> Result<StagedFile, DestError> {
         let (dir, name) = self.parent(path)?;
-        StagedFile::create_in(&dir.fd, name.as_bytes(), mode & 0o777, *self.tree.policy()).map_err(
-            |source| DestError::Io {
+        StagedFile::create_in(&dir.fd, name, mode & 0o777, *self.tree.policy()).map_err(|source| {
+            DestError::Io {
                 op: "create a temporary file for",
                 path: path.to_string(),
                 source: source.into(),
-            },
-        )
+            }
+        })
     }
 
     /// Renames a file from our staging area over `path` (parents created first; a directory
     /// there replaced per [`DestRoot::replace`]).
-    pub fn publish_from_staging(&self, staged: &str, path: &PeerPath) -> Result<Placed, DestError> {
+    pub fn publish_from_staging(
+        &self,
+        staged: &[u8],
+        path: &PeerPath,
+    ) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
-        self.dirs.forget_under(path.as_str());
-        self.tree.rename(&rel(staged)?, &rel(path.as_str())?)
+        self.dirs.forget_under(path.as_bytes());
+        self.tree.rename(&rel(staged)?, path.rel())
     }
 
     /// Creates an inert symlink at `path` (replacing what was there; a directory per
@@ -236,14 +244,17 @@ impl DestRoot {
     pub fn symlink(
         &self,
         path: &PeerPath,
-        target: &str,
+        target: &[u8],
         mtime: (i64, u32),
+        owner: Option<(u32, u32)>,
     ) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
-        self.dirs.forget_under(path.as_str());
-        let meta = self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime);
-        self.tree
-            .symlink(&rel(path.as_str())?, target.as_bytes(), &meta)
+        self.dirs.forget_under(path.as_bytes());
+        let meta = owned(
+            self.meta(Kind::Symlink, 0o777, target.len() as u64, mtime),
+            owner,
+        );
+        self.tree.symlink(path.rel(), target, &meta)
     }
 
     /// Hard-links `path` to the regular file `target`, both beneath the root (a directory at
@@ -264,9 +275,8 @@ impl DestRoot {
             }
         }
         self.ensure_parent(path)?;
-        self.dirs.forget_under(path.as_str());
-        self.tree
-            .hard_link(&rel(target.as_str())?, &rel(path.as_str())?)
+        self.dirs.forget_under(path.as_bytes());
+        self.tree.hard_link(target.rel(), path.rel())
     }
 
     /// Applies mode and mtime to a directory (None = the root), after its content is complete.
@@ -275,14 +285,14 @@ impl DestRoot {
         path: Option<&PeerPath>,
         mode: u32,
         mtime: (i64, u32),
+        owner: Option<(u32, u32)>,
     ) -> Result<(), DestError> {
-        let meta = self.meta(Kind::Dir, mode, 0, mtime);
+        let meta = owned(self.meta(Kind::Dir, mode, 0, mtime), owner);
         match path {
             None => self.tree.set_dir_meta(None, &meta),
             Some(p) => {
-                let r = rel(p.as_str())?;
-                self.tree.create_dir_all(&r, 0o755)?;
-                self.tree.set_dir_meta(Some(&r), &meta)
+                self.tree.create_dir_all(p.rel(), 0o755)?;
+                self.tree.set_dir_meta(Some(p.rel()), &meta)
             }
         }
     }
@@ -291,12 +301,13 @@ impl DestRoot {
     /// following symlinks; the staging directory in the root is kept). Returns how many.
     pub fn delete_extraneous(
         &self,
-        path: Option<&str>,
-        keep: &std::collections::HashSet<String>,
+        path: Option<&PeerPath>,
+        keep: &std::collections::HashSet<Vec<u8>>,
         protect: &tree::Filter,
     ) -> Result<u64, DestError> {
-        let shown = path.unwrap_or(".");
-        let dir = self.open_dir(path)?;
+        let shown = path.map_or_else(|| ".".to_owned(), PeerPath::to_string);
+        let shown = shown.as_str();
+        let dir = self.open_dir(path.map(PeerPath::as_bytes))?;
         let err = |op: &'static str| {
             move |e: rustix::io::Errno| DestError::Io {
                 op,
@@ -311,12 +322,11 @@ impl DestRoot {
             if name == b"." || name == b".." {
                 continue;
             }
-            let keep_it = std::str::from_utf8(name).is_ok_and(|n| keep.contains(n))
-                || (path.is_none() && name == STAGING_DIR.as_bytes());
+            let keep_it = keep.contains(name) || (path.is_none() && name == STAGING_DIR.as_bytes());
             if !keep_it
                 && !tree::dest::excluded_listing_entry(
                     protect,
-                    path.map(str::as_bytes),
+                    path.map(PeerPath::as_bytes),
                     name,
                     ent.file_type(),
                     dir.as_fd(),
@@ -327,7 +337,7 @@ impl DestRoot {
         }
         // Handles of removed directories must not be reused.
         match path {
-            Some(p) => self.dirs.forget_under(p),
+            Some(p) => self.dirs.forget_under(p.as_bytes()),
             None => self.dirs.clear(),
         }
         for name in &doomed {
@@ -335,6 +345,14 @@ impl DestRoot {
         }
         Ok(doomed.len() as u64)
     }
+}
+
+/// `meta` with the sender's owner, when the receiver keeps owners (applied only as root).
+pub fn owned(mut meta: Meta, owner: Option<(u32, u32)>) -> Meta {
+    if let Some((uid, gid)) = owner {
+        (meta.uid, meta.gid) = (uid, gid);
+    }
+    meta
 }
 
 fn existing_of(found: Option<Meta>) -> Existing {

@@ -18,20 +18,21 @@ pub struct CachedDir {
     pub fresh: bool,
 }
 
-/// A small most-recently-used list of directory handles keyed by their path beneath the root.
+/// A small most-recently-used list of directory handles keyed by their path beneath the root
+/// (raw bytes, as names need not be UTF-8).
 #[derive(Debug, Default)]
 pub struct DirCache {
     /// Most recently used last.
-    slots: Mutex<Vec<(String, CachedDir)>>,
+    slots: Mutex<Vec<(Vec<u8>, CachedDir)>>,
 }
 
 impl DirCache {
-    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<(String, CachedDir)>> {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<(Vec<u8>, CachedDir)>> {
         // Every operation leaves the list consistent, so a panic elsewhere cannot corrupt it.
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn get(&self, dir: &str) -> Option<CachedDir> {
+    pub fn get(&self, dir: &[u8]) -> Option<CachedDir> {
         let mut slots = self.slots();
         let at = slots.iter().rposition(|(k, _)| k == dir)?;
         let hit = slots.remove(at);
@@ -40,13 +41,13 @@ impl DirCache {
         Some(found)
     }
 
-    pub fn insert(&self, dir: &str, entry: CachedDir) {
+    pub fn insert(&self, dir: &[u8], entry: CachedDir) {
         let mut slots = self.slots();
         slots.retain(|(k, _)| k != dir);
         if slots.len() >= CAPACITY {
             slots.remove(0);
         }
-        slots.push((dir.to_owned(), entry));
+        slots.push((dir.to_vec(), entry));
     }
 
     pub fn clear(&self) {
@@ -54,9 +55,9 @@ impl DirCache {
     }
 
     /// Forgets `path` and everything beneath it (it is about to be replaced or removed).
-    pub fn forget_under(&self, path: &str) {
+    pub fn forget_under(&self, path: &[u8]) {
         self.slots().retain(|(k, _)| {
-            !(k == path || (k.starts_with(path) && k.as_bytes().get(path.len()) == Some(&b'/')))
+            !(k == path || (k.starts_with(path) && k.get(path.len()) == Some(&b'/')))
         });
     }
 }
@@ -79,18 +80,18 @@ mod tests {
     fn least_recently_used_goes_first_and_forget_takes_descendants_only() {
         let cache = DirCache::default();
         for i in 0..CAPACITY {
-            cache.insert(&format!("d{i}"), dir(i % 2 == 0));
+            cache.insert(format!("d{i}").as_bytes(), dir(i % 2 == 0));
         }
-        assert!(cache.get("d0").is_some_and(|d| d.fresh));
-        cache.insert("new", dir(false));
+        assert!(cache.get(b"d0").is_some_and(|d| d.fresh));
+        cache.insert(b"new", dir(false));
         // d0 was used last, so d1 (the oldest) made room.
-        assert!(cache.get("d1").is_none());
-        assert!(cache.get("d0").is_some());
-        cache.insert("a/b", dir(false));
-        cache.insert("a/bc", dir(false));
-        cache.insert("a/b/c", dir(false));
-        cache.forget_under("a/b");
-        assert!(cache.get("a/b").is_none() && cache.get("a/b/c").is_none());
-        assert!(cache.get("a/bc").is_some());
+        assert!(cache.get(b"d1").is_none());
+        assert!(cache.get(b"d0").is_some());
+        cache.insert(b"a/b", dir(false));
+        cache.insert(b"a/bc", dir(false));
+        cache.insert(b"a/b/c", dir(false));
+        cache.forget_under(b"a/b");
+        assert!(cache.get(b"a/b").is_none() && cache.get(b"a/b/c").is_none());
+        assert!(cache.get(b"a/bc").is_some());
     }
 }

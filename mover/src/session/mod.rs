@@ -33,8 +33,8 @@ pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
 pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, anyhow_chain, serve};
 pub use receiver::{
-    Accepted, BlockSource, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
-    failure_message, receive_session,
+    Accepted, BlockSource, Keep, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig,
+    accept_stream, failure_message, receive_session,
 };
 pub use scan::ScanError;
 pub use sender::{SendError, SenderConfig, send_session};
@@ -288,6 +288,12 @@ pub struct Summary {
     pub failed: u64,
     /// The first few of those failures' messages (at most [`MAX_REPORTED_FAILURES`]).
     pub failures: Vec<String>,
+    /// Receiver only: metadata the sender sent that this receiver did not apply because it was
+    /// not asked to (`--special-bits`, `--xattrs`, `--owner`): entries whose setuid/setgid/sticky
+    /// bits were masked, extended attributes left out, entries whose owner was not applied.
+    pub dropped_special_bits: u64,
+    pub dropped_xattrs: u64,
+    pub dropped_owners: u64,
     /// This end's transfer digest (hex, docs/protocol.md "Transfer digest"). On the sender it
     /// equals the receiver's, or the session failed.
     pub digest: String,

@@ -9,11 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_proto::wire::v1 as pb;
-use std::os::unix::fs::FileExt;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::{self, CodecError};
-use super::dest::{DestError, DestRoot, Existing};
+use super::dest::{DestError, DestRoot, Existing, owned};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::relpath::{PeerPath, RelPathError};
@@ -53,6 +52,11 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const MAX_FILE_RANGES: usize = 4096;
 /// Failure messages the receiver keeps for its Summary (all are counted and logged).
 pub const MAX_REPORTED_FAILURES: usize = 8;
+/// Extended attribute bytes (names and values) one entry may carry; more is a protocol error.
+pub const MAX_XATTR_BYTES: usize = super::scan::MAX_XATTR_BYTES;
+/// Extended attribute bytes held for files in flight (only with `--xattrs`); more is a protocol
+/// error (an honest sender's in-flight files stay far below it).
+const MAX_XATTR_BYTES_IN_FLIGHT: u64 = 64 * 1024 * 1024;
 /// Longest failure message carried in the Summary (a path alone may take 4 KiB).
 const MAX_FAILURE_MESSAGE: usize = 1024;
 
@@ -190,6 +194,70 @@ pub struct ReceiverConfig {
     /// This receiver's own identity (from its certificate), named in the log when a peer
     /// refuses the handshake.
     pub identity: Option<crate::net::Identity>,
+    /// Metadata beyond permission bits and times that this receiver applies.
+    pub keep: Keep,
+}
+
+/// What a receiver keeps of the metadata every sender sends beyond permission bits and times.
+/// Each is off by default: the receiver decides, never the sender, so a hostile sender cannot
+/// plant a setuid file, a foreign owner or attributes unless the receiver asked for them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Owner and group (applied only when the receiver runs as root).
+    pub owner: bool,
+    /// setuid, setgid and sticky bits.
+    pub special_bits: bool,
+    /// `user.*` extended attributes.
+    pub xattrs: bool,
+}
+
+/// What was sent but not applied because the receiver did not ask for it.
+#[derive(Debug, Default)]
+struct Dropped {
+    /// Entries whose setuid/setgid/sticky bits were masked.
+    special_bits: AtomicU64,
+    /// Extended attributes not applied.
+    xattrs: AtomicU64,
+    /// Entries whose owner or group differs from the receiver's and was not applied.
+    owners: AtomicU64,
+}
+
+/// The owner and extended attributes of one entry that this receiver applies (empty unless it
+/// asked for them). Attribute bytes count against the session's in-flight bound until dropped.
+#[derive(Debug, Default)]
+struct Kept {
+    owner: Option<(u32, u32)>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    held: Option<(u64, Arc<AtomicU64>)>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some((bytes, counter)) = &self.held {
+            counter.fetch_sub(*bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Kept {
+    /// Applies the extended attributes to the open file or directory `fd`.
+    fn set_xattrs(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        path: &PeerPath,
+    ) -> Result<(), ReceiveError> {
+        for (name, value) in &self.xattrs {
+            rustix::fs::fsetxattr(fd, name.as_slice(), value, rustix::fs::XattrFlags::empty())
+                .map_err(|e| ReceiveError::Write {
+                    path: format!(
+                        "{path} (extended attribute {})",
+                        String::from_utf8_lossy(name)
+                    ),
+                    source: e.into(),
+                })?;
+        }
+        Ok(())
+    }
 }
 
 /// One stream past Hello/Welcome.
@@ -267,6 +335,7 @@ struct FileMeta {
     size: u64,
     mode: u32,
     mtime: (i64, u32),
+    kept: Arc<Kept>,
 }
 
 struct LargeFile {
@@ -329,6 +398,10 @@ struct Shared {
     busy: bool,
     /// The sender's exclude rules: `--delete` keeps the destination entries they match.
     protect: Filter,
+    keep: Keep,
+    dropped: Dropped,
+    /// Extended attribute bytes held by files in flight (see [`Kept`]).
+    xattr_held: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -382,7 +455,7 @@ impl Shared {
         let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
             Some(t) => t
-                .add_leaf(path.as_str().as_bytes(), entry)
+                .add_leaf(path.as_bytes(), entry)
                 .map_err(ReceiveError::Digest),
             None => Err(ReceiveError::Internal(
                 "entry after the digest was computed",
@@ -409,9 +482,7 @@ impl Shared {
     fn record_dir(&self, path: &PeerPath) -> Result<(), ReceiveError> {
         let mut t = self.tree.lock().map_err(|_| ReceiveError::Poisoned)?;
         match t.as_mut() {
-            Some(t) => t
-                .add_dir(path.as_str().as_bytes())
-                .map_err(ReceiveError::Digest),
+            Some(t) => t.add_dir(path.as_bytes()).map_err(ReceiveError::Digest),
             None => Err(ReceiveError::Internal(
                 "entry after the digest was computed",
             )),
@@ -456,7 +527,7 @@ fn record_unchanged(
     content: Option<Hash>,
 ) -> Result<(), ReceiveError> {
     if let Some(content) = content {
-        let f = sh.dest.open_read(path.as_str())?;
+        let f = sh.dest.open_read(path.as_bytes())?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(path.to_string(), e))?;
         return sh.record_file(path, &meta, &content);
     }
@@ -465,7 +536,7 @@ fn record_unchanged(
         let shown = || p.to_string();
         let mut f = s
             .dest
-            .open_read(p.as_str())
+            .open_read(p.as_bytes())
             .map_err(|e| HashError::new(shown(), std::io::Error::other(super::anyhow_chain(&e))))?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
         let mut counted = digest::CountingReader {
@@ -521,7 +592,7 @@ struct LinkTargetNotFile {
 #[derive(Default)]
 struct Table {
     files: HashMap<u64, InFlight>,
-    paths: HashSet<String>,
+    paths: HashSet<PeerPath>,
     /// Large files among `files`.
     large: usize,
 }
@@ -590,8 +661,9 @@ where
     let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
     // Only a sender that asked for --delete may have non-empty directories replaced.
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
+    let keep = cfg.keep;
     let setup = tokio::task::spawn_blocking(move || {
-        let dest = DestRoot::open(&root, replace)?;
+        let dest = DestRoot::open(&root, replace, keep.special_bits)?;
         let staging = Staging::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
         Ok::<_, ReceiveError>((dest, staging, dedup))
@@ -634,6 +706,9 @@ where
         clock: super::ProgressClock::new(),
         busy: caps & caps::PROGRESS != 0,
         protect,
+        keep,
+        dropped: Dropped::default(),
+        xattr_held: Arc::new(AtomicU64::new(0)),
     });
     progress.set_phase(Phase::Transferring);
 
@@ -684,7 +759,7 @@ where
                 sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
-                    sh.dest.set_dir_meta(None, mode, mtime)?;
+                    sh.dest.set_dir_meta(None, mode, mtime, None)?;
                 }
                 Ok::<(), ReceiveError>(())
             })
@@ -708,6 +783,9 @@ where
                 deleted: shared.deleted.load(Ordering::Relaxed),
                 failed: p.failed,
                 failures: shared.failures(),
+                dropped_special_bits: shared.dropped.special_bits.load(Ordering::Relaxed),
+                dropped_xattrs: shared.dropped.xattrs.load(Ordering::Relaxed),
+                dropped_owners: shared.dropped.owners.load(Ordering::Relaxed),
                 digest: shared
                     .digest
                     .lock()
@@ -956,7 +1034,7 @@ where
         if let Some(example) = table.paths.iter().next() {
             return Err(ReceiveError::Incomplete {
                 count: table.paths.len(),
-                example: example.clone(),
+                example: example.to_string(),
             });
         }
     }
@@ -1001,7 +1079,7 @@ fn handle_offer(sh: &Arc<Shared>, offer: pb::Offer) -> Result<pb::Want, ReceiveE
     }
     let mut wants = Vec::with_capacity(offer.entries.len());
     // Entries of one directory arrive together: create each parent once per offer.
-    let mut last_parent: Option<String> = None;
+    let mut last_parent: Option<Vec<u8>> = None;
     for e in offer.entries {
         wants.push(handle_entry(sh, e, &mut last_parent)?);
     }
@@ -1023,25 +1101,26 @@ fn skip() -> pb::EntryWant {
 fn handle_entry(
     sh: &Arc<Shared>,
     e: pb::Entry,
-    last_parent: &mut Option<String>,
+    last_parent: &mut Option<Vec<u8>>,
 ) -> Result<pb::EntryWant, ReceiveError> {
     let path = PeerPath::parse(&e.path)?;
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
         pb::EntryKind::Dir => {
-            sh.dest.create_dirs(path.as_str())?;
+            sh.dest.create_dirs(path.as_bytes())?;
             sh.record_dir(&path)?;
             Ok(skip())
         }
         pb::EntryKind::Symlink => {
-            if e.target.is_empty() || e.target.len() > 4096 || e.target.contains('\0') {
+            if e.target.is_empty() || e.target.len() > 4096 || e.target.contains(&0) {
                 return Err(proto(format!("invalid symlink target for {path}")));
             }
             let existing = sh.dest.existing_before_write(&path)?;
             if refuse_over_dir(sh, &path, existing, "a symlink")? {
                 return Ok(skip());
             }
-            let made = sh.dest.symlink(&path, &e.target, mtime_of(&e));
+            let kept = kept_attrs(sh, &e, &path)?;
+            let made = sh.dest.symlink(&path, &e.target, mtime_of(&e), kept.owner);
             if let Some(placed) = tolerate_refusal(sh, made)? {
                 sh.count_placed(&path, placed);
                 // The digest describes the link as it is now, read back.
@@ -1060,7 +1139,7 @@ fn handle_entry(
             let parent = path.split_parent().0;
             if parent != last_parent.as_deref() {
                 sh.dest.ensure_parent(&path)?;
-                *last_parent = parent.map(str::to_owned);
+                *last_parent = parent.map(<[u8]>::to_vec);
             }
             offer_file(sh, path, &e)
         }
@@ -1102,10 +1181,10 @@ fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), Rece
         (Some(a), None) => (a.mode, (a.mtime_sec, a.mtime_nsec), false),
         _ => (0, (0, 0), false),
     };
-    let shown_target = if joined { target.as_str() } else { "" };
+    let shown_target: &[u8] = if joined { target.as_bytes() } else { b"" };
     sh.links.lock().map_err(|_| ReceiveError::Poisoned)?.add(
-        path.as_str().as_bytes(),
-        shown_target.as_bytes(),
+        path.as_bytes(),
+        shown_target,
         mode,
         mtime,
     );
@@ -1147,6 +1226,58 @@ fn tolerate_refusal<T>(sh: &Shared, r: Result<T, DestError>) -> Result<Option<T>
     }
 }
 
+/// Checks the owner and extended attributes the sender sent for `e` and returns what this
+/// receiver applies; what it does not apply is counted as dropped.
+fn kept_attrs(sh: &Shared, e: &pb::Entry, path: &PeerPath) -> Result<Kept, ReceiveError> {
+    let mut total = 0u64;
+    for x in &e.xattrs {
+        if !x.name.starts_with(b"user.") || x.name.len() > 255 || x.name.contains(&0) {
+            return Err(proto(format!(
+                "{path}: extended attribute name {:?} is not a user.* name",
+                String::from_utf8_lossy(&x.name)
+            )));
+        }
+        total += (x.name.len() + x.value.len()) as u64;
+    }
+    if total > MAX_XATTR_BYTES as u64 {
+        return Err(proto(format!(
+            "{path}: {total} bytes of extended attributes (at most {MAX_XATTR_BYTES})"
+        )));
+    }
+    if e.mode & 0o7000 != 0 && !sh.keep.special_bits {
+        sh.dropped.special_bits.fetch_add(1, Ordering::Relaxed);
+    }
+    let owner = e.uid.zip(e.gid);
+    let policy = sh.dest.tree().policy();
+    if !sh.keep.owner && owner.is_some_and(|o| o != (policy.euid, policy.egid)) {
+        sh.dropped.owners.fetch_add(1, Ordering::Relaxed);
+    }
+    let mut kept = Kept {
+        owner: owner.filter(|_| sh.keep.owner),
+        xattrs: Vec::new(),
+        held: None,
+    };
+    if !sh.keep.xattrs {
+        sh.dropped
+            .xattrs
+            .fetch_add(e.xattrs.len() as u64, Ordering::Relaxed);
+    } else if total > 0 {
+        let held = sh.xattr_held.fetch_add(total, Ordering::Relaxed) + total;
+        kept.held = Some((total, sh.xattr_held.clone()));
+        if held > MAX_XATTR_BYTES_IN_FLIGHT {
+            return Err(proto(format!(
+                "more than {MAX_XATTR_BYTES_IN_FLIGHT} bytes of extended attributes in flight"
+            )));
+        }
+        kept.xattrs = e
+            .xattrs
+            .iter()
+            .map(|x| (x.name.clone(), x.value.clone()))
+            .collect();
+    }
+    Ok(kept)
+}
+
 fn offer_file(
     sh: &Arc<Shared>,
     path: PeerPath,
@@ -1157,6 +1288,7 @@ fn offer_file(
         size: e.size,
         mode: e.mode,
         mtime: mtime_of(e),
+        kept: Arc::new(kept_attrs(sh, e, &path)?),
     };
     if e.size > MAX_FILE_SIZE {
         return Err(proto(format!(
@@ -1166,7 +1298,7 @@ fn offer_file(
     }
     {
         let t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
-        if t.paths.contains(path.as_str()) {
+        if t.paths.contains(&path) {
             return Err(proto(format!("duplicate entry {path} in one session")));
         }
         if t.files.len() >= MAX_IN_FLIGHT {
@@ -1199,9 +1331,12 @@ fn offer_file(
             // applied, so the destination matches what the digest describes.
             if mtime != meta.mtime || mode != meta.mode & 0o777 {
                 // Read-only is enough for fchmod/futimens, and works on a read-only file.
-                let f = sh.dest.open_read(path.as_str())?;
-                let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
-                sh.dest.apply_meta(&f, path.as_str(), &m)?;
+                let f = sh.dest.open_read(path.as_bytes())?;
+                let m = owned(
+                    sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
+                    meta.kept.owner,
+                );
+                sh.dest.apply_meta(&f, path.as_bytes(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
             record_unchanged(sh, &path, content)?;
@@ -1247,8 +1382,8 @@ fn offer_file(
 fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
     let mut t = sh.table.lock().map_err(|_| ReceiveError::Poisoned)?;
     let path = match &f {
-        InFlight::Small(m) => m.path.as_str().to_owned(),
-        InFlight::Large(l) => l.meta.path.as_str().to_owned(),
+        InFlight::Small(m) => m.path.clone(),
+        InFlight::Large(l) => l.meta.path.clone(),
     };
     if !t.paths.insert(path.clone()) {
         return Err(proto(format!("duplicate entry {path} in one session")));
@@ -1263,7 +1398,7 @@ fn register(sh: &Shared, id: u64, f: InFlight) -> Result<(), ReceiveError> {
 /// Reads a destination file once for `--checksum`: its whole-file BLAKE3 and its digest
 /// content hash.
 fn hash_existing(sh: &Shared, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
-    let mut f = sh.dest.open_read(path.as_str())?;
+    let mut f = sh.dest.open_read(path.as_bytes())?;
     let mut counted = digest::CountingReader {
         inner: &mut f,
         count: &sh.progress.hashed_bytes,
@@ -1292,7 +1427,7 @@ fn handle_batch(sh: &Shared, header: pb::BatchHeader, data: &[u8]) -> Result<(),
             off = end;
             let meta = match t.files.remove(&bf.file_id) {
                 Some(InFlight::Small(m)) => {
-                    t.paths.remove(m.path.as_str());
+                    t.paths.remove(&m.path);
                     m
                 }
                 Some(other) => {
@@ -1386,7 +1521,11 @@ fn write_small(
             path: meta.path.to_string(),
             source: e.into(),
         })?;
-    let m = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+    meta.kept.set_xattrs(staged.fd(), &meta.path)?;
+    let m = owned(
+        sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
+        meta.kept.owner,
+    );
     // Dropping an uncommitted StagedFile removes its temporary file.
     let (placed, committed) = match staged.commit_and_stat(&m, sh.sync, sh.dest.replace()) {
         Ok(placed) => placed,
@@ -1492,12 +1631,13 @@ fn handle_block(
         path: lf.meta.path.to_string(),
         source,
     };
-    // What is written is what was hashed: an all-zero block is a hole, punched out of a staging
-    // file an earlier run left (whose bytes there are unknown).
+    // What is written is what was hashed: an all-zero block, and each all-zero page of a block,
+    // is a hole, punched out of a staging file an earlier run left (whose bytes there are
+    // unknown).
     if codec == compress::CODEC_ZERO {
         lf.staging.write_zeros(off, expected).map_err(werr)?;
     } else {
-        lf.staging.data.write_all_at(buf, off).map_err(werr)?;
+        lf.staging.write_block(off, buf).map_err(werr)?;
     }
     lf.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
     let finished = lf.written(1)?;
@@ -1553,7 +1693,7 @@ fn complete_large(sh: &Shared, file_id: u64, lf: &LargeFile) -> Result<(), Recei
         if t.files.remove(&file_id).is_some() {
             t.large = t.large.saturating_sub(1);
         }
-        t.paths.remove(lf.meta.path.as_str());
+        t.paths.remove(&lf.meta.path);
     }
     if commit_large(sh, lf)? {
         sh.progress.add(&sh.progress.files_done, 1);
@@ -1610,7 +1750,7 @@ fn handle_announce(
     // Claim them, exactly as Block frames would: no block is announced twice or sent too.
     lf.claim(&a.indexes)?;
     // Reads, verifies and writes without holding the file's lock.
-    let needed = dedup.materialize_announced(key, &lf.staging.data, &announced)?;
+    let needed = dedup.materialize_announced(key, &lf.staging, &announced)?;
     let mut bitmap = Bitmap::with_len(n);
     let mut taken = 0u64;
     let mut taken_blocks = 0u64;
@@ -1720,11 +1860,17 @@ fn handle_resume_check(sh: &Shared, c: pb::ResumeCheck) -> Result<pb::NeedBlocks
 /// its path after the offer was answered).
 fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
     let st = &lf.staging;
-    let path = lf.meta.path.as_str();
+    let path = lf.meta.path.to_string();
+    let path = path.as_str();
     let staged = format!("{}/{}", sh.staging.rel, st.part_name);
-    let m = sh
-        .dest
-        .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
+    let m = owned(
+        sh.dest
+            .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime),
+        lf.meta.kept.owner,
+    );
+    lf.meta
+        .kept
+        .set_xattrs(std::os::fd::AsFd::as_fd(&st.data), &lf.meta.path)?;
     // Errors name the file's path, then the staging file they happened on.
     let publish = |source| ReceiveError::Publish {
         path: path.to_owned(),
@@ -1738,14 +1884,19 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
             path: path.to_owned(),
             source,
         })?;
-    sh.dest.apply_meta(&st.data, &staged, &m).map_err(publish)?;
+    sh.dest
+        .apply_meta(&st.data, staged.as_bytes(), &m)
+        .map_err(publish)?;
     if sh.sync {
         st.data.sync_all().map_err(|source| ReceiveError::Write {
             path: path.to_owned(),
             source,
         })?;
     }
-    let published = match sh.dest.publish_from_staging(&staged, &lf.meta.path) {
+    let published = match sh
+        .dest
+        .publish_from_staging(staged.as_bytes(), &lf.meta.path)
+    {
         Err(e) if !matches!(e, DestError::NonEmptyDir(_)) => return Err(publish(e)),
         r => r,
     };
@@ -1780,32 +1931,38 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
         }
         let mut keep = HashSet::with_capacity(d.names.len());
         for name in d.names {
-            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
                 return Err(proto(format!(
-                    "invalid name {name:?} in a directory listing"
+                    "invalid name {:?} in a directory listing",
+                    String::from_utf8_lossy(&name)
                 )));
             }
             keep.insert(name);
         }
-        let removed =
-            sh.dest
-                .delete_extraneous(rel.as_ref().map(|p| p.as_str()), &keep, &sh.protect)?;
+        let removed = sh
+            .dest
+            .delete_extraneous(rel.as_ref(), &keep, &sh.protect)?;
         sh.deleted.fetch_add(removed, Ordering::Relaxed);
     }
     let mtime = mtime_of(&dir);
     match rel {
         Some(p) => {
-            sh.dest.set_dir_meta(Some(&p), dir.mode, mtime)?;
+            let kept = kept_attrs(sh, &dir, &p)?;
+            sh.dest
+                .set_dir_meta(Some(&p), dir.mode, mtime, kept.owner)?;
+            if !kept.xattrs.is_empty() {
+                let fd = sh.dest.open_dir(Some(p.as_bytes()))?;
+                kept.set_xattrs(std::os::fd::AsFd::as_fd(&*fd), &p)?;
+            }
             // The digest's `dirs` list, read back, in the order DirDone frames come.
             let (mode, mtime) = match sh.dest.lookup(&p)? {
                 Some(m) => (m.mode, (m.mtime_sec, m.mtime_nsec)),
                 None => (0, (0, 0)),
             };
-            sh.dirs.lock().map_err(|_| ReceiveError::Poisoned)?.add(
-                p.as_str().as_bytes(),
-                mode,
-                mtime,
-            );
+            sh.dirs
+                .lock()
+                .map_err(|_| ReceiveError::Poisoned)?
+                .add(p.as_bytes(), mode, mtime);
         }
         None => {
             if let Ok(mut m) = sh.root_meta.lock() {

@@ -33,8 +33,6 @@ pub enum ScanError {
         #[source]
         source: std::io::Error,
     },
-    #[error("source path {0} is not valid UTF-8; ferry transfers UTF-8 names only")]
-    NotUtf8(PathBuf),
     #[error("failed to walk source {root}")]
     Walk {
         root: PathBuf,
@@ -52,7 +50,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
     }
 }
 
-fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
+fn entry_of(rel: Vec<u8>, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
     pb::Entry {
         path: rel,
         kind: kind as i32,
@@ -64,15 +62,68 @@ fn entry_of(rel: String, m: &Meta, kind: pb::EntryKind) -> pb::Entry {
         } else {
             0
         },
-        target: String::new(),
+        target: Vec::new(),
         checksum: Vec::new(),
+        // Always sent: whether to apply them is the receiver's choice.
+        uid: Some(m.uid),
+        gid: Some(m.gid),
+        xattrs: Vec::new(),
     }
 }
 
-fn rel_string(rel: &Path) -> Result<String, ScanError> {
-    rel.to_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ScanError::NotUtf8(rel.to_owned()))
+/// `name` in the open directory `dir`, as a path through that handle: what it names cannot move
+/// outside the tree whatever happens to the directories above (the l*xattr calls do not follow
+/// `name` itself).
+fn beneath(dir: &DirFd, name: &[u8]) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    let mut p = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    p.push(std::ffi::OsStr::from_bytes(name));
+    p
+}
+
+/// Most bytes of extended attribute names and values sent for one entry; an entry with more
+/// sends none (the receiver refuses more, so an honest sender stays below it).
+pub const MAX_XATTR_BYTES: usize = 64 * 1024;
+
+/// The `user.*` extended attributes of the entry at `path` (not following a symlink there), or
+/// none when the filesystem has none, they cannot be read, or they exceed [`MAX_XATTR_BYTES`].
+/// Reading them is the sender's duty; whether they are applied is the receiver's choice.
+pub fn user_xattrs(path: &Path) -> Vec<pb::Xattr> {
+    let mut names = vec![0u8; MAX_XATTR_BYTES];
+    let len = match rustix::fs::llistxattr(path, &mut names[..]) {
+        Ok(0) | Err(_) => return Vec::new(),
+        Ok(n) => n,
+    };
+    let mut out = Vec::new();
+    let mut total = 0usize;
+    let mut value = vec![0u8; MAX_XATTR_BYTES];
+    for name in names[..len].split(|&b| b == 0) {
+        if !name.starts_with(b"user.") {
+            continue;
+        }
+        let n = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+            Ok(n) => n,
+            Err(_) => continue, // removed meanwhile, or too large: not sent
+        };
+        total += name.len() + n;
+        if total > MAX_XATTR_BYTES {
+            tracing::warn!(
+                path = %path.display(),
+                "extended attributes above {MAX_XATTR_BYTES} bytes: none sent for this entry"
+            );
+            return Vec::new();
+        }
+        out.push(pb::Xattr {
+            name: name.to_vec(),
+            value: value[..n].to_vec(),
+        });
+    }
+    out
+}
+
+/// `root/rel` for messages and for the few opens by path; `rel` is raw bytes as on the wire.
+pub fn source_path(root: &Path, rel: &[u8]) -> PathBuf {
+    root.join(std::ffi::OsStr::from_bytes(rel))
 }
 
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
@@ -128,21 +179,19 @@ pub fn scan(
                 continue;
             }
         };
-        let rel = utf8(root, &entry.rel)?;
+        let rel = entry.rel.as_bytes().to_vec();
         let m = &entry.meta;
         match m.kind {
             Kind::Dir => {
-                with_tree(&mut |t| t.open_dir(rel.as_bytes()));
+                with_tree(&mut |t| t.open_dir(&rel));
                 group.push(entry_of(rel, m, pb::EntryKind::Dir));
             }
             Kind::Symlink => {
                 let target = entry.link_target.unwrap_or_default();
                 let mut e = entry_of(rel, m, pb::EntryKind::Symlink);
-                e.target = String::from_utf8(target)
-                    .map_err(|_| ScanError::NotUtf8(root.join(&e.path)))?;
-                let h =
-                    digest::symlink_entry(e.mode, (e.mtime_sec, e.mtime_nsec), e.target.as_bytes());
-                with_tree(&mut |t| t.add(e.path.as_bytes(), h));
+                e.target = target;
+                let h = digest::symlink_entry(e.mode, (e.mtime_sec, e.mtime_nsec), &e.target);
+                with_tree(&mut |t| t.add(&e.path, h));
                 group.push(e);
             }
             Kind::File => {
@@ -150,13 +199,14 @@ pub fn scan(
                     && hardlinks.len() < MAX_HARDLINKS
                 {
                     let mut e = entry_of(rel, m, pb::EntryKind::Hardlink);
-                    e.target = utf8(root, first)?;
+                    e.target = first.as_bytes().to_vec();
                     hardlinks.push(e);
                     continue;
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
+                e.xattrs = user_xattrs(&beneath(&entry.parent, entry.rel.file_name()));
                 if checksum {
-                    let abs = root.join(&e.path);
+                    let abs = source_path(root, &e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
                     let mut counted = digest::CountingReader {
                         inner: &mut f,
@@ -171,9 +221,9 @@ pub fn scan(
                         (e.mtime_sec, e.mtime_nsec),
                         &read.content,
                     );
-                    with_tree(&mut |t| t.add(e.path.as_bytes(), h));
+                    with_tree(&mut |t| t.add(&e.path, h));
                 } else {
-                    with_tree(&mut |t| t.expect(e.path.as_bytes()));
+                    with_tree(&mut |t| t.expect(&e.path));
                 }
                 progress.add(&progress.files_total, 1);
                 progress.add(&progress.bytes_total, m.size);
@@ -205,11 +255,6 @@ fn walk_error(root: &Path, e: tree::ScanError) -> ScanError {
         root: root.to_owned(),
         source: e,
     }
-}
-
-fn utf8(root: &Path, rel: &RelPath) -> Result<String, ScanError> {
-    String::from_utf8(rel.as_bytes().to_vec())
-        .map_err(|_| ScanError::NotUtf8(root.join(std::ffi::OsStr::from_bytes(rel.as_bytes()))))
 }
 
 /// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf.
@@ -259,10 +304,7 @@ pub fn walk_dirs(
                 subdirs.push(name.clone());
             }
             if with_names && listing_bytes <= MAX_LISTING_BYTES {
-                let n = name
-                    .to_str()
-                    .ok_or_else(|| ScanError::NotUtf8(rel.join(&name)))?
-                    .to_owned();
+                let n = name.as_bytes().to_vec();
                 listing_bytes += n.len() + 4;
                 names.push(n);
             }
@@ -275,8 +317,15 @@ pub fn walk_dirs(
             names.clear();
         }
         let nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
-        let dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
-        let dir = entry_of(rel_string(&rel)?, &dir_meta, pb::EntryKind::Dir);
+        let mut dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
+        (dir_meta.uid, dir_meta.gid) = (md.uid(), md.gid());
+        let mut dir = entry_of(
+            rel.as_os_str().as_bytes().to_vec(),
+            &dir_meta,
+            pb::EntryKind::Dir,
+        );
+        // A directory's xattrs travel with its final metadata, here.
+        dir.xattrs = user_xattrs(&abs);
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
             complete_listing: complete,

@@ -199,7 +199,7 @@ impl Ctx {
     fn file_digested(&self, e: &pb::Entry, content: &Hash) {
         let entry = digest::file_entry(e.size, e.mode, (e.mtime_sec, e.mtime_nsec), content);
         if let Ok(mut t) = self.tree.lock() {
-            t.fulfil(e.path.as_bytes(), entry);
+            t.fulfil(&e.path, entry);
         }
     }
 
@@ -474,6 +474,10 @@ where
         deleted: summary.deleted,
         failed: summary.failed,
         digest: hex,
+        // What the receiver dropped is its own report (not carried in the wire Summary).
+        dropped_special_bits: 0,
+        dropped_xattrs: 0,
+        dropped_owners: 0,
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
@@ -529,15 +533,10 @@ where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     ctx.progress.set_phase(Phase::Finishing);
-    hardlinks.sort_by(|a, b| digest::path_order(a.path.as_bytes(), b.path.as_bytes()));
+    hardlinks.sort_by(|a, b| digest::path_order(&a.path, &b.path));
     let mut links = LinkList::default();
     for h in &hardlinks {
-        links.add(
-            h.path.as_bytes(),
-            h.target.as_bytes(),
-            h.mode,
-            (h.mtime_sec, h.mtime_nsec),
-        );
+        links.add(&h.path, &h.target, h.mode, (h.mtime_sec, h.mtime_nsec));
     }
     for chunk in hardlinks.chunks(super::MAX_OFFER_ENTRIES) {
         let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
@@ -566,11 +565,7 @@ where
         if let Some(dir) = &d.dir
             && !dir.path.is_empty()
         {
-            dirs.add(
-                dir.path.as_bytes(),
-                dir.mode,
-                (dir.mtime_sec, dir.mtime_nsec),
-            );
+            dirs.add(&dir.path, dir.mode, (dir.mtime_sec, dir.mtime_nsec));
         }
         writer.send(&Message::DirDone(d)).await?;
     }
@@ -897,10 +892,13 @@ async fn handle_want(
             small.push((w.file_id, e));
             continue;
         }
-        let path = Arc::new(ctx.root.join(&e.path));
+        let path = Arc::new(scan::source_path(&ctx.root, &e.path));
         let nblocks = e.size.div_ceil(BLOCK_SIZE as u64);
         let need = BlockSet::from_want(&w.need_blocks, &w.need_ranges, nblocks).map_err(|err| {
-            SendError::Peer(format!("answer to offer {offer_id} for {}: {err}", e.path))
+            SendError::Peer(format!(
+                "answer to offer {offer_id} for {}: {err}",
+                path.display()
+            ))
         })?;
         let file = {
             let (c, rel) = (ctx.clone(), e.path.clone());
@@ -1064,7 +1062,10 @@ fn build_announce(
                         rerr(e)
                     }
                 })?;
-            out.push((index, (!is_zero(&buf)).then(|| dedup.announce(index, &buf))));
+            out.push((
+                index,
+                (!crate::tree::data::is_zero(&buf)).then(|| dedup.announce(index, &buf)),
+            ));
         }
         Ok::<_, SendError>(out)
     });
@@ -1115,7 +1116,7 @@ impl UnchangedFiles {
     async fn push(&mut self, ctx: &Arc<Ctx>, e: pb::Entry) -> Result<(), SendError> {
         if e.size > SMALL_FILE_MAX {
             let fd = FileDigest::new(&e);
-            let path = ctx.root.join(&e.path);
+            let path = scan::source_path(&ctx.root, &e.path);
             let all: Vec<u64> = (0..e.size.div_ceil(BLOCK_SIZE as u64)).collect();
             let c = ctx.clone();
             ctx.pool
@@ -1183,7 +1184,7 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
     let mut dirs = SourceDirs::new(&ctx.src);
     let mut data = Vec::with_capacity(SMALL_FILE_MAX as usize + 1);
     for e in files {
-        let shown = || ctx.root.join(&e.path).display().to_string();
+        let shown = || scan::source_path(&ctx.root, &e.path).display().to_string();
         let f = dirs
             .open(&e.path)
             .map_err(|err| HashError::new(shown(), err))?;
@@ -1200,7 +1201,7 @@ fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError>
 
 /// Opens a source file beneath the root handle: no symlink is followed on the way (a directory
 /// swapped for a symlink after the walk fails the open), and only a regular file is read.
-fn open_beneath(src: &DirFd, rel: &str) -> std::io::Result<std::fs::File> {
+fn open_beneath(src: &DirFd, rel: &[u8]) -> std::io::Result<std::fs::File> {
     let f = SourceDirs::new(src).open(rel)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file any more"));
@@ -1250,13 +1251,13 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
     let mut dirs = SourceDirs::new(&ctx.src);
     for (file_id, e) in files {
         let rerr = |source| SendError::Read {
-            path: ctx.root.join(&e.path),
+            path: scan::source_path(&ctx.root, &e.path),
             source,
         };
         let f = dirs.open(&e.path).map_err(rerr)?;
         let start = data.len();
         if !read_small_into(&f, e.size, &mut data).map_err(rerr)? {
-            return Err(SendError::Changed(ctx.root.join(&e.path)));
+            return Err(SendError::Changed(scan::source_path(&ctx.root, &e.path)));
         }
         let hash = blake3::hash(&data[start..]);
         if !ctx.content_in_scan {
@@ -1298,7 +1299,7 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
 /// directories, so each is resolved beneath the source root once, not once per file.
 struct SourceDirs<'a> {
     root: &'a DirFd,
-    last: Option<(String, DirFd)>,
+    last: Option<(Vec<u8>, DirFd)>,
 }
 
 impl<'a> SourceDirs<'a> {
@@ -1306,27 +1307,27 @@ impl<'a> SourceDirs<'a> {
         Self { root, last: None }
     }
 
-    fn open(&mut self, path: &str) -> std::io::Result<std::fs::File> {
-        let (parent, name) = match path.rsplit_once('/') {
-            Some((parent, name)) => (Some(parent), name),
+    fn open(&mut self, path: &[u8]) -> std::io::Result<std::fs::File> {
+        let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(cut) => (Some(&path[..cut]), &path[cut + 1..]),
             None => (None, path),
         };
         let Some(parent) = parent else {
-            return scan::open_in(self.root, name.as_bytes());
+            return scan::open_in(self.root, name);
         };
         let dir = match &self.last {
-            Some((p, dir)) if p == parent => dir.clone(),
+            Some((p, dir)) if p.as_slice() == parent => dir.clone(),
             _ => {
-                let rel = RelPath::parse(parent.as_bytes())
+                let rel = RelPath::parse(parent)
                     .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
                 // The walk never follows symlinks; neither does this (RESOLVE_NO_SYMLINKS).
                 let dir: DirFd =
                     Arc::new(open_dir_beneath(self.root.as_fd(), &rel, Resolve::Auto)?);
-                self.last = Some((parent.to_owned(), dir.clone()));
+                self.last = Some((parent.to_vec(), dir.clone()));
                 dir
             }
         };
-        scan::open_in(&dir, name.as_bytes())
+        scan::open_in(&dir, name)
     }
 }
 
@@ -1396,6 +1397,24 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             data: Bytes::new(),
         });
     }
+    // A block that is partly a hole: only its data ranges are read, the rest stays zeros.
+    if let Some(ranges) = partial_data_ranges(&job.file, off, job.len) {
+        let mut buf = vec![0u8; len];
+        for (start, end) in ranges {
+            let at = (start - off) as usize..(end - off) as usize;
+            job.file
+                .read_exact_at(&mut buf[at], start)
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => SendError::Changed(path.to_owned()),
+                    _ => rerr(e),
+                })?;
+        }
+        // A file cut short since the walk would read as a zero tail here, not as a short read.
+        if job.file.metadata().map_err(rerr)?.len() < off + job.len {
+            return Err(SendError::Changed(path.to_owned()));
+        }
+        return Ok(block_message(ctx, &job, buf));
+    }
     // pread into spare capacity: no zeroing of a fresh 4 MiB buffer per block, no reopen.
     let mut buf = Vec::with_capacity(len);
     while buf.len() < len {
@@ -1412,12 +1431,47 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
     if buf.len() != len {
         return Err(SendError::Changed(path.to_owned()));
     }
+    Ok(block_message(ctx, &job, buf))
+}
+
+/// The data ranges (`SEEK_DATA`/`SEEK_HOLE`) of `[off, off+len)` when the range is partly a
+/// hole; `None` when it is all data or the filesystem cannot tell (then the whole is read).
+fn partial_data_ranges(f: &std::fs::File, off: u64, len: u64) -> Option<Vec<(u64, u64)>> {
+    use rustix::fs::{SeekFrom, seek};
+    let end = off + len;
+    let mut ranges = Vec::new();
+    let mut pos = off;
+    while pos < end {
+        let data = match seek(f, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            // No data past `pos`: the rest is a hole.
+            Err(rustix::io::Errno::NXIO) => break,
+            Err(_) => return None,
+        };
+        if data >= end {
+            break;
+        }
+        let hole = seek(f, SeekFrom::Hole(data)).ok()?.min(end);
+        if hole <= data {
+            return None;
+        }
+        ranges.push((data, hole));
+        pos = hole;
+    }
+    if ranges.as_slice() == [(off, end)] {
+        return None;
+    }
+    Some(ranges)
+}
+
+/// The Block frame of a block read in full into `buf`.
+fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message {
     let hash = blake3::hash(&buf);
     if let Some(fd) = &job.digest {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
     ctx.progress.add(&ctx.progress.bytes_done, job.len);
-    let (codec_id, data) = if is_zero(&buf) {
+    let (codec_id, data) = if crate::tree::data::is_zero(&buf) {
         (CODEC_ZERO, Bytes::new())
     } else {
         match ctx.policy.compress(&buf) {
@@ -1425,7 +1479,7 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             None => (codec::RAW, Bytes::from(buf)),
         }
     };
-    Ok(Message::Block {
+    Message::Block {
         header: pb::BlockHeader {
             file_id: job.file_id,
             index: job.index,
@@ -1434,15 +1488,7 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
             hash: hash.as_bytes().to_vec(),
         },
         data,
-    })
-}
-
-fn is_zero(buf: &[u8]) -> bool {
-    let mut words = buf.chunks_exact(16);
-    words
-        .by_ref()
-        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0)
-        && words.remainder().iter().all(|b| *b == 0)
+    }
 }
 
 async fn writer_task<S>(
@@ -1561,17 +1607,17 @@ mod tests {
             assert!(read_small_into(&f, 1, &mut data).expect("read"));
             data
         };
-        assert_eq!(read(dirs.open("a/b/f").expect("open")), b"x");
-        assert_eq!(read(dirs.open("top").expect("open")), b"t");
-        assert_eq!(read(dirs.open("a/b/f").expect("open again")), b"x");
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open")), b"x");
+        assert_eq!(read(dirs.open(b"top").expect("open")), b"t");
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open again")), b"x");
         assert!(
-            dirs.open("a/link/secret").is_err(),
+            dirs.open(b"a/link/secret").is_err(),
             "followed a symlinked directory"
         );
         assert!(
-            dirs.open("a/leaf").is_err(),
+            dirs.open(b"a/leaf").is_err(),
             "followed a symlink at the leaf"
         );
-        assert!(dirs.open("../x").is_err(), "left the root");
+        assert!(dirs.open(b"../x").is_err(), "left the root");
     }
 }

@@ -19,6 +19,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags, SeekFrom};
@@ -119,7 +120,7 @@ impl Staging {
 
     pub fn open(dest: &DestRoot, transfer_id: &str) -> Result<Self, StagingError> {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
-        let dir = dest.create_dirs(&rel)?;
+        let dir = dest.create_dirs(rel.as_bytes())?;
         let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel)(e.into()))?;
         let key = (st.st_dev, st.st_ino);
         let mut u = users();
@@ -151,12 +152,13 @@ impl Staging {
         mtime: (i64, u32),
         resume: bool,
     ) -> Result<Opened, StagingError> {
-        let key = blake3::hash(path.as_str().as_bytes()).to_hex();
+        let key = blake3::hash(path.as_bytes()).to_hex();
         let base_name = &key.as_str()[..32];
         let part_name = format!("{base_name}.part");
         let manifest_name = format!("{base_name}.manifest");
         let header = manifest_header(path, size, mtime);
-        let shown = path.as_str();
+        let shown = path.to_string();
+        let shown = shown.as_str();
 
         if resume
             && let Some((data, manifest)) =
@@ -283,7 +285,7 @@ impl Staging {
         if self.shared() {
             return;
         }
-        if let Ok(parent) = dest.open_dir(Some(STAGING_DIR)) {
+        if let Ok(parent) = dest.open_dir(Some(STAGING_DIR.as_bytes())) {
             if let Some(leaf) = self.rel.rsplit('/').next() {
                 let _ = rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR);
             }
@@ -296,6 +298,13 @@ impl Staging {
     }
 }
 
+/// Blocks taken from the block store keep their zero pages as holes too.
+impl crate::cas::store::BlockSink for LargeStaging {
+    fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        LargeStaging::write_block(self, offset, data)
+    }
+}
+
 impl LargeStaging {
     /// Records block `index` as written with `hash` (the hash of the bytes written).
     pub fn record(&self, index: u64, hash: &Hash) -> std::io::Result<()> {
@@ -304,6 +313,13 @@ impl LargeStaging {
             .and_then(|o| o.checked_add(self.base))
             .ok_or_else(|| std::io::Error::other("block index out of range"))?;
         self.manifest.write_all_at(hash, off)
+    }
+
+    /// Writes a verified block at `off`, its all-zero pages left as holes (skipped in a fresh
+    /// part file, punched out of one an earlier run left, whose bytes there are unknown).
+    pub fn write_block(&self, off: u64, data: &[u8]) -> std::io::Result<()> {
+        crate::tree::data::write_keeping_holes(self.data.as_fd(), data, off, !self.reused)
+            .map_err(Into::into)
     }
 
     /// An all-zero block: in a fresh part file it is a hole already; in a reused one whatever an
@@ -414,7 +430,7 @@ fn open_locked(dir: &DirFd, name: &str, shown: &str) -> Result<File, StagingErro
 }
 
 fn manifest_header(path: &PeerPath, size: u64, mtime: (i64, u32)) -> Vec<u8> {
-    let p = path.as_str().as_bytes();
+    let p = path.as_bytes();
     let mut h = Vec::with_capacity(32 + p.len());
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(&size.to_le_bytes());

@@ -344,3 +344,111 @@ pub fn punch_hole(dst: BorrowedFd<'_>, offset: u64, len: u64) -> Result<(), Errn
         )
     })
 }
+
+/// Granularity of the receiver's hole rule: an all-zero page of this size, aligned in the file,
+/// is left as a hole (the page size of every filesystem ferry writes to).
+pub const HOLE_PAGE: u64 = 4096;
+
+/// True when every byte of `buf` is zero.
+pub fn is_zero(buf: &[u8]) -> bool {
+    let mut words = buf.chunks_exact(16);
+    words
+        .by_ref()
+        .all(|c| u128::from_ne_bytes(c.try_into().unwrap_or([1; 16])) == 0)
+        && words.remainder().iter().all(|b| *b == 0)
+}
+
+/// Writes `data` at `offset`, leaving every [`HOLE_PAGE`]-aligned page that is all zeros as a
+/// hole, so a sparse file sent in whole blocks stays sparse at the page level. `fresh` says the
+/// range holds nothing yet (a new file, never written there): zero pages are then simply
+/// skipped. Otherwise they are punched out (or overwritten with zeros where the filesystem
+/// cannot punch), so the range reads as `data` whatever it held. The caller sets the final
+/// length (`ftruncate`), which keeps a zero tail a hole.
+pub fn write_keeping_holes(
+    dst: BorrowedFd<'_>,
+    data: &[u8],
+    offset: u64,
+    fresh: bool,
+) -> Result<(), Errno> {
+    let end = offset + data.len() as u64;
+    // Runs of pages of one kind: (start, end, zero).
+    let mut run: Option<(u64, u64, bool)> = None;
+    let mut at = offset;
+    while at < end {
+        let next = ((at / HOLE_PAGE) + 1).saturating_mul(HOLE_PAGE).min(end);
+        let page = &data[(at - offset) as usize..(next - offset) as usize];
+        // A partial page at either end is written: only whole pages can be holes.
+        let zero = next - at == HOLE_PAGE && is_zero(page);
+        run = match run {
+            Some((s, _, z)) if z == zero => Some((s, next, z)),
+            Some(done) => {
+                flush_run(dst, data, offset, done, fresh)?;
+                Some((at, next, zero))
+            }
+            None => Some((at, next, zero)),
+        };
+        at = next;
+    }
+    if let Some(done) = run {
+        flush_run(dst, data, offset, done, fresh)?;
+    }
+    Ok(())
+}
+
+fn flush_run(
+    dst: BorrowedFd<'_>,
+    data: &[u8],
+    base: u64,
+    (start, end, zero): (u64, u64, bool),
+    fresh: bool,
+) -> Result<(), Errno> {
+    let bytes = &data[(start - base) as usize..(end - base) as usize];
+    if !zero {
+        return write_all_at(dst, bytes, start);
+    }
+    if fresh {
+        return Ok(());
+    }
+    match punch_hole(dst, start, end - start) {
+        Ok(()) => Ok(()),
+        Err(_) => write_all_at(dst, bytes, start),
+    }
+}
+
+#[cfg(test)]
+mod hole_tests {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::{FileExt, MetadataExt};
+
+    use super::*;
+
+    #[test]
+    fn zero_pages_stay_holes_and_content_is_exact() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = std::fs::File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.path().join("f"))
+            .expect("create");
+        let mut block = vec![0u8; 4 * 1024 * 1024];
+        block[10] = 1; // first page has data
+        block[2 * 1024 * 1024 + 5] = 7; // one page in the middle
+        block[4 * 1024 * 1024 - 1] = 9; // the last page
+        write_keeping_holes(f.as_fd(), &block, 0, true).expect("write");
+        f.set_len(block.len() as u64).expect("set_len");
+        let mut back = vec![0u8; block.len()];
+        f.read_exact_at(&mut back, 0).expect("read");
+        assert!(back == block, "content differs");
+        let allocated = f.metadata().expect("stat").blocks() * 512;
+        assert!(allocated <= 64 * 1024, "{allocated} bytes allocated");
+
+        // Rewriting over old data (not fresh): zero pages must read back as zeros.
+        let old = vec![0xaau8; block.len()];
+        f.write_all_at(&old, 0).expect("old data");
+        write_keeping_holes(f.as_fd(), &block, 0, false).expect("rewrite");
+        f.read_exact_at(&mut back, 0).expect("read");
+        assert!(back == block, "stale bytes survived a rewrite");
+    }
+}

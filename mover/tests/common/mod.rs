@@ -214,6 +214,25 @@ pub async fn start_receiver_with_store(
     root: &Path,
     cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
 ) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+    start_receiver_full(pki, root, cas, Default::default()).await
+}
+
+/// Like [`start_receiver`], keeping the metadata `keep` names (`--owner`, `--special-bits`,
+/// `--xattrs`).
+pub async fn start_receiver_keep(
+    pki: &Pki,
+    root: &Path,
+    keep: ferry_mover::session::Keep,
+) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+    start_receiver_full(pki, root, None, keep).await
+}
+
+async fn start_receiver_full(
+    pki: &Pki,
+    root: &Path,
+    cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
+    keep: ferry_mover::session::Keep,
+) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
     let files = pki.files(Role::Receiver);
     let server = Arc::new(net::server_config(&files, &[Role::Sender]).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -225,6 +244,7 @@ pub async fn start_receiver_with_store(
         sync: false,
         cas,
         identity: Some(files.identity.clone()),
+        keep,
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
