@@ -71,6 +71,17 @@ pub fn report(change: &Change<'_>, path: &[u8]) {
     let _ = std::io::stdout().lock().write_all(&line);
 }
 
+/// The sender's listing: a file whose data goes to the receiver (rsync's `<f` for sent). Only
+/// the receiver sees the destination, so only it tells new from updated and lists deletions.
+pub fn report_sent(path: &[u8]) {
+    let line = match listing() {
+        Listing::Off => return,
+        Listing::Names => [path, b"\n"].concat(),
+        Listing::Itemized => [b"<f......... ", path, b"\n"].concat(),
+    };
+    let _ = std::io::stdout().lock().write_all(&line);
+}
+
 fn render(mode: Listing, change: &Change<'_>, path: &[u8]) -> Vec<u8> {
     let mut line = Vec::with_capacity(path.len() + 24);
     let dir_suffix: &[u8] = match change {

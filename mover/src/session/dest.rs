@@ -10,6 +10,7 @@ use std::path::Path;
 
 use super::dircache::{CachedDir, DirCache};
 use super::relpath::{PeerPath, STAGING_DIR};
+use crate::report::changes;
 use crate::tree::{self, DirFd, FileOpen, Kind, Meta, Placed, RelPath, Replace, StagedFile};
 
 pub use crate::tree::DestError;
@@ -332,7 +333,8 @@ impl DestRoot {
                     dir.as_fd(),
                 )
             {
-                doomed.push(name.to_vec());
+                let is_dir = ent.file_type() == rustix::fs::FileType::Directory;
+                doomed.push((name.to_vec(), is_dir));
             }
         }
         // Handles of removed directories must not be reused.
@@ -340,8 +342,13 @@ impl DestRoot {
             Some(p) => self.dirs.forget_under(p.as_bytes()),
             None => self.dirs.clear(),
         }
-        for name in &doomed {
+        for (name, is_dir) in &doomed {
             tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
+            let rel = match path {
+                Some(p) => [p.as_bytes(), b"/", name].concat(),
+                None => name.clone(),
+            };
+            changes::report(&changes::Change::Deleted { dir: *is_dir }, &rel);
         }
         Ok(doomed.len() as u64)
     }

@@ -27,6 +27,7 @@ use crate::cas::{BlockHash, CasError, CasStore};
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::kind::{ErrorKind, is_no_space};
 use crate::progress::{Phase, Progress};
+use crate::report::changes::{self, Change, Listing};
 use crate::tree::{CommitError, Filter, Kind, Meta, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, Bitmap, BlockSet, FrameType, Message, caps, codec};
 
@@ -336,6 +337,8 @@ struct FileMeta {
     mode: u32,
     mtime: (i64, u32),
     kept: Arc<Kept>,
+    /// The file this one replaces, as found when offered (for `-v`/`-i`).
+    before: Option<Meta>,
 }
 
 struct LargeFile {
@@ -1107,7 +1110,12 @@ fn handle_entry(
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
         pb::EntryKind::Dir => {
+            let listed = changes::listing() != Listing::Off
+                && !matches!(sh.dest.existing(&path)?, Existing::Dir);
             sh.dest.create_dirs(path.as_bytes())?;
+            if listed {
+                changes::report(&Change::Dir, path.as_bytes());
+            }
             sh.record_dir(&path)?;
             Ok(skip())
         }
@@ -1123,6 +1131,11 @@ fn handle_entry(
             let made = sh.dest.symlink(&path, &e.target, mtime_of(&e), kept.owner);
             if let Some(placed) = tolerate_refusal(sh, made)? {
                 sh.count_placed(&path, placed);
+                let change = Change::Symlink {
+                    target: &e.target,
+                    replaced: existing == Existing::Symlink,
+                };
+                changes::report(&change, path.as_bytes());
                 // The digest describes the link as it is now, read back.
                 let (m, target) = sh.dest.read_symlink(&path)?;
                 let entry = digest::symlink_entry(m.mode, (m.mtime_sec, m.mtime_nsec), &target);
@@ -1167,6 +1180,10 @@ fn hard_link(sh: &Shared, path: &PeerPath, target: &PeerPath) -> Result<(), Rece
     };
     if let Some(placed) = placed {
         sh.count_placed(path, placed);
+        let change = Change::HardLink {
+            target: target.as_bytes(),
+        };
+        changes::report(&change, path.as_bytes());
     }
     // The digest describes the link as it is now: one inode with its target, and that inode's
     // metadata (an empty target if they are not one inode).
@@ -1283,12 +1300,13 @@ fn offer_file(
     path: PeerPath,
     e: &pb::Entry,
 ) -> Result<pb::EntryWant, ReceiveError> {
-    let meta = FileMeta {
+    let mut meta = FileMeta {
         path: path.clone(),
         size: e.size,
         mode: e.mode,
         mtime: mtime_of(e),
         kept: Arc::new(kept_attrs(sh, e, &path)?),
+        before: None,
     };
     if e.size > MAX_FILE_SIZE {
         return Err(proto(format!(
@@ -1313,6 +1331,9 @@ fn offer_file(
     let existing = sh.dest.existing_before_write(&path)?;
     if refuse_over_dir(sh, &path, existing, "a file")? {
         return Ok(skip());
+    }
+    if let Existing::File { size, mtime, mode } = existing {
+        meta.before = Some(Meta::new(Kind::File, mode, size, mtime.0, mtime.1));
     }
     if let Existing::File { size, mtime, mode } = existing
         && size == e.size
@@ -1542,6 +1563,7 @@ fn write_small(
         }
     };
     sh.count_placed(&meta.path, placed);
+    report_file(meta, &m);
     // Content as hashed on its way to disk, metadata as the filesystem recorded it.
     sh.record_file(
         &meta.path,
@@ -1905,6 +1927,10 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
         return Ok(false);
     };
     sh.count_placed(&lf.meta.path, placed);
+    let m = sh
+        .dest
+        .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime);
+    report_file(&lf.meta, &m);
     let committed = fstat_meta(&st.data).map_err(|source| ReceiveError::Write {
         path: path.to_owned(),
         source,
@@ -1914,6 +1940,15 @@ fn commit_large(sh: &Shared, lf: &LargeFile) -> Result<bool, ReceiveError> {
     sh.record_file(&lf.meta.path, &committed, &content)?;
     sh.staging.finish_large(st);
     Ok(true)
+}
+
+/// `-v`/`-i`: a file put in place with metadata `new`.
+fn report_file(meta: &FileMeta, new: &Meta) {
+    let change = Change::File {
+        old: meta.before.as_ref(),
+        new,
+    };
+    changes::report(&change, meta.path.as_bytes());
 }
 
 fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {

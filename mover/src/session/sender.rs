@@ -28,6 +28,7 @@ use crate::digest::{self, BlockHashes, DirList, Hash, HashError, HashPool, LinkL
 use crate::kind::ErrorKind;
 use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
+use crate::report::changes;
 use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, Filter, RelPath, Resolve, split_source};
 use crate::wire::{
@@ -888,6 +889,7 @@ async fn handle_want(
             }
             continue;
         }
+        changes::report_sent(&e.path);
         if e.size <= SMALL_FILE_MAX {
             small.push((w.file_id, e));
             continue;

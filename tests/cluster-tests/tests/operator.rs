@@ -476,6 +476,57 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
     ns.delete().await
 }
 
+/// `spec.exclude` reaches the sender: excluded entries stay behind, and with deleteExtraneous
+/// the destination's own entries that a rule excludes are kept while other extras go.
+#[tokio::test]
+async fn excluded_paths_stay_behind_and_are_kept_from_delete() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("xfer-exclude").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 40, 0, &ns.name)?;
+    for rel in ["scratch.tmp", "d03/partial.tmp", "cache/index"] {
+        let p = src_host.join(rel);
+        std::fs::create_dir_all(p.parent().context("parent")?)?;
+        std::fs::write(&p, rel)?;
+    }
+    for rel in ["old.tmp", "stale", "cache/keep"] {
+        let p = dst_host.join(rel);
+        std::fs::create_dir_all(p.parent().context("parent")?)?;
+        std::fs::write(&p, b"in the destination")?;
+    }
+    transfers::chown_tree(&src_host)?;
+    transfers::chown_tree(&dst_host)?;
+    let api: Api<Transfer> = ns.api();
+    let spec = serde_json::json!({"exclude": ["*.tmp", "/cache/"], "deleteExtraneous": true});
+    api.create(
+        &PostParams::default(),
+        &transfer("exclude", (NODE_A, &src), (NODE_B, &dst), spec)?,
+    )
+    .await?;
+    let t = wait_phase(&api, "exclude", Duration::from_secs(120), Phase::Succeeded).await?;
+    let p = t.status.and_then(|s| s.progress).context("progress")?;
+    assert_eq!(p.files_done, 40, "{p:?}");
+    for rel in ["scratch.tmp", "d03/partial.tmp", "cache/index", "stale"] {
+        assert!(!dst_host.join(rel).exists(), "{rel} in the destination");
+    }
+    for rel in ["old.tmp", "cache/keep"] {
+        assert_eq!(
+            std::fs::read(dst_host.join(rel))?,
+            b"in the destination",
+            "{rel}"
+        );
+    }
+    for i in [0, 17, 39] {
+        let rel = format!("d{:02}/f{i}.bin", i % 17);
+        assert_eq!(
+            std::fs::read(dst_host.join(&rel))?,
+            std::fs::read(src_host.join(&rel))?
+        );
+    }
+    ns.delete().await
+}
+
 /// A local PersistentVolume on `node` with its StorageClass, named after the namespace.
 async fn local_pv(
     ns: &TestNamespace,
