@@ -258,7 +258,8 @@ impl SendError {
             | SendError::WantMismatch { .. }
             | SendError::NoPeerDigest
             | SendError::BadPeerDigest(_)
-            | SendError::FilterUnsupported => ErrorKind::Peer,
+            | SendError::FilterUnsupported
+            | SendError::DryRunUnsupported => ErrorKind::Peer,
             SendError::Read { .. } | SendError::Changed(_) | SendError::Digest(_) => {
                 ErrorKind::Source
             }
@@ -294,6 +295,7 @@ impl ReceiveError {
             | ReceiveError::Staging(StagingError::Incomplete(_))
             | ReceiveError::Commit { .. }
             | ReceiveError::Write { .. }
+            | ReceiveError::Scratch { .. }
             | ReceiveError::Cas(_)
             | ReceiveError::Digest(_)
             | ReceiveError::ReadBack(_) => ErrorKind::Destination,

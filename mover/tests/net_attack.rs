@@ -487,6 +487,7 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         bandwidth_limit: None,
         timeouts: stall_timeouts(),
         filter: Default::default(),
+        dry_run: false,
     };
     let started = std::time::Instant::now();
     let progress = Arc::new(Progress::new("stall", "sender"));

@@ -108,6 +108,10 @@ pub struct SendArgs {
     /// 50 000 000, `1Gi` = 2^30, as a Transfer's bandwidthLimit); 0 means no limit.
     #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
     pub bandwidth_limit: Option<u64>,
+    /// Ask the receiver what it would write and delete (listed there with -v/-i); send no
+    /// data, change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub filter: super::filter::FilterArgs,
     #[command(flatten)]
@@ -212,6 +216,17 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
 /// network: blocks from the block store and resumed blocks did not.
 pub fn human_summary(s: &Summary) -> String {
     use crate::report::decimal;
+    if s.dry_run {
+        return format!(
+            "dry run, nothing changed: would write {} files ({}), {} unchanged, would delete {}; \
+             {} failed",
+            s.files,
+            decimal(s.bytes as f64),
+            s.skipped,
+            s.deleted,
+            s.failed
+        );
+    }
     let sent = s.bytes.saturating_sub(s.dedup_bytes);
     let mut line = format!(
         "wrote {} files, {} ({} sent at {}/s",
@@ -350,6 +365,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         timeouts,
         filter: args.filter.compile()?,
+        dry_run: args.dry_run,
     };
     if let Err(e) = std::fs::metadata(&args.root) {
         anyhow::bail!("cannot read the source {}: {e}", args.root.display());

@@ -299,16 +299,24 @@ impl DestRoot {
     }
 
     /// Removes every entry of directory `path` whose name is not in `keep` (recursively, never
-    /// following symlinks; the staging directory in the root is kept). Returns how many.
+    /// following symlinks; the staging directory in the root is kept). Returns how many. With
+    /// `dry_run` nothing is removed: they are only counted and listed (a missing directory
+    /// holds nothing to remove).
     pub fn delete_extraneous(
         &self,
         path: Option<&PeerPath>,
         keep: &std::collections::HashSet<Vec<u8>>,
         protect: &tree::Filter,
+        dry_run: bool,
     ) -> Result<u64, DestError> {
         let shown = path.map_or_else(|| ".".to_owned(), PeerPath::to_string);
         let shown = shown.as_str();
-        let dir = self.open_dir(path.map(PeerPath::as_bytes))?;
+        let dir = match self.open_dir(path.map(PeerPath::as_bytes)) {
+            Err(e) if dry_run && matches!(e.errno(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                return Ok(0);
+            }
+            r => r?,
+        };
         let err = |op: &'static str| {
             move |e: rustix::io::Errno| DestError::Io {
                 op,
@@ -339,11 +347,14 @@ impl DestRoot {
         }
         // Handles of removed directories must not be reused.
         match path {
+            _ if dry_run => {}
             Some(p) => self.dirs.forget_under(p.as_bytes()),
             None => self.dirs.clear(),
         }
         for (name, is_dir) in &doomed {
-            tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
+            if !dry_run {
+                tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
+            }
             let rel = match path {
                 Some(p) => [p.as_bytes(), b"/", name].concat(),
                 None => name.clone(),

@@ -271,6 +271,9 @@ where
 /// What a finished session did (both ends report the receiver's counts for files and bytes).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Summary {
+    /// A dry run: the counts say what the receiver would have written and deleted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
     pub files: u64,
     pub bytes: u64,
     pub wire_bytes: u64,

@@ -109,6 +109,12 @@ pub enum ReceiveError {
         #[source]
         source: std::io::Error,
     },
+    #[error("failed to create the dry run's scratch directory {path}")]
+    Scratch {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The sender failed and said why (its Error frame).
     #[error("sender: {message}")]
     Remote { kind: ErrorKind, message: String },
@@ -401,6 +407,11 @@ struct Shared {
     busy: bool,
     /// The sender's exclude rules: `--delete` keeps the destination entries they match.
     protect: Filter,
+    /// A dry run: offers are answered "skip", changes counted and listed, nothing written.
+    dry_run: bool,
+    /// With a dry run: the private scratch directory that holds the session's staging instead
+    /// of the destination (removed when the session ends).
+    _scratch: Option<Scratch>,
     keep: Keep,
     dropped: Dropped,
     /// Extended attribute bytes held by files in flight (see [`Kept`]).
@@ -665,16 +676,31 @@ where
     // Only a sender that asked for --delete may have non-empty directories replaced.
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
     let keep = cfg.keep;
+    let dry_run = caps & caps::DRY_RUN != 0;
     let setup = tokio::task::spawn_blocking(move || {
+        if dry_run {
+            // Nothing may be created in the destination, not even the staging directory: a
+            // missing root is planned as an empty one, staging lives in a scratch directory.
+            let scratch = Scratch::create()?;
+            let plan_root = if root.is_dir() {
+                root
+            } else {
+                scratch.empty.clone()
+            };
+            let dest = DestRoot::open(&plan_root, replace, keep.special_bits)?;
+            let staging_root = DestRoot::open(&scratch.staging, replace, false)?;
+            let staging = Staging::open(&staging_root, &tid)?;
+            return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
+        }
         let dest = DestRoot::open(&root, replace, keep.special_bits)?;
         let staging = Staging::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
-        Ok::<_, ReceiveError>((dest, staging, dedup))
+        Ok::<_, ReceiveError>((dest, staging, dedup, None))
     })
     .await
     .map_err(ReceiveError::from)
     .and_then(|r| r);
-    let (dest, staging, dedup) = match setup {
+    let (dest, staging, dedup, scratch) = match setup {
         Ok(v) => v,
         Err(e) => {
             tell_all(&mut streams, &e, &cfg.transfer_id).await;
@@ -709,6 +735,8 @@ where
         clock: super::ProgressClock::new(),
         busy: caps & caps::PROGRESS != 0,
         protect,
+        dry_run,
+        _scratch: scratch,
         keep,
         dropped: Dropped::default(),
         xattr_held: Arc::new(AtomicU64::new(0)),
@@ -759,6 +787,9 @@ where
         None => {
             let sh = shared.clone();
             tokio::task::spawn_blocking(move || {
+                if sh.dry_run {
+                    return Ok(());
+                }
                 sh.staging.cleanup(&sh.dest);
                 let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                 if let Some((mode, mtime)) = meta {
@@ -774,6 +805,7 @@ where
                 .map(|d| d.counters())
                 .unwrap_or_default();
             let summary = Summary {
+                dry_run: shared.dry_run,
                 files: p.files_done,
                 bytes: p.bytes_done,
                 wire_bytes: p.wire_bytes,
@@ -1042,8 +1074,15 @@ where
         }
     }
     let sh = shared.clone();
-    let task = tokio::task::spawn_blocking(move || sh.compute_digest());
-    let digest = super::while_busy(writer, busy, &work, task).await???;
+    // A dry run wrote nothing: there is no transferred tree to describe.
+    let digest = if shared.dry_run {
+        Vec::new()
+    } else {
+        let task = tokio::task::spawn_blocking(move || sh.compute_digest());
+        super::while_busy(writer, busy, &work, task)
+            .await???
+            .to_vec()
+    };
     let p = shared.progress.snapshot();
     let d = shared
         .dedup
@@ -1062,11 +1101,50 @@ where
             deleted: shared.deleted.load(Ordering::Relaxed),
             failed: p.failed,
             failures: shared.failures(),
-            digest: digest.to_vec(),
+            digest,
         }))
         .await?;
     writer.flush().await?;
     Ok(())
+}
+
+/// A private directory under the system's temp directory for a dry run: `empty` stands in for
+/// a destination root that does not exist, `staging` holds the session's staging. Removed on
+/// drop.
+struct Scratch {
+    base: PathBuf,
+    empty: PathBuf,
+    staging: PathBuf,
+}
+
+impl Scratch {
+    fn create() -> Result<Scratch, ReceiveError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let nonce: u64 = rand::random();
+        let base =
+            std::env::temp_dir().join(format!("ferry-dry-run-{}-{nonce:016x}", std::process::id()));
+        let (empty, staging) = (base.join("empty"), base.join("staging"));
+        for d in [&base, &empty, &staging] {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(d)
+                .map_err(|source| ReceiveError::Scratch {
+                    path: d.display().to_string(),
+                    source,
+                })?;
+        }
+        Ok(Scratch {
+            base,
+            empty,
+            staging,
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
 }
 
 fn mtime_of(e: &pb::Entry) -> (i64, u32) {
@@ -1109,6 +1187,12 @@ fn handle_entry(
     let path = PeerPath::parse(&e.path)?;
     let kind = pb::EntryKind::try_from(e.kind).unwrap_or(pb::EntryKind::Unspecified);
     match kind {
+        pb::EntryKind::Dir if sh.dry_run => {
+            if !matches!(sh.dest.existing_before_write(&path)?, Existing::Dir) {
+                changes::report(&Change::Dir, path.as_bytes());
+            }
+            Ok(skip())
+        }
         pb::EntryKind::Dir => {
             let listed = changes::listing() != Listing::Off
                 && !matches!(sh.dest.existing(&path)?, Existing::Dir);
@@ -1128,6 +1212,20 @@ fn handle_entry(
                 return Ok(skip());
             }
             let kept = kept_attrs(sh, &e, &path)?;
+            if sh.dry_run {
+                let same = existing == Existing::Symlink
+                    && sh.dest.read_symlink(&path).is_ok_and(|(m, t)| {
+                        t == e.target && (m.mtime_sec, m.mtime_nsec) == mtime_of(&e)
+                    });
+                if !same {
+                    let change = Change::Symlink {
+                        target: &e.target,
+                        replaced: existing == Existing::Symlink,
+                    };
+                    changes::report(&change, path.as_bytes());
+                }
+                return Ok(skip());
+            }
             let made = sh.dest.symlink(&path, &e.target, mtime_of(&e), kept.owner);
             if let Some(placed) = tolerate_refusal(sh, made)? {
                 sh.count_placed(&path, placed);
@@ -1143,11 +1241,20 @@ fn handle_entry(
             }
             Ok(skip())
         }
+        pb::EntryKind::Hardlink if sh.dry_run => {
+            let target = PeerPath::parse(&e.target)?;
+            let change = Change::HardLink {
+                target: target.as_bytes(),
+            };
+            changes::report(&change, path.as_bytes());
+            Ok(skip())
+        }
         pb::EntryKind::Hardlink => {
             let target = PeerPath::parse(&e.target)?;
             hard_link(sh, &path, &target)?;
             Ok(skip())
         }
+        pb::EntryKind::File if sh.dry_run => offer_file(sh, path, &e),
         pb::EntryKind::File => {
             let parent = path.split_parent().0;
             if parent != last_parent.as_deref() {
@@ -1347,6 +1454,10 @@ fn offer_file(
         } else {
             (mtime == meta.mtime, None)
         };
+        if same && sh.dry_run {
+            sh.progress.add(&sh.progress.skipped, 1);
+            return Ok(skip());
+        }
         if same {
             // Unchanged content; metadata that differs (a touched or chmod-ed source) is
             // applied, so the destination matches what the digest describes.
@@ -1363,6 +1474,13 @@ fn offer_file(
             record_unchanged(sh, &path, content)?;
             return Ok(skip());
         }
+    }
+    if sh.dry_run {
+        sh.progress.add(&sh.progress.files_done, 1);
+        sh.progress.add(&sh.progress.bytes_done, e.size);
+        let new = sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime);
+        report_file(&meta, &new);
+        return Ok(skip());
     }
     let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
     if e.size <= SMALL_FILE_MAX {
@@ -1976,8 +2094,11 @@ fn handle_dir_done(sh: &Shared, d: pb::DirDone) -> Result<(), ReceiveError> {
         }
         let removed = sh
             .dest
-            .delete_extraneous(rel.as_ref(), &keep, &sh.protect)?;
+            .delete_extraneous(rel.as_ref(), &keep, &sh.protect, sh.dry_run)?;
         sh.deleted.fetch_add(removed, Ordering::Relaxed);
+    }
+    if sh.dry_run {
+        return Ok(());
     }
     let mtime = mtime_of(&dir);
     match rel {

@@ -105,6 +105,8 @@ pub enum SendError {
          excluded entries); upgrade it or leave out --delete"
     )]
     FilterUnsupported,
+    #[error("the receiver does not support --dry-run (it would write); upgrade it")]
+    DryRunUnsupported,
     #[error("internal channel closed")]
     Channel,
     #[error("a blocking task failed")]
@@ -125,6 +127,8 @@ pub struct SenderConfig {
     /// `--exclude` / `--include`: left out of the walk, and (sent to the receiver) kept from
     /// `--delete`.
     pub filter: Arc<Filter>,
+    /// Ask the receiver what it would write and delete; send no data, change nothing.
+    pub dry_run: bool,
 }
 
 struct BlockJob {
@@ -193,6 +197,8 @@ struct Ctx {
     busy: bool,
     /// How long the receiver may make no progress while this end waits for it.
     progress_timeout: Duration,
+    /// Only ask what the receiver would do (no data, no digest).
+    dry_run: bool,
 }
 
 impl Ctx {
@@ -297,6 +303,9 @@ where
     if !cfg.filter.is_empty() {
         want_caps |= caps::FILTER;
     }
+    if cfg.dry_run {
+        want_caps |= caps::DRY_RUN;
+    }
     let wire = progress.wire_bytes.clone();
     let mut halves = Vec::new();
     let mut negotiated = want_caps;
@@ -336,6 +345,10 @@ where
     if cfg.delete && !cfg.filter.is_empty() && negotiated & caps::FILTER == 0 {
         return Err(SendError::FilterUnsupported);
     }
+    // A receiver that does not know dry runs would write.
+    if cfg.dry_run && negotiated & caps::DRY_RUN == 0 {
+        return Err(SendError::DryRunUnsupported);
+    }
     let started = Instant::now();
     progress.set_phase(Phase::Transferring);
 
@@ -367,6 +380,7 @@ where
         resume_check: negotiated & caps::RESUME != 0,
         busy: negotiated & caps::PROGRESS != 0,
         progress_timeout: cfg.timeouts.progress,
+        dry_run: cfg.dry_run,
     });
     let p = progress.clone();
     let filter = cfg.filter.clone();
@@ -448,13 +462,18 @@ where
     for (_, w) in &mut ends {
         w.shutdown().await;
     }
-    let ours = sender_digest(&ctx, &dirs, &links).await?;
-    let hex = digest::hex(&ours);
+    // A dry run moved nothing, so there is no transferred tree to agree on.
+    let hex = if ctx.dry_run {
+        String::new()
+    } else {
+        let ours = sender_digest(&ctx, &dirs, &links).await?;
+        // With entries left out the digests differ by construction; the failures say why.
+        if summary.failed == 0 {
+            check_peer_digest(&ours, &summary.digest)?;
+        }
+        digest::hex(&ours)
+    };
     progress.set_digest(&hex);
-    // With entries left out the digests differ by construction; the failures say why.
-    if summary.failed == 0 {
-        check_peer_digest(&ours, &summary.digest)?;
-    }
     progress.files_done.store(summary.files, Ordering::Relaxed);
     progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
     progress.skipped.store(summary.skipped, Ordering::Relaxed);
@@ -463,6 +482,7 @@ where
         .store(summary.resumed_bytes, Ordering::Relaxed);
     progress.failed.store(summary.failed, Ordering::Relaxed);
     Ok(Summary {
+        dry_run: ctx.dry_run,
         files: summary.files,
         bytes: summary.bytes,
         wire_bytes: wire.load(Ordering::Relaxed),
@@ -884,10 +904,16 @@ async fn handle_want(
             continue;
         }
         if w.skip {
-            if !ctx.content_in_scan {
+            if !ctx.content_in_scan && !ctx.dry_run {
                 unchanged.push(ctx, e).await?;
             }
             continue;
+        }
+        if ctx.dry_run {
+            return Err(SendError::Peer(format!(
+                "the receiver asked for the data of {} in a dry run",
+                scan::source_path(&ctx.root, &e.path).display()
+            )));
         }
         changes::report_sent(&e.path);
         if e.size <= SMALL_FILE_MAX {

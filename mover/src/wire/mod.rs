@@ -47,10 +47,13 @@ pub mod caps {
     pub const PROGRESS: u64 = 1 << 8;
     /// Hello carries the sender's filter rules; `--delete` keeps what they exclude.
     pub const FILTER: u64 = 1 << 9;
+    /// `send --dry-run`: the receiver answers every offer with "skip", counts and lists what it
+    /// would write and delete, and changes nothing.
+    pub const DRY_RUN: u64 = 1 << 10;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
     pub const SUPPORTED: u64 =
-        ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS | FILTER;
+        ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS | FILTER | DRY_RUN;
 }
 
 /// Codec identifiers in Block and Batch headers.

@@ -332,6 +332,7 @@ pub async fn send_watched(
         bandwidth_limit: o.bandwidth_limit,
         timeouts: fast_timeouts(),
         filter: o.filter.clone(),
+        dry_run: false,
     };
     session::send_session(&cfg, streams, progress)
         .await
