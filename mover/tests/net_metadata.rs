@@ -15,12 +15,20 @@ fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
+/// The receiver's summary, after checking the sender reports the same drops.
 async fn transfer(pki: &Pki, src: &Path, dst: &Path, keep: Keep) -> Summary {
     let (addr, recv) = start_receiver_keep(pki, dst, keep).await;
-    send(pki, src, addr, &SendOpts::default())
+    let sent = send(pki, src, addr, &SendOpts::default())
         .await
         .expect("send");
-    recv.await.unwrap().expect("receive")
+    let got = recv.await.unwrap().expect("receive");
+    let drops = |s: &Summary| (s.dropped_special_bits, s.dropped_xattrs, s.dropped_owners);
+    assert_eq!(
+        drops(&sent),
+        drops(&got),
+        "the sender shows what the receiver dropped"
+    );
+    got
 }
 
 fn mode(p: &Path) -> u32 {

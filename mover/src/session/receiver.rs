@@ -1102,6 +1102,9 @@ where
             failed: p.failed,
             failures: shared.failures(),
             digest,
+            dropped_special_bits: shared.dropped.special_bits.load(Ordering::Relaxed),
+            dropped_xattrs: shared.dropped.xattrs.load(Ordering::Relaxed),
+            dropped_owners: shared.dropped.owners.load(Ordering::Relaxed),
         }))
         .await?;
     writer.flush().await?;

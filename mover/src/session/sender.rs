@@ -495,10 +495,9 @@ where
         deleted: summary.deleted,
         failed: summary.failed,
         digest: hex,
-        // What the receiver dropped is its own report (not carried in the wire Summary).
-        dropped_special_bits: 0,
-        dropped_xattrs: 0,
-        dropped_owners: 0,
+        dropped_special_bits: summary.dropped_special_bits,
+        dropped_xattrs: summary.dropped_xattrs,
+        dropped_owners: summary.dropped_owners,
         // Shown to the user; a receiver is trusted with no more than a few lines of it.
         failures: summary
             .failures
