@@ -341,6 +341,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     Ok(Observed {
         now: Timestamp::now(),
         host_path_forbidden,
+        root_movers_allowed: ctx.config.allow_root_movers,
         placement,
         may_start: may_start(t, ctx),
         pods,

@@ -78,6 +78,11 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             push("--listen");
             push(&format!("$(POD_IP):{}", cfg.data_port));
             push("--once");
+            // A root receiver keeping owners keeps setuid/setgid too, as `cp -a` as root would.
+            if spec.preserve_ownership && cfg.allow_root_movers {
+                push("--owner");
+                push("--special-bits");
+            }
             if input.use_cas {
                 push("--cas");
                 push(CAS_MOUNT);
@@ -433,6 +438,51 @@ mod tests {
             .args
             .clone()
             .unwrap_or_default()
+    }
+
+    /// preserveOwnership (allowed by the operator) makes a root receiver that keeps owners and
+    /// setuid/setgid bits; without it the receiver is neither root nor asked to.
+    #[test]
+    fn preserved_ownership_runs_a_root_receiver_that_keeps_owners() {
+        let mut t = transfer();
+        let cfg = Config {
+            allow_root_movers: true,
+            ..Config::default()
+        };
+        let placement = SidePlacement {
+            volume: VolumeRef::HostPath {
+                path: "/data/dst".into(),
+            },
+            sub_path: String::new(),
+            node: None,
+        };
+        let receiver = |t: &Transfer| {
+            mover_pod(&MoverPodInput {
+                transfer: t,
+                config: &cfg,
+                role: MoverRole::Receiver,
+                run: 1,
+                attempt: 1,
+                placement: &placement,
+                receiver_ip: None,
+                use_cas: false,
+            })
+        };
+        let plain = receiver(&t);
+        assert!(!args_of(&plain).join(" ").contains("--owner"));
+        t.spec.preserve_ownership = true;
+        let root = receiver(&t);
+        assert!(
+            args_of(&root).join(" ").contains("--owner --special-bits"),
+            "{:?}",
+            args_of(&root)
+        );
+        let psc = root
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .expect("pod security context");
+        assert_eq!(psc.run_as_user, Some(0));
     }
 
     #[test]

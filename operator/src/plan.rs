@@ -67,6 +67,9 @@ pub struct Observed {
     pub may_start: bool,
     /// The namespace's Pod Security level forbids hostPath volumes (baseline or restricted).
     pub host_path_forbidden: bool,
+    /// The operator may run root movers (`--allow-root-movers`), which `preserveOwnership`
+    /// needs.
+    pub root_movers_allowed: bool,
 }
 
 /// A change the apply step makes.
@@ -127,25 +130,26 @@ pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
 
 pub use ferry_mover::quantity::parse_quantity;
 
-/// Spec fields this operator cannot honour yet, refused instead of silently ignored.
-fn unsupported(spec: &TransferSpec) -> Option<Blocked> {
-    let what = if spec.preserve_ownership {
-        "spec.preserveOwnership"
-    } else {
-        let invalid = bandwidth_bytes(spec).err().or_else(|| {
-            let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
-            ferry_mover::tree::Filter::new(rules)
-                .err()
-                .map(|e| format!("spec.exclude: {e}"))
+/// Spec fields this operator cannot honour as asked, refused instead of silently ignored.
+fn unsupported(spec: &TransferSpec, root_movers_allowed: bool) -> Option<Blocked> {
+    if spec.preserve_ownership && !root_movers_allowed {
+        return Some(Blocked {
+            reason: Reason::RootMoversNotAllowed,
+            message: "spec.preserveOwnership needs movers running as root, which this operator \
+                      does not start (an administrator allows them with the chart's \
+                      allowRootMovers, the operator's --allow-root-movers)"
+                .into(),
         });
-        return invalid.map(|message| Blocked {
-            reason: Reason::InvalidSpec,
-            message,
-        });
-    };
-    Some(Blocked {
-        reason: Reason::Unsupported,
-        message: format!("{what} is not supported by this version of ferry's movers yet"),
+    }
+    let invalid = bandwidth_bytes(spec).err().or_else(|| {
+        let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
+        ferry_mover::tree::Filter::new(rules)
+            .err()
+            .map(|e| format!("spec.exclude: {e}"))
+    });
+    invalid.map(|message| Blocked {
+        reason: Reason::InvalidSpec,
+        message,
     })
 }
 
@@ -360,7 +364,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         reason: Reason::PodSecurityForbidsHostPath,
         message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use claims here, or a namespace at the privileged level".into(),
     });
-    let blocked = unsupported(spec)
+    let blocked = unsupported(spec, cx.obs.root_movers_allowed)
         .or(psa)
         .or_else(|| cx.obs.placement.clone().err());
     if let Some(b) = blocked {
@@ -887,6 +891,7 @@ pub(crate) mod tests {
             sender_progress: None,
             may_start: true,
             host_path_forbidden: false,
+            root_movers_allowed: false,
         }
     }
 
@@ -1174,6 +1179,30 @@ pub(crate) mod tests {
         assert!(ready.message.contains("unclosed"), "{}", ready.message);
         t.spec.exclude.pop();
         assert_ne!(cond(&plan(&t, &obs(22)), "Ready").reason, "InvalidSpec");
+    }
+
+    #[test]
+    fn preserved_ownership_waits_for_root_movers_to_be_allowed() {
+        let mut t = transfer();
+        t.spec.preserve_ownership = true;
+        let p = plan(&t, &obs(1));
+        let ready = cond(&p, "Ready");
+        assert_eq!(ready.reason, "RootMoversNotAllowed");
+        assert!(
+            ready.message.contains("allowRootMovers"),
+            "{}",
+            ready.message
+        );
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        let mut allowed = obs(2);
+        allowed.root_movers_allowed = true;
+        let p = plan(&t, &allowed);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 1 }),
+            "{:?}",
+            p.actions
+        );
     }
 
     #[test]

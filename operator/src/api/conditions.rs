@@ -43,6 +43,8 @@ pub enum Reason {
     NodeNotFound,
     RemoteNotSupported,
     Unsupported,
+    /// `preserveOwnership` asks for root movers, which the operator is not allowed to run.
+    RootMoversNotAllowed,
     PodSecurityForbidsHostPath,
     DigestMismatch,
     SourceUnreadable,
@@ -67,6 +69,7 @@ impl Reason {
             Reason::NodeNotFound => "NodeNotFound",
             Reason::RemoteNotSupported => "RemoteNotSupported",
             Reason::Unsupported => "Unsupported",
+            Reason::RootMoversNotAllowed => "RootMoversNotAllowed",
             Reason::PodSecurityForbidsHostPath => "PodSecurityForbidsHostPath",
             Reason::DigestMismatch => "DigestMismatch",
             Reason::SourceUnreadable => "SourceUnreadable",
