@@ -25,8 +25,10 @@ fn a_file_never_silently_replaces_a_non_empty_directory() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(std::fs::read(td.join("f/inner")).unwrap(), b"z\n");
     assert!(
-        stderr.contains("refusing to replace non-empty directory f with a file")
-            && stderr.contains("--delete"),
+        stderr.contains(&format!(
+            "refusing to replace non-empty directory {} with a file",
+            td.join("f").display()
+        )) && stderr.contains("--delete"),
         "{stderr}"
     );
     assert!(stderr.contains("deleted 0; failed 1"), "{stderr}");

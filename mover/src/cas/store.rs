@@ -115,14 +115,21 @@ pub(crate) struct TempFile {
 }
 
 /// Names tried before [`TempFile::create`] gives up (each lost only to a concurrent cleaner).
-const TEMP_CREATE_TRIES: usize = 16;
+/// Cleaners opening the store in a tight loop can win many rounds in a row on a busy machine,
+/// so the writer backs off (a yield, then a millisecond) rather than give up early.
+const TEMP_CREATE_TRIES: usize = 256;
 
 impl TempFile {
     pub(crate) fn create(tmp_dir: &Path, suffix: &str) -> Result<Self> {
         // Between creating a temp and locking it, another process opening the store may find it
         // unlocked, take it for a dead writer's and unlink it. So a temp counts only once it is
         // locked *and* still the file at its name; otherwise it is given up and a new name tried.
-        for _ in 0..TEMP_CREATE_TRIES {
+        for attempt in 0..TEMP_CREATE_TRIES {
+            if attempt >= 16 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            } else if attempt > 0 {
+                std::thread::yield_now();
+            }
             let nanos = SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_nanos())

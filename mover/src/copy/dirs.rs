@@ -106,14 +106,18 @@ impl DirState {
         {
             shared.fail(&EntryError::new(
                 "set metadata of directory",
-                &self.rel_display(),
+                &shared.dst_shown(&self.rel_display()),
                 e,
             ));
         }
         if shared.opts.sync
             && let Err(e) = rustix::fs::fsync(dst)
         {
-            shared.fail(&EntryError::new("fsync directory", &self.rel_display(), e));
+            shared.fail(&EntryError::new(
+                "fsync directory",
+                &shared.dst_shown(&self.rel_display()),
+                e,
+            ));
         }
     }
 }

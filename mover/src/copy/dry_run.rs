@@ -35,6 +35,7 @@ pub fn plan_tree(src: &Path, dst: &Path, opts: &CopyOptions) -> Result<Summary, 
     let root = openat(rustix::fs::CWD, dst, DIR_FLAGS, Mode::empty()).ok();
     let mut plan = Plan {
         opts,
+        dst,
         summary: Summary::default(),
         buf: Vec::new(),
     };
@@ -78,6 +79,8 @@ pub fn plan_tree(src: &Path, dst: &Path, opts: &CopyOptions) -> Result<Summary, 
 
 struct Plan<'a> {
     opts: &'a CopyOptions,
+    /// The destination as given (messages name whole paths).
+    dst: &'a Path,
     summary: Summary,
     buf: Vec<u8>,
 }
@@ -129,7 +132,7 @@ impl Plan<'_> {
                 "a file"
             };
             self.fail(&NonEmptyDir {
-                path: entry.rel.to_string(),
+                path: self.dst.join(entry.rel.to_string()).display().to_string(),
                 with: what,
             });
             return;

@@ -118,6 +118,8 @@ pub(crate) struct Stats {
 /// Everything the threads share.
 pub(crate) struct Shared {
     pub dest: DestRoot,
+    /// The source directory (for messages).
+    pub src_root: std::path::PathBuf,
     pub opts: CopyOptions,
     pub caps: CopyCaps,
     pub progress: Arc<Progress>,
@@ -125,6 +127,16 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// `rel` under the destination as given on the command line (messages name whole paths).
+    pub fn dst_shown(&self, rel: &(impl std::fmt::Display + ?Sized)) -> String {
+        shown_under(self.dest.path(), &rel.to_string())
+    }
+
+    /// `rel` under the source directory as given on the command line.
+    pub fn src_shown(&self, rel: &(impl std::fmt::Display + ?Sized)) -> String {
+        shown_under(&self.src_root, &rel.to_string())
+    }
+
     /// Reports one failed entry on stderr (with the whole cause chain) and counts it.
     pub fn fail(&self, err: &dyn std::error::Error) {
         self.progress.add_failed(1);
@@ -207,6 +219,7 @@ pub fn copy_tree(
     }
     let shared = Arc::new(Shared {
         dest,
+        src_root: src_dir.clone(),
         opts: CopyOptions {
             jobs: opts.jobs.max(1),
             ..opts.clone()
@@ -286,7 +299,7 @@ pub fn copy_tree(
                 };
                 let Some(parent_dst) = parent.dst.clone() else {
                     // The directory could not be created: its contents are failures too.
-                    shared.fail(&dirs::ParentMissing(entry.rel.to_string()));
+                    shared.fail(&dirs::ParentMissing(shared.dst_shown(&entry.rel)));
                     if entry.meta.kind == Kind::Dir {
                         stack.push(DirState::broken(&parent, entry));
                     }
@@ -311,7 +324,11 @@ pub fn copy_tree(
                                 DirState::child(&parent, entry, Arc::new(fd), created)
                             }
                             Err(e) => {
-                                shared.fail(&DestError::io("create directory", &entry.rel, e));
+                                shared.fail(&DestError::io(
+                                    "create directory",
+                                    &shared.dst_shown(&entry.rel),
+                                    e,
+                                ));
                                 DirState::broken(&parent, entry)
                             }
                         };
@@ -325,7 +342,7 @@ pub fn copy_tree(
                             {
                                 shared.fail(&dirs::EntryError::new(
                                     "copy extended attributes of",
-                                    &state.rel_display(),
+                                    &shared.src_shown(&state.rel_display()),
                                     e,
                                 ));
                             }
@@ -393,6 +410,15 @@ pub fn copy_tree(
     })
 }
 
+/// `root/rel` for messages (`root` alone for the root itself, shown as ".").
+fn shown_under(root: &Path, rel: &str) -> String {
+    if rel == "." || rel.is_empty() {
+        root.display().to_string()
+    } else {
+        root.join(rel).display().to_string()
+    }
+}
+
 /// `path` with its longest existing prefix canonicalized (the rest may not exist yet).
 fn canonical_prefix(path: &Path) -> Option<std::path::PathBuf> {
     let mut existing = path;
@@ -437,7 +463,7 @@ fn clean_temps(shared: &Shared, state: &DirState) {
         }
         Err(e) => shared.fail(&dirs::EntryError::new(
             "clean temporary files in",
-            &state.rel_display(),
+            &shared.dst_shown(&state.rel_display()),
             e,
         )),
     }
@@ -454,7 +480,7 @@ fn delete_extras(shared: &Shared, state: &DirState) {
         Err(e) => {
             shared.fail(&dirs::EntryError::new(
                 "list for --delete",
-                &state.rel_display(),
+                &shared.dst_shown(&state.rel_display()),
                 e,
             ));
             return;
@@ -466,7 +492,7 @@ fn delete_extras(shared: &Shared, state: &DirState) {
             Err(e) => {
                 shared.fail(&dirs::EntryError::new(
                     "list for --delete",
-                    &state.rel_display(),
+                    &shared.dst_shown(&state.rel_display()),
                     e,
                 ));
                 return;
@@ -500,13 +526,13 @@ fn delete_extras(shared: &Shared, state: &DirState) {
                 }
                 Err(e) => shared.fail(&dirs::EntryError::new(
                     "delete",
-                    &dirs::join_display(&state.rel_display(), name),
+                    &shared.dst_shown(&dirs::join_display(&state.rel_display(), name)),
                     e,
                 )),
             },
             Err(e) => shared.fail(&dirs::EntryError::new(
                 "check the source for",
-                &dirs::join_display(&state.rel_display(), name),
+                &shared.src_shown(&dirs::join_display(&state.rel_display(), name)),
                 e,
             )),
         }

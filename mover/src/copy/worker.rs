@@ -151,7 +151,7 @@ impl<'a> Worker<'a> {
         let mut before = None;
         if !job.dir.fresh {
             let existing = lookup_at(dst, name)
-                .map_err(|e| EntryError::new("look up destination", path, e))?;
+                .map_err(|e| EntryError::new("look up destination", &shared.dst_shown(path), e))?;
             before = existing;
             // Refused before any data is copied; the commit would refuse it too.
             if existing.is_some_and(|m| m.kind == Kind::Dir) {
@@ -161,40 +161,44 @@ impl<'a> Worker<'a> {
                 let unchanged = if shared.opts.checksum {
                     let buf = self.buffer();
                     same_contents(entry.parent.as_fd(), dst, name, buf)
-                        .map_err(|e| EntryError::new("checksum", path, e))?
+                        .map_err(|e| EntryError::new("checksum", &shared.src_shown(path), e))?
                 } else {
                     old.same_size_and_mtime(meta)
                 };
                 if unchanged {
-                    self.refresh_meta(dst, name, &old, meta)
-                        .map_err(|e| EntryError::new("update metadata of", path, e))?;
+                    self.refresh_meta(dst, name, &old, meta).map_err(|e| {
+                        EntryError::new("update metadata of", &shared.dst_shown(path), e)
+                    })?;
                     return Ok(Done::Unchanged);
                 }
             }
         }
         let src = self
             .open_source(entry.parent.as_fd(), name)
-            .map_err(|e| EntryError::new("open source file", path, e))?;
-        let dir = job
-            .dir
-            .dst
-            .as_ref()
-            .ok_or_else(|| EntryError::new("copy", path, "no destination directory"))?;
+            .map_err(|e| EntryError::new("open source file", &shared.src_shown(path), e))?;
+        let dir = job.dir.dst.as_ref().ok_or_else(|| {
+            EntryError::new("copy", &shared.dst_shown(path), "no destination directory")
+        })?;
         let staged = StagedFile::create_in(dir, name, meta.mode & 0o777, *shared.dest.policy())
-            .map_err(|e| EntryError::new("create temporary file for", path, e))?;
+            .map_err(|e| {
+                EntryError::new("create temporary file for", &shared.dst_shown(path), e)
+            })?;
         let caps = &shared.caps;
         let (bytes, _method) = staged
             .copy_from(src.as_fd(), meta, self.buffer(), caps)
-            .map_err(|e| EntryError::new("copy data of", path, e))?;
+            .map_err(|e| EntryError::new("copy data of", &shared.src_shown(path), e))?;
         if shared.opts.xattrs {
-            copy_user_xattrs(src.as_fd(), staged.fd())
-                .map_err(|e| EntryError::new("copy extended attributes of", path, e))?;
+            copy_user_xattrs(src.as_fd(), staged.fd()).map_err(|e| {
+                EntryError::new("copy extended attributes of", &shared.src_shown(path), e)
+            })?;
         }
         let placed = staged
             .commit(meta, shared.opts.sync, shared.dest.replace())
             .map_err(|e| match e {
-                CommitError::NonEmptyDir(refused) => Failure::Refused(refused.at(path)),
-                e => EntryError::new("commit", path, e).into(),
+                CommitError::NonEmptyDir(refused) => {
+                    Failure::Refused(refused.at(&shared.dst_shown(path)))
+                }
+                e => EntryError::new("commit", &shared.dst_shown(path), e).into(),
             })?;
         Ok(Done::Copied(bytes, placed, before))
     }
@@ -210,13 +214,18 @@ impl<'a> Worker<'a> {
         if self.shared.dest.replace() == Replace::AnyDir {
             return Ok(());
         }
-        let empty = dir_is_empty_at(dst, name)
-            .map_err(|e| EntryError::new("look into destination directory", path, e))?;
+        let empty = dir_is_empty_at(dst, name).map_err(|e| {
+            EntryError::new(
+                "look into destination directory",
+                &self.shared.dst_shown(path),
+                e,
+            )
+        })?;
         if empty {
             return Ok(());
         }
         Err(NonEmptyDir {
-            path: path.to_string(),
+            path: self.shared.dst_shown(path),
             with: "a file",
         }
         .into())
@@ -272,7 +281,7 @@ impl<'a> Worker<'a> {
             shared.dest.policy(),
             shared.dest.replace(),
         )
-        .map_err(|e| link_failure(e, path, "create symlink"))?;
+        .map_err(|e| link_failure(e, &shared.dst_shown(path), "create symlink"))?;
         Ok(Done::Copied(0, placed, before))
     }
 
@@ -281,8 +290,9 @@ impl<'a> Worker<'a> {
         let shared = self.shared;
         let path = &entry.rel;
         let result = (|| {
-            let fail =
-                |e: Box<dyn std::error::Error + Send + Sync>| EntryError::new("hard-link", path, e);
+            let fail = |e: Box<dyn std::error::Error + Send + Sync>| {
+                EntryError::new("hard-link", &shared.dst_shown(path), e)
+            };
             let first = entry
                 .hardlink_of
                 .as_ref()
@@ -300,7 +310,7 @@ impl<'a> Worker<'a> {
                 path.file_name(),
                 shared.dest.replace(),
             )
-            .map_err(|e| link_failure(e, path, "hard-link"))
+            .map_err(|e| link_failure(e, &shared.dst_shown(path), "hard-link"))
         })();
         match result {
             Ok(Some(placed)) => {
@@ -321,9 +331,9 @@ impl<'a> Worker<'a> {
 }
 
 /// A refusal names the whole path; any other failure says what was being done.
-fn link_failure(e: LinkError, path: &RelPath, op: &'static str) -> Failure {
+fn link_failure(e: LinkError, shown: &str, op: &'static str) -> Failure {
     match e {
-        LinkError::NonEmptyDir(refused) => Failure::Refused(refused.at(path)),
-        e => EntryError::new(op, path, e).into(),
+        LinkError::NonEmptyDir(refused) => Failure::Refused(refused.at(shown)),
+        e => EntryError::new(op, shown, e).into(),
     }
 }

@@ -291,9 +291,9 @@ where
     let mut reader = FrameReader::new(r, index_hint, cfg.timeouts.handshake, wire_bytes);
     let mut writer = FrameWriter::new(w, index_hint, cfg.timeouts.handshake, Default::default());
     let supported = if cfg.cas.is_some() {
-        caps::SUPPORTED | caps::DEDUP
+        caps::SUPPORTED | caps::MODES | caps::DEDUP
     } else {
-        caps::SUPPORTED
+        caps::SUPPORTED | caps::MODES
     };
     let fut = accept_hello(
         &mut reader,

@@ -467,13 +467,15 @@ where
         String::new()
     } else {
         let ours = sender_digest(&ctx, &dirs, &links).await?;
+        let hex = digest::hex(&ours);
+        // Shown with a mismatch too: it is what the source held.
+        progress.set_digest(&hex);
         // With entries left out the digests differ by construction; the failures say why.
         if summary.failed == 0 {
             check_peer_digest(&ours, &summary.digest)?;
         }
-        digest::hex(&ours)
+        hex
     };
-    progress.set_digest(&hex);
     progress.files_done.store(summary.files, Ordering::Relaxed);
     progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
     progress.skipped.store(summary.skipped, Ordering::Relaxed);

@@ -53,7 +53,10 @@ pub mod caps {
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
     pub const SUPPORTED: u64 =
-        ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS | FILTER | DRY_RUN;
+        ZSTD | LZ4 | VERIFY | SYNC | DELETE | CHECKSUM | RESUME | PROGRESS | FILTER;
+    /// Modes a receiver accepts beyond [`SUPPORTED`]: a sender asking for "everything
+    /// supported" gets a real transfer, never a dry run by accident.
+    pub const MODES: u64 = DRY_RUN;
 }
 
 /// Codec identifiers in Block and Batch headers.
