@@ -326,7 +326,7 @@ pub fn copy_tree(
                             Err(e) => {
                                 shared.fail(&DestError::io(
                                     "create directory",
-                                    &shared.dst_shown(&entry.rel),
+                                    shared.dst_shown(&entry.rel),
                                     e,
                                 ));
                                 DirState::broken(&parent, entry)
