@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 
@@ -92,30 +92,9 @@ fn send_leaves_out_excluded_entries_and_the_receiver_keeps_them_from_delete() {
     let pki = pki("filter-net");
     let base = tempfile::tempdir().unwrap();
     let (src, dst) = setup(base.path());
-    let mut recv = Command::new(BIN)
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--once",
-            "--json",
-            "--root",
-        ])
-        .arg(&dst)
-        .args(pki.args("receiver"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _out) = bound_addr(&mut recv);
-    let send = Command::new(BIN)
-        .args(["send", "-q", "--delete", "--connect", &addr])
-        .args(RULES)
-        .arg("--root")
-        .arg(&src)
-        .args(pki.args("sender"))
-        .output()
-        .unwrap();
+    let (mut recv, addr, _out) = spawn_receiver(&pki, &dst, &["--json"]);
+    let flags = [&["-q", "--delete"][..], &RULES].concat();
+    let send = run_sender(&pki, &src, &addr, &flags);
     let status = recv.wait().unwrap();
     assert!(send.status.success(), "{send:?}");
     assert!(status.success());

@@ -8,7 +8,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use common::*;
 
@@ -53,31 +52,9 @@ fn session(
     dst: &Path,
     send_flags: &[&str],
 ) -> (Vec<String>, serde_json::Value, std::process::Output) {
-    let mut recv = Command::new(BIN)
-        .args([
-            "receive",
-            "-i",
-            "--listen",
-            "127.0.0.1:0",
-            "--once",
-            "--json",
-            "--root",
-        ])
-        .arg(dst)
-        .args(pki.args("receiver"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, out) = bound_addr(&mut recv);
-    let send = Command::new(BIN)
-        .args(["send", "--delete", "--connect", &addr])
-        .args(send_flags)
-        .arg("--root")
-        .arg(src)
-        .args(pki.args("sender"))
-        .output()
-        .unwrap();
+    let (mut recv, addr, out) = spawn_receiver(pki, dst, &["-i", "--json"]);
+    let flags = [&["--delete"][..], send_flags].concat();
+    let send = run_sender(pki, src, &addr, &flags);
     let lines: Vec<String> = out.lines().map(Result::unwrap).collect();
     assert!(recv.wait().unwrap().success());
     assert!(send.status.success(), "{send:?}");

@@ -7,7 +7,7 @@ mod common;
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 
@@ -84,21 +84,8 @@ fn send_of_a_single_file_lands_under_its_name_and_delete_spares_the_rest() {
     let base = tempfile::tempdir().unwrap();
     let (src, dst) = setup(base.path());
     let mtime = old_mtime(&src);
-    let mut recv = Command::new(BIN)
-        .args(["receive", "--listen", "127.0.0.1:0", "--once", "--root"])
-        .arg(&dst)
-        .args(pki.args("receiver"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, _out) = bound_addr(&mut recv);
-    let send = Command::new(BIN)
-        .args(["send", "--json", "--delete", "--connect", &addr, "--root"])
-        .arg(src.join("model.bin"))
-        .args(pki.args("sender"))
-        .output()
-        .unwrap();
+    let (mut recv, addr, _out) = spawn_receiver(&pki, &dst, &[]);
+    let send = run_sender(&pki, &src.join("model.bin"), &addr, &["--json", "--delete"]);
     let status = recv.wait().unwrap();
     assert!(send.status.success(), "{send:?}");
     assert!(status.success());

@@ -13,25 +13,17 @@ use std::time::Instant;
 use rustix::fs::{Mode, openat, readlinkat};
 
 use super::checksum::same_contents;
-use super::{CopyError, CopyOptions, chain};
+use super::{CopyError, CopyOptions, chain, open_source};
 use crate::report::Summary;
 use crate::report::changes::{self, Change};
 use crate::tree::confine::DIR_FLAGS;
 use crate::tree::dest::{dir_is_empty_at, excluded_listing_entry, list_dir, lookup_at};
-use crate::tree::{
-    Entry, Kind, Meta, NonEmptyDir, RelPath, ScanEvent, Scanner, is_temp_name, split_source,
-};
+use crate::tree::{Entry, Kind, Meta, NonEmptyDir, RelPath, ScanEvent, is_temp_name};
 
 /// Walks `src` against `dst` and reports what a copy with `opts` would do.
 pub fn plan_tree(src: &Path, dst: &Path, opts: &CopyOptions) -> Result<Summary, CopyError> {
     let started = Instant::now();
-    let (src_dir, single) = split_source(src);
-    let mut scanner = Scanner::open(&src_dir)
-        .map_err(CopyError::Source)?
-        .with_filter(opts.filter.clone());
-    if let Some(name) = &single {
-        scanner = scanner.only_at_root(name);
-    }
+    let (scanner, _, single) = open_source(src, &opts.filter)?;
     let root = openat(rustix::fs::CWD, dst, DIR_FLAGS, Mode::empty()).ok();
     let mut plan = Plan {
         opts,

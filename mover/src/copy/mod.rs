@@ -176,13 +176,7 @@ pub fn copy_tree(
     progress: Arc<Progress>,
 ) -> Result<Summary, CopyError> {
     let started = Instant::now();
-    let (src_dir, single) = split_source(src);
-    let mut scanner = Scanner::open(&src_dir)
-        .map_err(CopyError::Source)?
-        .with_filter(opts.filter.clone());
-    if let Some(name) = &single {
-        scanner = scanner.only_at_root(name);
-    }
+    let (scanner, src_dir, single) = open_source(src, &opts.filter)?;
     let dst_existed = dst.symlink_metadata().is_ok();
     // A destination inside the source would be scanned while it is being filled.
     if let (Ok(s), Some(d)) = (src.canonicalize(), canonical_prefix(dst))
@@ -408,6 +402,23 @@ pub fn copy_tree(
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
     })
+}
+
+/// Opens the source for a walk through `filter`: a directory as it is, a single file as its
+/// directory holding just that name (returned, so callers leave its siblings and its parent
+/// alone).
+pub(crate) fn open_source(
+    src: &Path,
+    filter: &Arc<Filter>,
+) -> Result<(Scanner, std::path::PathBuf, Option<Vec<u8>>), CopyError> {
+    let (dir, single) = split_source(src);
+    let mut scanner = Scanner::open(&dir)
+        .map_err(CopyError::Source)?
+        .with_filter(filter.clone());
+    if let Some(name) = &single {
+        scanner = scanner.only_at_root(name);
+    }
+    Ok((scanner, dir, single))
 }
 
 /// `root/rel` for messages (`root` alone for the root itself, shown as ".").

@@ -357,6 +357,43 @@ pub fn tree_bytes(root: &Path) -> u64 {
 }
 
 /// The address a `receive` child prints as its first line, and the rest of its stdout.
+/// `ferry-mover receive --listen 127.0.0.1:0 --once FLAGS --root DST` with the receiver's
+/// certificates, started: the process, its bound address and the rest of its stdout.
+pub fn spawn_receiver(
+    pki: &Pki,
+    dst: &Path,
+    flags: &[&str],
+) -> (
+    std::process::Child,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut child = std::process::Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--once"])
+        .args(flags)
+        .arg("--root")
+        .arg(dst)
+        .args(pki.args("receiver"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the receiver");
+    let (addr, out) = bound_addr(&mut child);
+    (child, addr, out)
+}
+
+/// `ferry-mover send --connect ADDR FLAGS --root SRC` with the sender's certificates, to the end.
+pub fn run_sender(pki: &Pki, src: &Path, addr: &str, flags: &[&str]) -> std::process::Output {
+    std::process::Command::new(BIN)
+        .args(["send", "--connect", addr])
+        .args(flags)
+        .arg("--root")
+        .arg(src)
+        .args(pki.args("sender"))
+        .output()
+        .expect("run the sender")
+}
+
 pub fn bound_addr(
     child: &mut std::process::Child,
 ) -> (String, std::io::BufReader<std::process::ChildStdout>) {

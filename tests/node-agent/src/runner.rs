@@ -609,10 +609,27 @@ impl PodRunner {
                 })?;
             }
             mounts.push(BindMount {
-                source: tmp,
+                source: tmp.clone(),
                 target: PathBuf::from("/tmp"),
                 read_only: sandbox.read_only_root,
             });
+            // A program on the node under /tmp (a checkout there) would be hidden by this /tmp:
+            // it is linked (or copied) to the same path inside it, as an image would carry it.
+            if let Ok(rest) = program.strip_prefix("/tmp") {
+                let inside = tmp.join(rest);
+                let placed = inside
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| match std::fs::hard_link(&program, &inside) {
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                        Err(_) => std::fs::copy(&program, &inside).map(drop),
+                        Ok(()) => Ok(()),
+                    });
+                placed.map_err(|source| PrepareError::Io {
+                    path: inside.clone(),
+                    source,
+                })?;
+            }
         }
         let config_error = crate::sandbox::run_as_non_root_refusal(
             pod_sc,
