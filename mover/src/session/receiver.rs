@@ -290,11 +290,13 @@ where
     let (r, w) = tokio::io::split(stream);
     let mut reader = FrameReader::new(r, index_hint, cfg.timeouts.handshake, wire_bytes);
     let mut writer = FrameWriter::new(w, index_hint, cfg.timeouts.handshake, Default::default());
-    let supported = if cfg.cas.is_some() {
-        caps::SUPPORTED | caps::MODES | caps::DEDUP
-    } else {
-        caps::SUPPORTED | caps::MODES
-    };
+    let mut supported = caps::SUPPORTED | caps::MODES;
+    if cfg.cas.is_some() {
+        supported |= caps::DEDUP;
+    }
+    if cfg.keep.xattrs {
+        supported |= caps::XATTRS;
+    }
     let fut = accept_hello(
         &mut reader,
         &mut writer,

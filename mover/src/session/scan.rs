@@ -126,18 +126,27 @@ pub fn source_path(root: &Path, rel: &[u8]) -> PathBuf {
     root.join(std::ffi::OsStr::from_bytes(rel))
 }
 
+/// What the walk reads beyond each entry's stat.
+#[derive(Debug, Clone, Copy)]
+pub struct Collect {
+    /// Each file's BLAKE3 (`--checksum`), read during the walk.
+    pub checksum: bool,
+    /// `user.*` extended attributes (the receiver keeps them).
+    pub xattrs: bool,
+}
+
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
 /// stat and open is relative to its directory's handle (the engine's [`Scanner`]), so a file
 /// costs no path walk.
 ///
 /// Feeds the digest's `tree`: directories and symlinks as they are met; files as expected
-/// entries whose content hash comes later, unless `checksum` (then the walk reads each file
+/// entries whose content hash comes later, unless `collect.checksum` (then the walk reads each file
 /// anyway and computes both hashes in that one read). Hard links are not part of the tree.
 pub fn scan(
     root: &Path,
     only: Option<&[u8]>,
     filter: &Arc<Filter>,
-    checksum: bool,
+    collect: Collect,
     tx: mpsc::Sender<Vec<pb::Entry>>,
     progress: Arc<Progress>,
     tree: &std::sync::Mutex<TreeBuilder>,
@@ -204,8 +213,10 @@ pub fn scan(
                     continue;
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
-                e.xattrs = user_xattrs(&beneath(&entry.parent, entry.rel.file_name()));
-                if checksum {
+                if collect.xattrs {
+                    e.xattrs = user_xattrs(&beneath(&entry.parent, entry.rel.file_name()));
+                }
+                if collect.checksum {
                     let abs = source_path(root, &e.path);
                     let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
                     let mut counted = digest::CountingReader {
@@ -279,6 +290,7 @@ pub fn walk_dirs(
     root: &Path,
     filter: &Filter,
     with_names: bool,
+    xattrs: bool,
     tx: mpsc::Sender<pb::DirDone>,
 ) -> Result<(), ScanError> {
     let mut stack = vec![PathBuf::new()];
@@ -325,7 +337,9 @@ pub fn walk_dirs(
             pb::EntryKind::Dir,
         );
         // A directory's xattrs travel with its final metadata, here.
-        dir.xattrs = user_xattrs(&abs);
+        if xattrs {
+            dir.xattrs = user_xattrs(&abs);
+        }
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
             complete_listing: complete,

@@ -289,8 +289,15 @@ where
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
     // Dedup is always requested: a receiver offers it only when it has a block store.
-    let mut want_caps =
-        caps::ZSTD | caps::LZ4 | caps::VERIFY | caps::DEDUP | caps::RESUME | caps::PROGRESS;
+    // Dedup and xattrs are always requested: a receiver grants them only with a block store /
+    // when it keeps xattrs.
+    let mut want_caps = caps::ZSTD
+        | caps::LZ4
+        | caps::VERIFY
+        | caps::DEDUP
+        | caps::RESUME
+        | caps::PROGRESS
+        | caps::XATTRS;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -384,12 +391,13 @@ where
     });
     let p = progress.clone();
     let filter = cfg.filter.clone();
+    let xattrs = negotiated & caps::XATTRS != 0;
     let scanner = tokio::task::spawn_blocking(move || {
         scan::scan(
             &root_dir,
             only.as_deref(),
             &filter,
-            checksum,
+            scan::Collect { checksum, xattrs },
             work_tx,
             p,
             &tree,
@@ -574,13 +582,14 @@ where
     let (tx, mut rx) = mpsc::channel(16);
     let root = cfg.root.clone();
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
+    let xattrs = negotiated & caps::XATTRS != 0;
     let filter = cfg.filter.clone();
     let walker = tokio::task::spawn_blocking(move || {
         // A single file has no directory of its own to finish (nor siblings to delete).
         if split_source(&root).1.is_some() {
             return Ok(());
         }
-        scan::walk_dirs(&root, &filter, with_names, tx)
+        scan::walk_dirs(&root, &filter, with_names, xattrs, tx)
     });
     let mut dirs = DirList::default();
     while let Some(d) = rx.recv().await {
@@ -1467,6 +1476,13 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
 /// hole; `None` when it is all data or the filesystem cannot tell (then the whole is read).
 fn partial_data_ranges(f: &std::fs::File, off: u64, len: u64) -> Option<Vec<(u64, u64)>> {
     use rustix::fs::{SeekFrom, seek};
+    // A file with as many bytes allocated as its size has no holes. Asked anyway, SEEK_HOLE
+    // walks to the end of the data (on tmpfs page by page): per block of a dense 1 GiB file
+    // that made sending 1.7x slower.
+    let st = rustix::fs::fstat(f).ok()?;
+    if (st.st_blocks as u64).saturating_mul(512) >= st.st_size as u64 {
+        return None;
+    }
     let end = off + len;
     let mut ranges = Vec::new();
     let mut pos = off;
