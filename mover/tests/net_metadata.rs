@@ -197,27 +197,8 @@ fn receive_summary_names_what_was_dropped_and_owner_needs_root() {
     let dst = tempfile::tempdir().unwrap();
     write(&src.path().join("tool"), b"#!/bin/sh\n");
     chmod(&src.path().join("tool"), 0o6755);
-    let mut recv = std::process::Command::new(BIN)
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--once",
-            "--json",
-            "--root",
-        ])
-        .arg(dst.path())
-        .args(pki.args("receiver"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (addr, mut out) = bound_addr(&mut recv);
-    let send = std::process::Command::new(BIN)
-        .args(["send", "--connect", &addr, "--root"])
-        .arg(src.path())
-        .args(pki.args("sender"))
-        .output()
-        .unwrap();
+    let (mut recv, addr, mut out) = spawn_receiver(&pki, dst.path(), &["--json"]);
+    let send = run_sender(&pki, src.path(), &addr, &[]);
     assert!(
         send.status.success(),
         "{}",
