@@ -47,6 +47,14 @@ pub struct TlsArgs {
     /// was issued for.
     #[arg(long)]
     pub transfer: Option<String>,
+    /// CA bundle (PEM) of the other cluster in a cross-cluster transfer, trusted only for that
+    /// cluster's movers of this transfer and attempt (needs --peer-cluster and an
+    /// operator-issued certificate).
+    #[arg(long, requires = "peer_cluster")]
+    pub peer_ca: Option<PathBuf>,
+    /// Name of that cluster, as its certificates name it.
+    #[arg(long, requires = "peer_ca")]
+    pub peer_cluster: Option<String>,
     /// Serve the gRPC progress service on this address (mutual TLS, same CA).
     #[arg(long)]
     pub progress_listen: Option<SocketAddr>,
@@ -180,6 +188,15 @@ pub fn run_certs(args: CertsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--ca`, `--cert`, `--key` for `role`, plus the peer cluster's CA when given.
+fn load_tls(tls: &TlsArgs, transfer: &str, role: Role) -> anyhow::Result<net::TlsFiles> {
+    let files = net::load_files(&tls.ca, &tls.cert, &tls.key, transfer, role)?;
+    Ok(match (&tls.peer_ca, &tls.peer_cluster) {
+        (Some(ca), Some(cluster)) => net::with_peer(files, ca, cluster)?,
+        _ => files,
+    })
+}
+
 /// `--transfer`, or the id the mover's own certificate was issued for.
 fn transfer_id(tls: &TlsArgs) -> anyhow::Result<String> {
     match &tls.transfer {
@@ -307,7 +324,7 @@ async fn start_progress_service(
     progress: Arc<Progress>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = tls.progress_listen {
-        let cfg = net::server_config(files, &[Role::Operator])?;
+        let cfg = net::server_config(&files.local_only(), &[Role::Operator])?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("failed to bind progress address {addr}"))?;
@@ -346,13 +363,7 @@ fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
 /// receiver's reason when it gave one), 2 for failures before the session.
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let transfer = transfer_id(&args.tls)?;
-    let files = net::load_files(
-        &args.tls.ca,
-        &args.tls.cert,
-        &args.tls.key,
-        &transfer,
-        Role::Sender,
-    )?;
+    let files = load_tls(&args.tls, &transfer, Role::Sender)?;
     let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
     let timeouts = args.tls.timeouts();
     let cfg = SenderConfig {
@@ -413,13 +424,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let transfer = transfer_id(&args.tls)?;
-    let files = net::load_files(
-        &args.tls.ca,
-        &args.tls.cert,
-        &args.tls.key,
-        &transfer,
-        Role::Receiver,
-    )?;
+    let files = load_tls(&args.tls, &transfer, Role::Receiver)?;
     let server = Arc::new(net::server_config(&files, &[Role::Sender])?);
     let cas = match &args.cas {
         Some(dir) => Some(Arc::new(

@@ -126,13 +126,12 @@ impl Ca {
             .push(DnType::CommonName, format!("ferry {role} {transfer_id}"));
         let uri = rcgen::string::Ia5String::try_from(id.uri()).map_err(gen_err(&what))?;
         p.subject_alt_names = vec![SanType::URI(uri)];
-        p.extended_key_usages = match role {
-            Role::Operator => vec![ExtendedKeyUsagePurpose::ClientAuth],
-            _ => vec![
-                ExtendedKeyUsagePurpose::ServerAuth,
-                ExtendedKeyUsagePurpose::ClientAuth,
-            ],
-        };
+        // Operators are clients of the movers' progress ports and both client and server of
+        // the cross-cluster API; every verifier checks the role in the URI SAN besides.
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         set_validity(&mut p, self.days);
         let cert = p.signed_by(&key, &self.issuer).map_err(gen_err(&what))?;

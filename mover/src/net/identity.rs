@@ -169,15 +169,43 @@ impl Identity {
 
     /// Checks a peer's identity against what `local` accepts.
     pub fn check_peer(&self, peer: &Identity, accepted: &[Role]) -> Result<(), IdentityError> {
+        self.check_peer_scoped(peer, accepted, self.scope.clone())
+    }
+
+    /// Checks the identity of a peer issued by another cluster's operator for the same transfer
+    /// and attempt (a cross-cluster transfer: the two operators agreed on the transfer id).
+    pub fn check_peer_from(
+        &self,
+        peer: &Identity,
+        accepted: &[Role],
+        cluster: &str,
+    ) -> Result<(), IdentityError> {
+        let scope = self.scope.as_ref().map(|s| Scope {
+            cluster: cluster.to_owned(),
+            attempt: s.attempt,
+        });
+        self.check_peer_scoped(peer, accepted, scope)
+    }
+
+    fn check_peer_scoped(
+        &self,
+        peer: &Identity,
+        accepted: &[Role],
+        scope: Option<Scope>,
+    ) -> Result<(), IdentityError> {
         if peer.transfer_id == self.transfer_id
-            && peer.scope == self.scope
+            && peer.scope == scope
             && accepted.contains(&peer.role)
         {
             return Ok(());
         }
+        let expected = Identity {
+            scope,
+            ..self.clone()
+        };
         let accepted = accepted
             .iter()
-            .map(|r| self.with_role(*r).uri())
+            .map(|r| expected.with_role(*r).uri())
             .collect::<Vec<_>>()
             .join(" or ");
         Err(IdentityError::Mismatch {
@@ -224,6 +252,27 @@ mod tests {
         assert!(Identity::new("", Role::Sender).is_err());
         assert!(Identity::parse_uri("urn:ferry:transfer:x:role:admin").is_none());
         assert!(Identity::parse_uri("urn:other:x").is_none());
+    }
+
+    #[test]
+    fn a_peer_cluster_identity_must_name_that_cluster_and_the_same_attempt() {
+        let local = Identity::scoped("u.1", Role::Receiver, "east", 2).unwrap();
+        let west = Identity::scoped("u.1", Role::Sender, "west", 2).unwrap();
+        local.check_peer_from(&west, &[Role::Sender], "west").unwrap();
+        // Not as a local identity, not for another peer, attempt or transfer.
+        assert!(local.check_peer(&west, &[Role::Sender]).is_err());
+        assert!(local.check_peer_from(&west, &[Role::Sender], "north").is_err());
+        let old = Identity::scoped("u.1", Role::Sender, "west", 1).unwrap();
+        let e = local
+            .check_peer_from(&old, &[Role::Sender], "west")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("urn:ferry:cluster:west:transfer:u.1:attempt:2:role:sender"), "{e}");
+        let other = Identity::scoped("u.2", Role::Sender, "west", 2).unwrap();
+        assert!(local.check_peer_from(&other, &[Role::Sender], "west").is_err());
+        // An unscoped endpoint has no attempt to pin and accepts no cluster's identities.
+        let plain = Identity::new("u.1", Role::Receiver).unwrap();
+        assert!(plain.check_peer_from(&west, &[Role::Sender], "west").is_err());
     }
 
     #[test]

@@ -13,5 +13,8 @@ mod transport;
 
 pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
 pub use identity::{Identity, IdentityError, Role, Scope};
-pub use tls::{TlsError, TlsFiles, client_config, load_files, own_transfer_id, server_config};
+pub use tls::{
+    PeerTrust, TlsError, TlsFiles, client_config, load_files, own_transfer_id, provider,
+    server_config, with_peer,
+};
 pub use transport::{TransportError, accept_tls, connect_tls};

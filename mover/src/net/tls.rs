@@ -46,6 +46,10 @@ pub enum TlsError {
         found: String,
         expected: String,
     },
+    #[error("--peer-ca needs an operator-issued certificate (one naming its cluster)")]
+    PeerNeedsScope,
+    #[error("--peer-cluster {0} is this endpoint's own cluster; a peer cluster's CA never vouches for it")]
+    PeerIsLocal(String),
     #[error("failed to build the TLS configuration")]
     Config(#[source] rustls::Error),
     #[error("failed to build the client certificate verifier")]
@@ -53,12 +57,76 @@ pub enum TlsError {
 }
 
 /// The CA, own certificate chain and key an endpoint was given, plus its identity.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TlsFiles {
     pub roots: Arc<RootCertStore>,
     pub chain: Vec<CertificateDer<'static>>,
     pub key: Arc<PrivateKeyDer<'static>>,
     pub identity: Identity,
+    /// Another cluster's CA, trusted only for that cluster's movers of this transfer.
+    pub peer: Option<PeerTrust>,
+}
+
+/// The CA of the cluster at the other end of a cross-cluster transfer. It vouches only for
+/// identities naming that cluster, and only for movers: never for this cluster's identities, and
+/// never for an operator (so it cannot read progress either).
+#[derive(Debug, Clone)]
+pub struct PeerTrust {
+    pub cluster: String,
+    pub roots: Arc<RootCertStore>,
+}
+
+impl TlsFiles {
+    /// The same files without the peer cluster's CA (for the progress port, which only this
+    /// cluster's operator reads).
+    pub fn local_only(&self) -> TlsFiles {
+        TlsFiles {
+            peer: None,
+            ..self.clone()
+        }
+    }
+}
+
+/// Reads a CA bundle (one or more PEM certificates: during a rotation the old and the new CA).
+fn read_roots(ca: &Path, what: &'static str) -> Result<RootCertStore, TlsError> {
+    let read_err = |source| TlsError::Read {
+        what,
+        path: ca.to_owned(),
+        source,
+    };
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).map_err(read_err)? {
+        roots.add(c.map_err(read_err)?).map_err(|source| TlsError::BadCa {
+            path: ca.to_owned(),
+            source,
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::Empty {
+            what: "CA certificate",
+            path: ca.to_owned(),
+        });
+    }
+    Ok(roots)
+}
+
+/// Adds `--peer-ca`/`--peer-cluster` to loaded files: the peer's CA bundle, trusted for movers
+/// of `cluster` only. Only operator-issued (cluster-scoped) certificates can use it.
+pub fn with_peer(files: TlsFiles, ca: &Path, cluster: &str) -> Result<TlsFiles, TlsError> {
+    let own = files.identity.scope.as_ref().map(|s| s.cluster.clone());
+    match own {
+        None => return Err(TlsError::PeerNeedsScope),
+        Some(own) if own == cluster => return Err(TlsError::PeerIsLocal(own)),
+        Some(_) => {}
+    }
+    let roots = read_roots(ca, "the peer cluster's CA certificates")?;
+    Ok(TlsFiles {
+        peer: Some(PeerTrust {
+            cluster: cluster.to_owned(),
+            roots: Arc::new(roots),
+        }),
+        ..files
+    })
 }
 
 /// Loads `--ca`, `--cert` and `--key` and checks the certificate names `transfer_id` and `role`.
@@ -73,22 +141,7 @@ pub fn load_files(
         let path = path.to_owned();
         move |source| TlsError::Read { what, path, source }
     };
-    let mut roots = RootCertStore::empty();
-    let mut n = 0;
-    for c in CertificateDer::pem_file_iter(ca).map_err(read_err("CA certificates", ca))? {
-        let c = c.map_err(read_err("CA certificates", ca))?;
-        roots.add(c).map_err(|source| TlsError::BadCa {
-            path: ca.to_owned(),
-            source,
-        })?;
-        n += 1;
-    }
-    if n == 0 {
-        return Err(TlsError::Empty {
-            what: "CA certificate",
-            path: ca.to_owned(),
-        });
-    }
+    let roots = read_roots(ca, "CA certificates")?;
     let chain = CertificateDer::pem_file_iter(cert)
         .map_err(read_err("certificates", cert))?
         .collect::<Result<Vec<_>, _>>()
@@ -121,6 +174,7 @@ pub fn load_files(
         chain,
         key: Arc::new(key),
         identity,
+        peer: None,
     })
 }
 
@@ -147,8 +201,9 @@ pub fn own_transfer_id(cert: &Path) -> Result<String, TlsError> {
     Ok(identity.transfer_id)
 }
 
-/// aws-lc-rs with TLS 1.3 suites only, AES-128-GCM first (fastest with AES-NI/VAES).
-fn provider() -> Arc<CryptoProvider> {
+/// aws-lc-rs with TLS 1.3 suites only, AES-128-GCM first (fastest with AES-NI/VAES); the
+/// operator uses the same for its cross-cluster API.
+pub fn provider() -> Arc<CryptoProvider> {
     let mut p = aws_lc_rs::default_provider();
     p.cipher_suites = vec![
         aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
@@ -165,11 +220,19 @@ pub fn server_config(
     accepted: &[Role],
 ) -> Result<rustls::ServerConfig, TlsError> {
     let provider = provider();
-    let inner = WebPkiClientVerifier::builder_with_provider(files.roots.clone(), provider.clone())
-        .build()
-        .map_err(TlsError::Verifier)?;
+    let chain_verifier = |roots: &Arc<RootCertStore>| {
+        WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .map_err(TlsError::Verifier)
+    };
+    let inner = chain_verifier(&files.roots)?;
+    let peer = match &files.peer {
+        Some(p) => Some((p.cluster.clone(), chain_verifier(&p.roots)?)),
+        None => None,
+    };
     let verifier = Arc::new(IdentityClientVerifier {
         inner,
+        peer,
         local: files.identity.clone(),
         accepted: accepted.to_vec(),
     });
@@ -194,6 +257,7 @@ pub fn client_config(
     let provider = provider();
     let verifier = Arc::new(IdentityServerVerifier {
         roots: files.roots.clone(),
+        peer: files.peer.clone(),
         provider: provider.clone(),
         local: files.identity.clone(),
         accepted: accepted.to_vec(),
@@ -213,9 +277,42 @@ fn identity_error(e: super::IdentityError) -> rustls::Error {
     rustls::Error::General(e.to_string())
 }
 
+/// Roles a peer cluster's CA may vouch for: the movers, never an operator.
+const PEER_ROLES: [Role; 2] = [Role::Sender, Role::Receiver];
+
+/// The cluster a certificate claims to come from, read before its chain is checked only to pick
+/// the CA that must have signed it.
+fn claimed_cluster(end_entity: &CertificateDer<'_>) -> Option<String> {
+    Identity::from_cert_der(end_entity)
+        .ok()
+        .and_then(|i| i.scope)
+        .map(|s| s.cluster)
+}
+
+/// The roles of `accepted` a peer cluster's certificate may have.
+fn peer_roles(accepted: &[Role]) -> Vec<Role> {
+    accepted
+        .iter()
+        .copied()
+        .filter(|r| PEER_ROLES.contains(r))
+        .collect()
+}
+
+/// The roles of `accepted` this cluster's certificates may have: with a peer cluster, the
+/// opposite mover is the peer cluster's, never a local one.
+fn local_roles(accepted: &[Role], has_peer: bool) -> Vec<Role> {
+    accepted
+        .iter()
+        .copied()
+        .filter(|r| !(has_peer && PEER_ROLES.contains(r)))
+        .collect()
+}
+
 #[derive(Debug)]
 struct IdentityClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
+    /// The peer cluster's name and a verifier of chains to its CA.
+    peer: Option<(String, Arc<dyn ClientCertVerifier>)>,
     local: Identity,
     accepted: Vec<Role>,
 }
@@ -236,11 +333,21 @@ impl ClientCertVerifier for IdentityClientVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         // Chain first: an identity read from an untrusted certificate means nothing.
+        if let Some((cluster, verifier)) = &self.peer
+            && claimed_cluster(end_entity).as_ref() == Some(cluster)
+        {
+            verifier.verify_client_cert(end_entity, intermediates, now)?;
+            let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
+            self.local
+                .check_peer_from(&peer, &peer_roles(&self.accepted), cluster)
+                .map_err(identity_error)?;
+            return Ok(ClientCertVerified::assertion());
+        }
         self.inner
             .verify_client_cert(end_entity, intermediates, now)?;
         let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
         self.local
-            .check_peer(&peer, &self.accepted)
+            .check_peer(&peer, &local_roles(&self.accepted, self.peer.is_some()))
             .map_err(identity_error)?;
         Ok(ClientCertVerified::assertion())
     }
@@ -271,6 +378,7 @@ impl ClientCertVerifier for IdentityClientVerifier {
 #[derive(Debug)]
 struct IdentityServerVerifier {
     roots: Arc<RootCertStore>,
+    peer: Option<PeerTrust>,
     provider: Arc<CryptoProvider>,
     local: Identity,
     accepted: Vec<Role>,
@@ -287,17 +395,28 @@ impl ServerCertVerifier for IdentityServerVerifier {
     ) -> Result<ServerCertVerified, rustls::Error> {
         // The DNS name is meaningless for pod-to-pod transfers; the URI SAN identity replaces it.
         let parsed = ParsedCertificate::try_from(end_entity)?;
+        let from_peer = self
+            .peer
+            .as_ref()
+            .filter(|p| claimed_cluster(end_entity).as_ref() == Some(&p.cluster));
+        let roots = from_peer.map_or(&self.roots, |p| &p.roots);
         rustls::client::verify_server_cert_signed_by_trust_anchor(
             &parsed,
-            &self.roots,
+            roots,
             intermediates,
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
         let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
-        self.local
-            .check_peer(&peer, &self.accepted)
-            .map_err(identity_error)?;
+        match from_peer {
+            Some(p) => self
+                .local
+                .check_peer_from(&peer, &peer_roles(&self.accepted), &p.cluster),
+            None => self
+                .local
+                .check_peer(&peer, &local_roles(&self.accepted, self.peer.is_some())),
+        }
+        .map_err(identity_error)?;
         Ok(ServerCertVerified::assertion())
     }
 

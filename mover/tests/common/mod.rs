@@ -34,6 +34,27 @@ pub fn pki(transfer: &str) -> Pki {
 }
 
 impl Pki {
+    /// Certificates as an operator issues them: `ca`'s, scoped to `cluster` and `attempt`.
+    pub fn scoped(ca: &net::Ca, cluster: &str, transfer: &str, attempt: u32) -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+        for role in [Role::Sender, Role::Receiver] {
+            let id = net::Identity::scoped(transfer, role, cluster, attempt).unwrap();
+            let (cert, key) = ca.issue_for(&id).unwrap();
+            std::fs::write(dir.path().join(format!("{role}.crt")), cert).unwrap();
+            std::fs::write(dir.path().join(format!("{role}.key")), key).unwrap();
+        }
+        Pki {
+            path: dir.path().to_owned(),
+            _dir: dir,
+            transfer: transfer.to_owned(),
+        }
+    }
+
+    pub fn ca_path(&self) -> PathBuf {
+        self.path.join("ca.crt")
+    }
+
     pub fn files(&self, role: Role) -> TlsFiles {
         self.files_as(role, &self.transfer)
     }
