@@ -44,9 +44,10 @@ deploy-local: deps build k8s-bin
 manifests: k8s-bin
 	deploy/render-manifests.sh
 
-# The Transfer CRD generated from the Rust types (a unit test fails when crds/ drifts).
+# The Transfer and Peer CRDs generated from the Rust types (a unit test fails when crds/ drifts).
 crds:
-	$(CARGO) run -q -p ferry-operator --bin crdgen > crds/ferry.dev_transfers.yaml
+	$(CARGO) run -q -p ferry-operator --bin crdgen transfer > crds/ferry.dev_transfers.yaml
+	$(CARGO) run -q -p ferry-operator --bin crdgen peer > crds/ferry.dev_peers.yaml
 	charts/ferry/sync-crd.sh
 
 # The Helm chart offline: lint, renders, the values schema's refusals, RBAC equal to deploy/rbac.yaml.

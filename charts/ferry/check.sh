@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline checks of the ferry chart (no cluster): lint, renders, schema rejections, the CRD and the
+# Offline checks of the ferry chart (no cluster): lint, renders, schema rejections, the CRDs and the
 # RBAC rules against the repository's sources. Exits non-zero on the first failure.
 #
 #   charts/ferry/check.sh             (HELM=/path/to/helm to pick the binary)
@@ -15,6 +15,9 @@ if [[ -z $HELM ]]; then
     HELM=$(command -v helm) || { echo "check: helm not found (set HELM=)" >&2; exit 1; }
   fi
 fi
+
+# The CRDs the chart templates: crds/ferry.dev_<name>.yaml -> templates/crd-<name>.yaml (sync-crd.sh).
+crd_names=(transfers peers)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -45,7 +48,7 @@ expect_reject() { # expect_reject WHAT PATTERN [helm template args...]: must fai
 
 run "helm: $("$HELM" version --short 2>/dev/null || echo "$HELM"); PyYAML: $([[ $have_yaml == 1 ]] && echo yes || echo no, text comparisons)"
 
-run "the CRD template is in sync with crds/ferry.dev_transfers.yaml"
+run "the CRD templates are in sync with crds/ (${crd_names[*]})"
 "$chart/sync-crd.sh" --check
 
 run "helm lint --strict (default values, ci/full-values.yaml)"
@@ -84,6 +87,18 @@ expect_reject "a relative root with --skip-schema-validation (template guard)" \
   --skip-schema-validation -f "$chart/tests/bad-hostroot-values.yaml"
 expect_reject "extraArgs repeating a rendered flag" "extraArgs: --log-format is already rendered" \
   --set 'extraArgs[0]=--log-format=json'
+expect_reject "crossCluster.service.type=ClusterIP" "/crossCluster/service/type.*(NodePort|LoadBalancer)" \
+  --set crossCluster.service.type=ClusterIP
+expect_reject "crossCluster.receiverServiceType=ClusterIP" "/crossCluster/receiverServiceType.*(NodePort|LoadBalancer)" \
+  --set crossCluster.receiverServiceType=ClusterIP
+expect_reject "crossCluster.port=0" "/crossCluster/port.*minimum" --set crossCluster.port=0
+expect_reject "a nodePort with crossCluster.service.type=LoadBalancer" "/crossCluster/service/type.*NodePort" \
+  --set crossCluster.service.type=LoadBalancer,crossCluster.service.nodePort=30743
+expect_reject "a nodePort with type LoadBalancer and --skip-schema-validation (template guard)" \
+  "crossCluster.service.nodePort is for type NodePort only" \
+  --skip-schema-validation --set crossCluster.service.type=LoadBalancer,crossCluster.service.nodePort=30743
+expect_reject "crossCluster.port equal to metrics.port" "crossCluster.port and metrics.port must differ" \
+  --set crossCluster.enabled=true,crossCluster.port=8080
 
 run "the rendered RBAC rules equal deploy/rbac.yaml's"
 if [[ $have_yaml == 1 ]]; then
@@ -149,17 +164,20 @@ else
   done
 fi
 
-run "the rendered CRD is crds/ferry.dev_transfers.yaml (plus the keep annotation)"
-render "$work/crd-keep.yaml" --show-only templates/crd-transfers.yaml
-render "$work/crd-nokeep.yaml" --show-only templates/crd-transfers.yaml --set crds.keep=false
-grep -q 'helm.sh/resource-policy: keep' "$work/crd-keep.yaml" || fail "crds.keep=true: no keep annotation"
-grep -q 'helm.sh/resource-policy' "$work/crd-nokeep.yaml" && fail "crds.keep=false: keep annotation rendered"
-# Byte for byte, but for Helm's "---"/"# Source:" header and the generator's comment.
-diff <(grep -v -e '^---$' -e '^# Source:' "$work/crd-nokeep.yaml") \
-  <(grep -v '^#' "$repo/crds/ferry.dev_transfers.yaml") || fail "the rendered CRD differs from crds/"
-ok "crds.keep=false renders crds/ferry.dev_transfers.yaml byte for byte; crds.keep=true adds the annotation"
+run "the rendered CRDs are crds/ferry.dev_{$(IFS=,; echo "${crd_names[*]}")}.yaml (plus the keep annotation)"
+for crd in "${crd_names[@]}"; do
+  render "$work/crd-$crd-keep.yaml" --show-only "templates/crd-$crd.yaml"
+  render "$work/crd-$crd-nokeep.yaml" --show-only "templates/crd-$crd.yaml" --set crds.keep=false
+  grep -q 'helm.sh/resource-policy: keep' "$work/crd-$crd-keep.yaml" || fail "$crd: crds.keep=true: no keep annotation"
+  grep -q 'helm.sh/resource-policy' "$work/crd-$crd-nokeep.yaml" && fail "$crd: crds.keep=false: keep annotation rendered"
+  # Byte for byte, but for Helm's "---"/"# Source:" header and the generator's comment.
+  diff <(grep -v -e '^---$' -e '^# Source:' "$work/crd-$crd-nokeep.yaml") \
+    <(grep -v '^#' "$repo/crds/ferry.dev_$crd.yaml") || fail "the rendered $crd CRD differs from crds/"
+  grep -Fqx "  name: $crd.ferry.dev" "$work/default.yaml" || fail "default: the CRD $crd.ferry.dev is not rendered"
+  ok "$crd: crds.keep=false renders crds/ferry.dev_$crd.yaml byte for byte; crds.keep=true adds the annotation"
+done
 if "$HELM" template ferry "$chart" --set crds.install=false | grep -q '^kind: CustomResourceDefinition'; then
-  fail "crds.install=false still renders the CRD"
+  fail "crds.install=false still renders a CRD"
 fi
 ok "crds.install=false renders no CRD"
 
@@ -173,10 +191,13 @@ for a in --cluster-name=prod-eu-1 \
   '--host-root=*=/srv/shared' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
   --max-active=20 --max-active-per-node=2 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
   --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
-  '--metrics-addr=[::]:9090' --leader-election-id=ferry-operator-lease --log-format=json; do
+  '--metrics-addr=[::]:9090' '--peering-listen=[::]:7543' --peering-service-type=LoadBalancer \
+  --leader-election-id=ferry-operator-lease --log-format=json; do
   expect_arg "$a"
 done
 grep -Fq -- '--cas-root=' "$work/default.yaml" || fail "default: no --cas-root"
+grep -Fq -- '- --peering-service-type=NodePort' "$work/default.yaml" || fail "default: no --peering-service-type=NodePort"
+grep -Fq -- '--peering-listen' "$work/default.yaml" && fail "default: --peering-listen rendered (crossCluster.enabled is false)"
 render "$work/nocas.yaml" --set cas.root= --show-only templates/deployment.yaml
 grep -Eq -- '- "?--cas-root="?$' "$work/nocas.yaml" || fail 'cas.root="" does not render --cas-root= (dedup off)'
 if [[ $have_yaml == 1 ]]; then
@@ -237,6 +258,11 @@ for path in sys.argv[1:]:
     check(pod["terminationGracePeriodSeconds"] >= 30, "terminationGracePeriodSeconds < 30")
     check(d["spec"]["strategy"]["type"] == "RollingUpdate", "strategy is not RollingUpdate")
     check(any(a.startswith("--leader-election-id=") for a in c["args"]), "no --leader-election-id")
+    peering = [p["containerPort"] for p in c["ports"] if p["name"] == "peering"]
+    listen = [a.split("=", 1)[1] for a in c["args"] if a.startswith("--peering-listen=")]
+    check(len(peering) == len(listen) <= 1, f"container port peering {peering} but --peering-listen {listen}")
+    check(all(l.endswith(f":{p}") for l, p in zip(listen, peering)),
+          f"--peering-listen {listen} does not use the container port peering {peering}")
     print(f"ok   {path.rsplit('/', 1)[-1]}: downward-API env, probes on the metrics port, locked-down security context, RollingUpdate")
 EOF
 else
@@ -250,12 +276,25 @@ else
 fi
 ok "operator flags rendered from every value"
 
-run "optional objects: ServiceMonitor, PodDisruptionBudget, Service"
+run "optional objects: ServiceMonitor, PodDisruptionBudget, Services"
 grep -q '^kind: ServiceMonitor' "$work/default.yaml" && fail "default: a ServiceMonitor is rendered"
 grep -q '^apiVersion: monitoring.coreos.com/v1' "$work/full.yaml" || fail "full: no ServiceMonitor"
 grep -q '^kind: PodDisruptionBudget' "$work/full.yaml" || fail "full: no PodDisruptionBudget"
 grep -A3 '^  ports:' "$work/default.yaml" | grep -q 'name: metrics' || fail "default: no Service port named metrics"
-ok "ServiceMonitor only when enabled; PDB when enabled; Service port metrics"
+grep -q '^# Source: ferry/templates/service-peering.yaml' "$work/default.yaml" \
+  && fail "default: the cross-cluster Service is rendered (crossCluster.enabled is false)"
+render "$work/peering.yaml" -f "$chart/ci/full-values.yaml" --show-only templates/service-peering.yaml
+for want in '  name: ferry-full-peering' '  type: NodePort' '    - name: peering' '      port: 7543' \
+  '      targetPort: 7543' '      nodePort: 30743' '    app.kubernetes.io/component: operator' \
+  '    example.com/exposed-by: platform'; do
+  grep -Fqx -- "$want" "$work/peering.yaml" || fail "full: the cross-cluster Service has no line '$want'"
+done
+render "$work/peering-lb.yaml" --show-only templates/service-peering.yaml \
+  --set crossCluster.enabled=true,crossCluster.service.type=LoadBalancer
+grep -Fqx '  type: LoadBalancer' "$work/peering-lb.yaml" && ! grep -q 'nodePort:' "$work/peering-lb.yaml" \
+  || fail "crossCluster.service.type=LoadBalancer: not a LoadBalancer without nodePort"
+grep -Fqx '  name: ferry-peering' "$work/peering-lb.yaml" || fail "release ferry: the Service is not ferry-peering"
+ok "ServiceMonitor only when enabled; PDB when enabled; Service port metrics; Service <fullname>-peering only with crossCluster.enabled"
 
 if [[ $have_yaml == 1 ]]; then
   run "ci/full-values.yaml sets every value of values.yaml"
@@ -299,9 +338,15 @@ ok "hook: list-only refusal by default; list+delete with deleteTransfers; absent
 run "ci/local-values.yaml (make deploy-local): the operator binds its own pod address"
 render "$work/local.yaml" -f "$chart/ci/local-values.yaml"
 grep -Fq -- '- --metrics-addr=$(POD_IP):8080' "$work/local.yaml" || fail "local: --metrics-addr is not \$(POD_IP):8080"
+render "$work/local-peering.yaml" -f "$chart/ci/local-values.yaml" --set crossCluster.enabled=true
+grep -Fq -- '- --peering-listen=$(POD_IP):7443' "$work/local-peering.yaml" \
+  || fail "local with crossCluster.enabled: --peering-listen is not \$(POD_IP):7443"
+render "$work/v4-peering.yaml" --set crossCluster.enabled=true
+grep -Fq -- '- --peering-listen=0.0.0.0:7443' "$work/v4-peering.yaml" \
+  || fail "crossCluster.enabled: --peering-listen is not 0.0.0.0:7443"
 grep -Fq -- '- --host-root=*=/data' "$work/local.yaml" || fail "local: /data is not granted to every namespace"
 grep -A3 'name: POD_IP' "$work/local.yaml" | grep -q 'fieldPath: status.podIP' || fail "local: POD_IP not from status.podIP"
-ok "local: --metrics-addr=\$(POD_IP):8080, --host-root=*=/data"
+ok "local: --metrics-addr=\$(POD_IP):8080 (--peering-listen=\$(POD_IP):7443 when enabled), --host-root=*=/data; default 0.0.0.0:7443"
 
 run "deploy/Dockerfile and the chart agree on users; deploy/install.yaml is current"
 stage_user() { # the USER of Dockerfile stage $1

@@ -127,7 +127,13 @@ async fn each_ca_vouches_only_for_its_own_cluster() {
     // its own CA only, so the chain fails.
     let forged = Pki::scoped(&p.west_ca, "east", TRANSFER, 2);
     let forged_sender = with_peer(forged.files(Role::Sender), &p.west, "west");
-    let (srv, _) = handshake(&receiver, &[Role::Sender], &forged_sender, &[Role::Receiver]).await;
+    let (srv, _) = handshake(
+        &receiver,
+        &[Role::Sender],
+        &forged_sender,
+        &[Role::Receiver],
+    )
+    .await;
     assert!(srv.is_err(), "a peer CA minted a local identity");
 
     // A third cluster's sender signed by west's CA, or west's sender of another attempt.

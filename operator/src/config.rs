@@ -68,6 +68,10 @@ pub struct Config {
     /// Streams and compression of Transfers that set none.
     pub default_streams: u32,
     pub default_compression: Compression,
+    /// Where the cross-cluster API listens (`None`: this cluster serves no destination halves).
+    pub peering_listen: Option<std::net::SocketAddr>,
+    /// Type of the Service in front of a cross-cluster destination's receiver.
+    pub peering_service_type: String,
 }
 
 impl Default for Config {
@@ -92,6 +96,8 @@ impl Default for Config {
             extra_labels: BTreeMap::new(),
             default_streams: DEFAULT_STREAMS,
             default_compression: Compression::Auto,
+            peering_listen: None,
+            peering_service_type: "NodePort".into(),
         }
     }
 }

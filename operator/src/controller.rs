@@ -7,26 +7,33 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
-use crate::api::{Phase, Side, Transfer, TransferStatus};
+use crate::api::{Peer, Phase, Reason, Side, Transfer, TransferStatus};
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::limits;
 use crate::metrics::Metrics;
-use crate::movers::{self, MoverPodInput};
+use crate::movers::{self, MoverPodInput, RemoteMover};
 use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
+use crate::peering::client::PeerClient;
+use crate::peering::registry::Registry;
+use crate::peering::trust::{PeerEntry, peer_entry};
+use crate::peering::wire::{
+    HalfRef, PairRequest, SenderFigures, SenderReport, SenderState, WithdrawRequest,
+};
 use crate::pki::Authority;
+use crate::placement::Blocked;
 use crate::placement::{self, SideFacts};
-use crate::plan::{self, Action, Observed, PodPhase, PodView};
+use crate::plan::{self, Action, Observed, PodPhase, PodView, RemoteObserved};
 use crate::progress::Watchers;
 
 /// The Pod Security admission label that decides whether hostPath volumes are allowed.
@@ -57,7 +64,12 @@ impl Error {
 pub struct Context {
     pub client: Client,
     pub config: Config,
-    pub authority: Authority,
+    pub authority: Arc<Authority>,
+    /// The Peers of this cluster (cluster-scoped), kept by a reflector.
+    pub peers: kube::runtime::reflector::Store<Peer>,
+    /// What the source halves calling this cluster last reported.
+    pub registry: Arc<Registry>,
+    pub peer_client: PeerClient,
     pub watchers: Watchers,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
@@ -73,14 +85,35 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let authority = Authority::load_or_create(
-        client.clone(),
-        &config.namespace,
-        &config.cluster_name,
-        config.cert_days,
-    )
-    .await?;
+    let authority = Arc::new(
+        Authority::load_or_create(
+            client.clone(),
+            &config.namespace,
+            &config.cluster_name,
+            config.cert_days,
+        )
+        .await?,
+    );
     let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
+    let peers = watch_peers(client.clone());
+    let registry = Arc::new(Registry::default());
+    if let Some(addr) = config.peering_listen {
+        let tls = crate::peering::server::tls_config(authority.clone(), peers.clone())?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!(addr = %listener.local_addr()?, "cross-cluster API listening");
+        let state = Arc::new(crate::peering::server::ApiState::new(
+            client.clone(),
+            peers.clone(),
+            registry.clone(),
+            wake_tx.clone(),
+            authority.cluster().to_owned(),
+        ));
+        tokio::spawn(async move {
+            if let Err(e) = crate::peering::server::serve(listener, tls, state).await {
+                tracing::error!("cross-cluster API stopped: {e}");
+            }
+        });
+    }
     let wake = futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx));
     let transfers: Api<Transfer> = Api::all(client.clone());
     let pods: Api<Pod> = Api::all(client.clone());
@@ -100,7 +133,10 @@ pub async fn run(
         store: controller.store(),
         client,
         config,
+        peer_client: PeerClient::new(authority.clone()),
         authority,
+        peers,
+        registry,
         watchers: Watchers::new(wake_tx),
         metrics: metrics.clone(),
         limiter: Default::default(),
@@ -115,6 +151,27 @@ pub async fn run(
         })
         .await;
     Ok(())
+}
+
+/// A reflector of the cluster's Peers, kept current in the background (a cluster without the
+/// Peer CRD just has none).
+fn watch_peers(client: Client) -> kube::runtime::reflector::Store<Peer> {
+    let (store, writer) = kube::runtime::reflector::store();
+    let api: Api<Peer> = Api::all(client);
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(r) = stream.next().await {
+            if let Err(e) = r {
+                tracing::warn!("watching Peers: {e}");
+            }
+        }
+    });
+    store
 }
 
 fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
@@ -219,7 +276,16 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
         .status
         .as_ref()
         .is_some_and(|s| s.start_time.is_some() || s.run > 1);
-    let dest = obs.placement.as_ref().ok().map(|(_, d)| d);
+    // Staging lives where the receiver ran: not in this cluster for a source half.
+    let dest = obs
+        .placement
+        .as_ref()
+        .ok()
+        .map(|(_, d)| d)
+        .filter(|d| d.volume != crate::placement::VolumeRef::Remote);
+    if t.is_source_half() && deleting_for < Duration::from_secs(30) {
+        withdraw(t, ctx).await;
+    }
     let plan = cleanup::plan_cleanup(ran, dest.is_some(), &obs.pods, &cleaner, deleting_for);
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -240,6 +306,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
                     placement: dest,
                     receiver_ip: None,
                     use_cas: false,
+                    remote: None,
                 });
                 pods.patch(&cleaner, &ssa(), &Patch::Apply(&pod)).await?;
             }
@@ -252,9 +319,62 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
         set_finalizer(t, ctx, false).await?;
         ctx.metrics.forget(&uid);
         ctx.limiter.forget(&uid);
+        ctx.registry.forget(&uid);
         return Ok(Requeue::await_change());
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
+}
+
+/// A deleted source half tells its destination half, which stops its receiver (best effort:
+/// a destination that does not hear it stops once this half has been silent for a minute).
+async fn withdraw(t: &Transfer, ctx: &Context) {
+    let (Some(remote), Ok(Some(peer))) = (t.spec.destination.remote.as_ref(), peer_of(t, ctx))
+    else {
+        return;
+    };
+    let req = WithdrawRequest {
+        destination: HalfRef {
+            namespace: remote.namespace.clone(),
+            name: remote.name.clone(),
+        },
+        source: HalfRef {
+            namespace: t.namespace().unwrap_or_default(),
+            name: t.name_any(),
+        },
+    };
+    if let Err(b) = ctx.peer_client.withdraw(&peer, &req).await {
+        tracing::info!(transfer = %t.name_any(), "withdrawing from the destination half: {}", b.message);
+    }
+}
+
+/// The Peer a half names, parsed (`Ok(None)` for a Transfer that is not a half).
+fn peer_of(t: &Transfer, ctx: &Context) -> Result<Option<PeerEntry>, Blocked> {
+    let Some(remote) = t.remote() else {
+        return Ok(None);
+    };
+    let Some(p) = ctx.peers.get(&ObjectRef::new(&remote.peer)) else {
+        return Err(Blocked {
+            reason: Reason::PeerNotFound,
+            message: format!(
+                "no Peer {} in this cluster: create it with the other cluster's name, CA bundle                  and endpoint (docs/cross-cluster.md)",
+                remote.peer
+            ),
+        });
+    };
+    let entry = peer_entry(&p).map_err(|message| Blocked {
+        reason: Reason::PeerInvalid,
+        message,
+    })?;
+    if entry.cluster == ctx.authority.cluster() {
+        return Err(Blocked {
+            reason: Reason::PeerInvalid,
+            message: format!(
+                "Peer {} names this cluster ({}); a Peer names another cluster",
+                entry.name, entry.cluster
+            ),
+        });
+    }
+    Ok(Some(entry))
 }
 
 fn pod_prefix(uid: &str) -> String {
@@ -305,9 +425,13 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
             .map(|d| (s, d))
         });
 
-    // Progress of the current attempt's movers.
+    // Progress of the current attempt's movers (a source half's carry the destination's id).
     let (run, attempt) = (st.run, st.attempts);
-    let tid = names::transfer_id(&uid, run);
+    let tid = st
+        .remote
+        .as_ref()
+        .and_then(|r| r.transfer_id.clone())
+        .unwrap_or_else(|| names::transfer_id(&uid, run));
     let progress = |role: MoverRole| {
         let name = names::pod_name(&uid, run, attempt, role);
         let pod = pods.iter().find(|p| p.name == name)?;
@@ -326,7 +450,15 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
             .latest_or_watch(&name, addr, tls, ObjectRef::from_obj(t))
     };
     let receiver_progress = progress(MoverRole::Receiver);
-    let sender_progress = progress(MoverRole::Sender);
+    let mut sender_progress = progress(MoverRole::Sender);
+    let remote = observe_remote(t, ctx, &pods, &st, sender_progress.as_ref()).await?;
+    if let Some(r) = remote.as_ref().and_then(|r| r.counterpart.as_ref())
+        && let Some(report) = &r.report
+        && (report.run, report.attempt) == (run, attempt)
+    {
+        // The other cluster's sender, as its operator reported it.
+        sender_progress = report.progress.as_ref().map(Into::into);
+    }
     let keep: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
     ctx.watchers.retain(&pod_prefix(&uid), &keep);
 
@@ -348,7 +480,139 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         secrets,
         receiver_progress,
         sender_progress,
+        remote,
     })
+}
+
+/// The other cluster, for a half: its Peer; for a destination half what the source half
+/// reported and the receiver Service's address; for a source half the destination's answer
+/// to a call that reports this half's sender.
+async fn observe_remote(
+    t: &Transfer,
+    ctx: &Context,
+    pods: &[PodView],
+    st: &TransferStatus,
+    sender_progress: Option<&ferry_proto::progress::v1::ProgressUpdate>,
+) -> Result<Option<RemoteObserved>, Error> {
+    let Some(remote) = t.remote() else {
+        return Ok(None);
+    };
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let peer = peer_of(t, ctx).map(|p| p.ok_or(Error::Malformed("remote")));
+    let peer = match peer {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(e)) => return Err(e),
+        Err(b) => Err(b),
+    };
+    let mut out = RemoteObserved {
+        peer: Some(
+            peer.as_ref()
+                .map(|p| p.cluster.clone())
+                .map_err(Clone::clone),
+        ),
+        ..RemoteObserved::default()
+    };
+    if t.is_destination_half() {
+        out.counterpart = ctx.registry.get(&uid);
+        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+        if let Some(svc) = services.get_opt(&names::service_name(&uid, st.run)).await? {
+            out.service_exists = true;
+            let recv = names::pod_name(&uid, st.run, st.attempts, MoverRole::Receiver);
+            let node = pods
+                .iter()
+                .find(|p| p.name == recv)
+                .and_then(|p| p.node.clone());
+            out.receiver_address = service_address(ctx, &svc, node.as_deref()).await?;
+        }
+    } else if let Ok(peer) = &peer {
+        let req = PairRequest {
+            destination: HalfRef {
+                namespace: remote.namespace.clone(),
+                name: remote.name.clone(),
+            },
+            source: HalfRef {
+                namespace: ns.clone(),
+                name: t.name_any(),
+            },
+            sender: sender_report(&uid, pods, st, sender_progress),
+        };
+        out.answer = Some(ctx.peer_client.pair(peer, &req).await);
+    }
+    Ok(Some(out))
+}
+
+/// This source half's sender of its current attempt, for the destination half.
+fn sender_report(
+    uid: &str,
+    pods: &[PodView],
+    st: &TransferStatus,
+    progress: Option<&ferry_proto::progress::v1::ProgressUpdate>,
+) -> Option<SenderReport> {
+    let (run, attempt) = (st.run, st.attempts);
+    let name = names::pod_name(uid, run, attempt, MoverRole::Sender);
+    let figures = progress.map(SenderFigures::from);
+    match pods.iter().find(|p| p.name == name) {
+        Some(p) => Some(SenderReport {
+            run,
+            attempt,
+            pod: p.name.clone(),
+            state: match p.phase {
+                PodPhase::Pending => SenderState::Pending,
+                PodPhase::Running => SenderState::Running,
+                PodPhase::Succeeded => SenderState::Succeeded,
+                PodPhase::Failed => SenderState::Failed,
+            },
+            exit_code: p.exit_code,
+            message: p.message.clone(),
+            progress: figures,
+        }),
+        // A sender this half started and that is gone (deleted, or its node lost it).
+        None if st.sender.as_ref().is_some_and(|s| s.pod == name) => Some(SenderReport {
+            run,
+            attempt,
+            pod: name.clone(),
+            state: SenderState::Failed,
+            exit_code: None,
+            message: Some(format!("sender pod {name} disappeared")),
+            progress: figures,
+        }),
+        None => None,
+    }
+}
+
+/// Where the other cluster reaches a receiver's Service: a LoadBalancer's ingress address, or
+/// the NodePort on the receiver's node.
+async fn service_address(
+    ctx: &Context,
+    svc: &Service,
+    receiver_node: Option<&str>,
+) -> Result<Option<String>, Error> {
+    let spec = svc.spec.clone().unwrap_or_default();
+    let port = spec.ports.as_ref().and_then(|p| p.first());
+    if spec.type_.as_deref() == Some("LoadBalancer") {
+        let ingress = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .and_then(|i| i.first())
+            .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()));
+        return Ok(ingress.zip(port).map(|(h, p)| format!("{h}:{}", p.port)));
+    }
+    let (Some(node), Some(node_port)) = (receiver_node, port.and_then(|p| p.node_port)) else {
+        return Ok(None);
+    };
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let ip = nodes.get_opt(node).await?.and_then(|n| {
+        let addrs = n.status?.addresses?;
+        addrs
+            .iter()
+            .find(|a| a.type_ == "ExternalIP")
+            .or_else(|| addrs.iter().find(|a| a.type_ == "InternalIP"))
+            .map(|a| a.address.clone())
+    });
+    Ok(ip.map(|ip| format!("{ip}:{node_port}")))
 }
 
 /// The nodes a Transfer's movers run on, or must run on.
@@ -494,12 +758,42 @@ async fn apply(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let placed = obs.placement.as_ref().ok();
+    // A half's movers meet the other cluster's: its name, the shared transfer id, its CA.
+    let peer = match t.remote() {
+        Some(r) => ctx.peers.get(&ObjectRef::new(&r.peer)),
+        None => None,
+    };
+    let remote_ids = peer.as_ref().map(|p| RemoteIds {
+        cluster: p.spec.cluster_name.clone(),
+        transfer_id: plan
+            .status
+            .remote
+            .as_ref()
+            .and_then(|r| r.transfer_id.clone())
+            .unwrap_or_default(),
+    });
+    let remote = remote_ids.as_ref();
+    let peer_ca = peer.as_ref().map(|p| p.spec.ca_bundle.clone());
     for action in actions {
         match action {
             Action::CreateSecret { run, attempt } => {
-                let files = ctx
-                    .authority
-                    .attempt_files(&names::transfer_id(&uid, *run), *attempt)?;
+                let files = match (remote, &peer_ca) {
+                    (Some(r), Some(ca)) => {
+                        let role = if t.is_source_half() {
+                            ferry_mover::net::Role::Sender
+                        } else {
+                            ferry_mover::net::Role::Receiver
+                        };
+                        let mut files =
+                            ctx.authority
+                                .attempt_files_for(&r.transfer_id, *attempt, &[role])?;
+                        files.insert(movers::PEER_CA_KEY.to_owned(), ca.clone());
+                        files
+                    }
+                    _ => ctx
+                        .authority
+                        .attempt_files(&names::transfer_id(&uid, *run), *attempt)?,
+                };
                 let secret = movers::attempt_secret(t, *run, *attempt, &files);
                 let name = names::secret_name(&uid, *run, *attempt);
                 secrets.patch(&name, &ssa(), &Patch::Apply(&secret)).await?;
@@ -515,6 +809,11 @@ async fn apply(
                     placement: dst,
                     receiver_ip: None,
                     use_cas: plan.dedup && ctx.config.cas_root.is_some(),
+                    remote: remote.map(|r| RemoteMover {
+                        peer_cluster: &r.cluster,
+                        transfer_id: &r.transfer_id,
+                        connect: None,
+                    }),
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
                     .await?;
@@ -534,9 +833,46 @@ async fn apply(
                     placement: src,
                     receiver_ip: Some(receiver_ip),
                     use_cas: false,
+                    remote: None,
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
                     .await?;
+            }
+            Action::CreateRemoteSender {
+                run,
+                attempt,
+                address,
+            } => {
+                let (Some((src, _)), Some(r)) = (placed, remote) else {
+                    continue;
+                };
+                let pod = movers::mover_pod(&MoverPodInput {
+                    transfer: t,
+                    config: &ctx.config,
+                    role: MoverRole::Sender,
+                    run: *run,
+                    attempt: *attempt,
+                    placement: src,
+                    receiver_ip: None,
+                    use_cas: false,
+                    remote: Some(RemoteMover {
+                        peer_cluster: &r.cluster,
+                        transfer_id: &r.transfer_id,
+                        connect: Some(address),
+                    }),
+                });
+                pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
+                    .await?;
+            }
+            Action::ApplyReceiverService { run, attempt } => {
+                let svc = movers::receiver_service(t, &ctx.config, *run, *attempt);
+                let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+                api.patch(&svc.name_any(), &ssa(), &Patch::Apply(&svc))
+                    .await?;
+            }
+            Action::DeleteService(name) => {
+                let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+                ignore_not_found(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
             }
             Action::DeletePod(name) => {
                 ignore_not_found(
@@ -564,6 +900,12 @@ async fn apply(
         }
     }
     Ok(())
+}
+
+/// The other cluster's name and the transfer id both clusters' movers carry.
+struct RemoteIds {
+    cluster: String,
+    transfer_id: String,
 }
 
 /// Server-side apply of the status subresource when it changed; a change of progress alone waits

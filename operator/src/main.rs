@@ -73,6 +73,13 @@ struct Cli {
     data_port: u16,
     #[arg(long, default_value_t = 7401)]
     progress_port: u16,
+    /// Address of the cross-cluster API (mutual TLS, callers authenticated by the CA bundles
+    /// of this cluster's Peers); unset: no other cluster can pair with this one's Transfers.
+    #[arg(long, env = "FERRY_PEERING_LISTEN")]
+    peering_listen: Option<SocketAddr>,
+    /// Service type in front of a cross-cluster destination's receiver.
+    #[arg(long, default_value = "NodePort", value_parser = ["NodePort", "LoadBalancer"])]
+    peering_service_type: String,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -140,6 +147,8 @@ fn main() -> anyhow::Result<()> {
         progress_port: cli.progress_port,
         default_streams: cli.default_streams,
         default_compression: cli.default_compression,
+        peering_listen: cli.peering_listen,
+        peering_service_type: cli.peering_service_type,
     };
     let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     rt.block_on(async move {

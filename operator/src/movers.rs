@@ -6,8 +6,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, TCPSocketAction, Volume,
-    VolumeMount,
+    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServicePort,
+    ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -38,7 +38,24 @@ pub struct MoverPodInput<'a> {
     pub receiver_ip: Option<&'a str>,
     /// Mount the node's block store (receiver with dedup on and a store configured).
     pub use_cas: bool,
+    /// Set for a half of a cross-cluster Transfer.
+    pub remote: Option<RemoteMover<'a>>,
 }
+
+/// What a mover of a cross-cluster Transfer needs to meet its peer in the other cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct RemoteMover<'a> {
+    /// The other cluster's name; its CA (`peer-ca.crt` in the attempt's Secret) is trusted
+    /// for that cluster's movers only.
+    pub peer_cluster: &'a str,
+    /// The transfer id both clusters' movers carry (the destination half's).
+    pub transfer_id: &'a str,
+    /// Sender only: the receiver Service's address in the other cluster.
+    pub connect: Option<&'a str>,
+}
+
+/// The Secret key of the peer cluster's CA bundle.
+pub const PEER_CA_KEY: &str = "peer-ca.crt";
 
 /// The owner reference every child carries: deleting the Transfer deletes them.
 pub fn owner_ref(t: &Transfer) -> Option<OwnerReference> {
@@ -95,11 +112,14 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
         MoverRole::Sender => {
             push("send");
             push("--connect");
-            push(&format!(
-                "{}:{}",
-                input.receiver_ip.unwrap_or("0.0.0.0"),
-                cfg.data_port
-            ));
+            match input.remote.and_then(|r| r.connect) {
+                Some(addr) => push(addr),
+                None => push(&format!(
+                    "{}:{}",
+                    input.receiver_ip.unwrap_or("0.0.0.0"),
+                    cfg.data_port
+                )),
+            }
             push("--streams");
             push(
                 &spec
@@ -129,7 +149,16 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
     push("--root");
     push(&root);
     push("--transfer");
-    push(&names::transfer_id(uid, input.run));
+    match input.remote {
+        Some(r) => {
+            push(r.transfer_id);
+            push("--peer-ca");
+            push(&format!("{TLS_MOUNT}/{PEER_CA_KEY}"));
+            push("--peer-cluster");
+            push(r.peer_cluster);
+        }
+        None => push(&names::transfer_id(uid, input.run)),
+    }
     push("--ca");
     push(&format!("{TLS_MOUNT}/ca.crt"));
     push("--cert");
@@ -176,6 +205,13 @@ fn volume_for(placement: &SidePlacement, role: MoverRole) -> Volume {
             }),
             ..Volume::default()
         },
+        // The plan never starts a mover for the side in another cluster; an empty volume keeps
+        // a mistake harmless.
+        VolumeRef::Remote => Volume {
+            name: "data".into(),
+            empty_dir: Some(Default::default()),
+            ..Volume::default()
+        },
     }
 }
 
@@ -195,12 +231,17 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
             name: "tls".into(),
             secret: Some(SecretVolumeSource {
                 secret_name: Some(names::secret_name(&uid, input.run, input.attempt)),
-                // Each mover sees the CA and its own certificate and key only.
-                items: Some(vec![
-                    key_to_path("ca.crt", "ca.crt"),
-                    key_to_path(&format!("{}.crt", input.role.as_str()), "tls.crt"),
-                    key_to_path(&format!("{}.key", input.role.as_str()), "tls.key"),
-                ]),
+                // Each mover sees the CA(s) and its own certificate and key only.
+                items: Some(
+                    [
+                        key_to_path("ca.crt", "ca.crt"),
+                        key_to_path(&format!("{}.crt", input.role.as_str()), "tls.crt"),
+                        key_to_path(&format!("{}.key", input.role.as_str()), "tls.key"),
+                    ]
+                    .into_iter()
+                    .chain(input.remote.map(|_| key_to_path(PEER_CA_KEY, PEER_CA_KEY)))
+                    .collect(),
+                ),
                 default_mode: Some(0o440),
                 ..SecretVolumeSource::default()
             }),
@@ -358,6 +399,7 @@ pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
     let mut pod = mover_pod(&MoverPodInput {
         role: MoverRole::Receiver,
         use_cas: false,
+        remote: None,
         receiver_ip: None,
         ..input.clone()
     });
@@ -390,6 +432,48 @@ pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
         }
     }
     pod
+}
+
+/// The Service in front of a cross-cluster destination's receiver of (run, attempt): a
+/// NodePort or LoadBalancer (the operator's `--peering-service-type`) the other cluster's
+/// sender connects to. Only the data port is exposed; the progress port stays in-cluster.
+pub fn receiver_service(t: &Transfer, config: &Config, run: u32, attempt: u32) -> Service {
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let mut labels = names::labels(&t.metadata.name.clone().unwrap_or_default(), &uid);
+    labels.insert(
+        LABEL_ROLE.to_owned(),
+        MoverRole::Receiver.as_str().to_owned(),
+    );
+    let selector = BTreeMap::from([
+        (names::LABEL_TRANSFER_UID.to_owned(), uid.clone()),
+        (
+            LABEL_ROLE.to_owned(),
+            MoverRole::Receiver.as_str().to_owned(),
+        ),
+        (LABEL_ATTEMPT.to_owned(), format!("{run}-{attempt}")),
+    ]);
+    Service {
+        metadata: ObjectMeta {
+            name: Some(names::service_name(&uid, run)),
+            namespace: t.metadata.namespace.clone(),
+            labels: Some(labels),
+            owner_references: owner_ref(t).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some(config.peering_service_type.clone()),
+            selector: Some(selector),
+            ports: Some(vec![ServicePort {
+                name: Some("data".into()),
+                port: i32::from(config.data_port),
+                target_port: Some(IntOrString::Int(i32::from(config.data_port))),
+                protocol: Some("TCP".into()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
 }
 
 fn key_to_path(key: &str, path: &str) -> KeyToPath {
@@ -466,6 +550,7 @@ mod tests {
                 placement: &placement,
                 receiver_ip: None,
                 use_cas: false,
+                remote: None,
             })
         };
         let plain = receiver(&t);
@@ -505,6 +590,7 @@ mod tests {
             placement: &placement,
             receiver_ip: None,
             use_cas: true,
+            remote: None,
         });
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -558,6 +644,7 @@ mod tests {
             placement: &placement,
             receiver_ip: Some("10.1.2.3"),
             use_cas: false,
+            remote: None,
         });
         let args = args_of(&pod).join(" ");
         assert!(args.contains("--connect 10.1.2.3:7400"), "{args}");
@@ -604,6 +691,7 @@ mod tests {
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
                 use_cas: false,
+                remote: None,
             }))
             .join(" ")
         };

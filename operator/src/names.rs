@@ -53,6 +53,12 @@ pub fn secret_name(uid: &str, run: u32, attempt: u32) -> String {
     format!("ferry-{}-{run}-{attempt}-tls", uid_short(uid))
 }
 
+/// Service in front of a cross-cluster destination's receiver (one per run; its selector
+/// follows the attempt).
+pub fn service_name(uid: &str, run: u32) -> String {
+    format!("ferry-{}-{run}-recv", uid_short(uid))
+}
+
 /// Pod that removes the receiver's staging data when the Transfer is deleted.
 pub fn cleanup_pod_name(uid: &str) -> String {
     format!("ferry-{}-cleanup", uid_short(uid))

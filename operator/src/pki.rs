@@ -36,7 +36,7 @@ pub enum PkiError {
     Incomplete(String),
     #[error(transparent)]
     Certs(#[from] CertsError),
-    #[error("failed to build TLS settings for reading progress")]
+    #[error("failed to build TLS settings: {0}")]
     Tls(String),
 }
 
@@ -177,9 +177,20 @@ impl Authority {
         transfer_id: &str,
         attempt: u32,
     ) -> Result<BTreeMap<String, String>, PkiError> {
+        self.attempt_files_for(transfer_id, attempt, &[Role::Sender, Role::Receiver])
+    }
+
+    /// The same for some roles only (a cross-cluster half runs one mover here; the other
+    /// cluster issues the other).
+    pub fn attempt_files_for(
+        &self,
+        transfer_id: &str,
+        attempt: u32,
+        roles: &[Role],
+    ) -> Result<BTreeMap<String, String>, PkiError> {
         let mut files = BTreeMap::new();
         files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
-        for role in [Role::Sender, Role::Receiver] {
+        for &role in roles {
             let (cert, key) = self
                 .ca
                 .issue_for(&self.identity(transfer_id, role, attempt)?)?;
@@ -187,6 +198,26 @@ impl Authority {
             files.insert(format!("{role}.key"), key);
         }
         Ok(files)
+    }
+
+    /// This operator's certificate and key on the cross-cluster API (client and server).
+    pub fn peering_cert(
+        &self,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), PkiError> {
+        let identity = crate::peering::trust::peering_identity(&self.cluster)
+            .map_err(|e| PkiError::Certs(CertsError::Identity(e)))?;
+        let (cert, key) = self.ca.issue_for(&identity)?;
+        let tls = |e: &dyn std::fmt::Display| PkiError::Tls(e.to_string());
+        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls(&e))?;
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| tls(&e))?;
+        Ok((chain, key))
+    }
+
+    /// The CA certificate (PEM): what another cluster's Peer carries as its caBundle.
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
     }
 
     /// Client TLS settings for reading the progress of the movers of one attempt.
@@ -211,6 +242,7 @@ impl Authority {
             chain,
             key: Arc::new(key),
             identity,
+            peer: None,
         };
         let cfg = ferry_mover::net::client_config(&files, &[Role::Sender, Role::Receiver])
             .map_err(|e| tls(&e))?;

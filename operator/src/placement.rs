@@ -11,8 +11,14 @@ use crate::config::Config;
 /// The volume a mover mounts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeRef {
-    HostPath { path: String },
-    Claim { claim: String },
+    HostPath {
+        path: String,
+    },
+    Claim {
+        claim: String,
+    },
+    /// The side is a Transfer in another cluster: no mover of this cluster serves it.
+    Remote,
 }
 
 /// Everything a mover pod needs to know about its side.
@@ -145,10 +151,11 @@ pub fn place_side(
                 node: Some(hp.node.clone()),
             })
         }
-        (None, None, Some(_)) => Err(blocked(
-            Reason::RemoteNotSupported,
-            format!("{which}.remote (another cluster) is not served by this operator version"),
-        )),
+        (None, None, Some(_)) => Ok(SidePlacement {
+            volume: VolumeRef::Remote,
+            sub_path: String::new(),
+            node: None,
+        }),
         _ => Err(blocked(
             Reason::InvalidSpec,
             format!("{which} must set exactly one of pvc, hostPath or remote"),

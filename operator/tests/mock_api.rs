@@ -112,6 +112,7 @@ fn fake_client(log: Log) -> kube::Client {
 
 fn context(client: kube::Client, config: Config) -> Arc<Context> {
     let (wake, _) = tokio::sync::mpsc::channel(8);
+    let authority = Arc::new(Authority::ephemeral("test").unwrap());
     Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -122,7 +123,10 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         ),
         client,
         config,
-        authority: Authority::ephemeral("test").unwrap(),
+        peer_client: ferry_operator::peering::client::PeerClient::new(authority.clone()),
+        authority,
+        peers: kube::runtime::reflector::store().0,
+        registry: Default::default(),
         watchers: Watchers::new(wake),
         metrics: Arc::new(Metrics::default()),
         store: kube::runtime::reflector::store().0,

@@ -34,6 +34,13 @@ Name of the operator's Deployment, ServiceAccount, ClusterRole and bindings: "<f
 {{- printf "%s-metrics" (include "ferry.operatorName" . | trunc 55 | trimSuffix "-") }}
 {{- end }}
 
+{{/*
+Name of the Service in front of the cross-cluster API (crossCluster.enabled): "<fullname>-peering".
+*/}}
+{{- define "ferry.peeringServiceName" -}}
+{{- printf "%s-peering" (include "ferry.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
 {{- define "ferry.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "ferry.operatorName" .) .Values.serviceAccount.name }}
@@ -142,6 +149,19 @@ Checks the schema cannot express (and repeats the vital ones for installs with
 {{- if lt (int64 .Values.replicas) 1 }}
 {{- fail "replicas must be at least 1" }}
 {{- end }}
+{{- $cc := .Values.crossCluster }}
+{{- if not (has $cc.service.type (list "NodePort" "LoadBalancer")) }}
+{{- fail (printf "crossCluster.service.type must be NodePort or LoadBalancer, got %q" (toString $cc.service.type)) }}
+{{- end }}
+{{- if not (has $cc.receiverServiceType (list "NodePort" "LoadBalancer")) }}
+{{- fail (printf "crossCluster.receiverServiceType must be NodePort or LoadBalancer, got %q" (toString $cc.receiverServiceType)) }}
+{{- end }}
+{{- if and $cc.enabled (eq (int64 $cc.port) (int64 .Values.metrics.port)) }}
+{{- fail (printf "crossCluster.port and metrics.port must differ (both %d)" (int64 $cc.port)) }}
+{{- end }}
+{{- if and (not (kindIs "invalid" $cc.service.nodePort)) (ne $cc.service.type "NodePort") }}
+{{- fail (printf "crossCluster.service.nodePort is for type NodePort only (type is %s); set it to null" $cc.service.type) }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -189,6 +209,19 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- $addr = printf "[%s]" $addr }}
 {{- end }}
 {{- $args = append $args (printf "--metrics-addr=%s:%d" $addr (int64 $v.metrics.port)) }}
+{{- if $v.crossCluster.enabled }}
+{{- /* The address follows metrics.bindAddress: "$(POD_IP)" stays (pods that share a network
+namespace); any other address becomes the wildcard of its family (0.0.0.0 or [::]), as the API
+must be reachable through its Service. */}}
+{{- $peerAddr := "0.0.0.0" }}
+{{- if eq $v.metrics.bindAddress "$(POD_IP)" }}
+{{- $peerAddr = "$(POD_IP)" }}
+{{- else if contains ":" $v.metrics.bindAddress }}
+{{- $peerAddr = "[::]" }}
+{{- end }}
+{{- $args = append $args (printf "--peering-listen=%s:%d" $peerAddr (int64 $v.crossCluster.port)) }}
+{{- end }}
+{{- $args = append $args (printf "--peering-service-type=%s" $v.crossCluster.receiverServiceType) }}
 {{- $args = append $args (printf "--leader-election-id=%s" (include "ferry.leaderElectionId" .)) }}
 {{- $args = append $args (printf "--log-format=%s" $v.logFormat) }}
 {{- $rendered := list }}

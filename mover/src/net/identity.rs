@@ -258,21 +258,38 @@ mod tests {
     fn a_peer_cluster_identity_must_name_that_cluster_and_the_same_attempt() {
         let local = Identity::scoped("u.1", Role::Receiver, "east", 2).unwrap();
         let west = Identity::scoped("u.1", Role::Sender, "west", 2).unwrap();
-        local.check_peer_from(&west, &[Role::Sender], "west").unwrap();
+        local
+            .check_peer_from(&west, &[Role::Sender], "west")
+            .unwrap();
         // Not as a local identity, not for another peer, attempt or transfer.
         assert!(local.check_peer(&west, &[Role::Sender]).is_err());
-        assert!(local.check_peer_from(&west, &[Role::Sender], "north").is_err());
+        assert!(
+            local
+                .check_peer_from(&west, &[Role::Sender], "north")
+                .is_err()
+        );
         let old = Identity::scoped("u.1", Role::Sender, "west", 1).unwrap();
         let e = local
             .check_peer_from(&old, &[Role::Sender], "west")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("urn:ferry:cluster:west:transfer:u.1:attempt:2:role:sender"), "{e}");
+        assert!(
+            e.contains("urn:ferry:cluster:west:transfer:u.1:attempt:2:role:sender"),
+            "{e}"
+        );
         let other = Identity::scoped("u.2", Role::Sender, "west", 2).unwrap();
-        assert!(local.check_peer_from(&other, &[Role::Sender], "west").is_err());
+        assert!(
+            local
+                .check_peer_from(&other, &[Role::Sender], "west")
+                .is_err()
+        );
         // An unscoped endpoint has no attempt to pin and accepts no cluster's identities.
         let plain = Identity::new("u.1", Role::Receiver).unwrap();
-        assert!(plain.check_peer_from(&west, &[Role::Sender], "west").is_err());
+        assert!(
+            plain
+                .check_peer_from(&west, &[Role::Sender], "west")
+                .is_err()
+        );
     }
 
     #[test]

@@ -48,7 +48,9 @@ pub enum TlsError {
     },
     #[error("--peer-ca needs an operator-issued certificate (one naming its cluster)")]
     PeerNeedsScope,
-    #[error("--peer-cluster {0} is this endpoint's own cluster; a peer cluster's CA never vouches for it")]
+    #[error(
+        "--peer-cluster {0} is this endpoint's own cluster; a peer cluster's CA never vouches for it"
+    )]
     PeerIsLocal(String),
     #[error("failed to build the TLS configuration")]
     Config(#[source] rustls::Error),
@@ -96,10 +98,12 @@ fn read_roots(ca: &Path, what: &'static str) -> Result<RootCertStore, TlsError> 
     };
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca).map_err(read_err)? {
-        roots.add(c.map_err(read_err)?).map_err(|source| TlsError::BadCa {
-            path: ca.to_owned(),
-            source,
-        })?;
+        roots
+            .add(c.map_err(read_err)?)
+            .map_err(|source| TlsError::BadCa {
+                path: ca.to_owned(),
+                source,
+            })?;
     }
     if roots.is_empty() {
         return Err(TlsError::Empty {

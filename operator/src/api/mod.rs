@@ -4,6 +4,7 @@
 //! crdgen`); a unit test fails when the committed file drifts.
 
 mod conditions;
+mod peer;
 mod status;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
@@ -14,8 +15,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub use conditions::{ConditionType, Reason, set_condition};
+pub use peer::{Peer, PeerSpec};
 pub use status::{
-    LastError, MoverRef, Phase, ProgressStatus, ThroughputStatus, TransferStatus, WireStatus,
+    LastError, MoverRef, Phase, ProgressStatus, RemoteStatus, ThroughputStatus, TransferStatus,
+    WireStatus,
 };
 
 /// Default number of parallel TLS streams.
@@ -38,7 +41,8 @@ pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
     printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.eta"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.spec.source == oldSelf.spec.source").message("spec.source is immutable"),
-    validation = Rule::new("self.spec.destination == oldSelf.spec.destination").message("spec.destination is immutable")
+    validation = Rule::new("self.spec.destination == oldSelf.spec.destination").message("spec.destination is immutable"),
+    validation = Rule::new("!has(self.spec.source.remote) || !has(self.spec.destination.remote)").message("at most one side may be remote")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
@@ -121,7 +125,7 @@ pub struct Endpoint {
     pub pvc: Option<PvcEndpoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<HostPathEndpoint>,
-    /// A Transfer half in another cluster (reserved; not served yet).
+    /// The other half of a cross-cluster Transfer: a Transfer in the cluster a `Peer` names.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteEndpoint>,
 }
@@ -150,13 +154,18 @@ pub struct HostPathEndpoint {
     pub path: String,
 }
 
-/// The other half of a cross-cluster Transfer.
+/// The other half of a cross-cluster Transfer. Both clusters declare their half: the
+/// destination's names the source Transfer, the source's names the destination Transfer.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RemoteEndpoint {
     /// The cluster-scoped `Peer` naming the other cluster.
+    #[schemars(length(min = 1, max = 253))]
     pub peer: String,
+    /// Namespace and name of the Transfer in that cluster.
+    #[schemars(length(min = 1, max = 63))]
     pub namespace: String,
+    #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
 
@@ -216,6 +225,25 @@ impl Side {
 }
 
 impl Transfer {
+    /// The source half of a cross-cluster Transfer (its destination is in another cluster).
+    pub fn is_source_half(&self) -> bool {
+        self.spec.destination.remote.is_some()
+    }
+
+    /// The destination half of a cross-cluster Transfer (its source is in another cluster).
+    pub fn is_destination_half(&self) -> bool {
+        self.spec.source.remote.is_some()
+    }
+
+    /// The remote side's reference, if this is a half.
+    pub fn remote(&self) -> Option<&RemoteEndpoint> {
+        self.spec
+            .source
+            .remote
+            .as_ref()
+            .or(self.spec.destination.remote.as_ref())
+    }
+
     pub fn endpoint(&self, side: Side) -> &Endpoint {
         match side {
             Side::Source => &self.spec.source,
@@ -240,6 +268,17 @@ mod tests {
         assert!(
             committed == generated,
             "crds/ferry.dev_transfers.yaml is stale: run `make crds`"
+        );
+    }
+
+    #[test]
+    fn committed_peer_crd_matches_the_types() {
+        let generated = crate::peer_crd_yaml().expect("render CRD");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/ferry.dev_peers.yaml");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "crds/ferry.dev_peers.yaml is stale: run `make crds`"
         );
     }
 

@@ -75,6 +75,24 @@ pub struct TransferStatus {
     pub sender: Option<MoverRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver: Option<MoverRef>,
+    /// A cross-cluster Transfer's pairing with its other half.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteStatus>,
+}
+
+/// How a cross-cluster half pairs with the other.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteStatus {
+    /// The other cluster's name (its Peer's clusterName).
+    pub cluster: String,
+    /// The transfer id both clusters' movers carry (the destination half's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer_id: Option<String>,
+    /// `host:port` of the receiver's Service the sender connects to, once it accepts
+    /// connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver_address: Option<String>,
 }
 
 /// What the receiver has written (the truth), against what the sender found.

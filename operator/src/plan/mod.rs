@@ -4,6 +4,12 @@
 //! Lifecycle: a run (one per `spec.trigger` value) has attempts; an attempt is one receiver pod,
 //! then one sender pod, with certificates of their own. A failed attempt is replaced by the next
 //! after a backoff, which resumes from the receiver's staging (keyed by the run, not the attempt).
+//!
+//! Cross-cluster: the destination half runs this same lifecycle, with a receiver behind a
+//! Service and the other cluster's sender (as its operator reports it) in place of a local one;
+//! the source half (`source_half`) follows the destination half's runs and attempts.
+
+mod source_half;
 
 use std::time::Duration;
 
@@ -15,6 +21,8 @@ use crate::api::{
     TransferSpec, TransferStatus, WireStatus, set_condition,
 };
 use crate::names::{self, MoverRole};
+use crate::peering::registry::Counterpart;
+use crate::peering::wire::{PairResponse, SenderState};
 use crate::placement::{Blocked, SidePlacement};
 use ferry_mover::kind::ErrorKind;
 use ferry_proto::progress::v1::{Phase as MoverPhase, ProgressUpdate};
@@ -26,6 +34,11 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(120);
 pub const RESYNC_RUNNING: Duration = Duration::from_secs(15);
 /// How often a blocked Transfer (missing claim, missing node) checks whether the cause is gone.
 pub const RESYNC_BLOCKED: Duration = Duration::from_secs(10);
+/// How often a source half asks its destination half how things stand.
+pub const POLL_REMOTE: Duration = Duration::from_secs(2);
+/// A source half that has not called for this long is gone (its calls come every
+/// [`POLL_REMOTE`]); the destination half stops its receiver and waits.
+pub const COUNTERPART_SILENCE: Duration = Duration::from_secs(60);
 
 /// A pod's state as far as the plan cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +83,23 @@ pub struct Observed {
     /// The operator may run root movers (`--allow-root-movers`), which `preserveOwnership`
     /// needs.
     pub root_movers_allowed: bool,
+    /// Set for a half of a cross-cluster Transfer.
+    pub remote: Option<RemoteObserved>,
+}
+
+/// What observe saw of the other cluster.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteObserved {
+    /// The cluster name of the Peer the spec names, or why that Peer cannot be used.
+    pub peer: Option<Result<String, Blocked>>,
+    /// Destination half: the source half as it last called.
+    pub counterpart: Option<Counterpart>,
+    /// Destination half: the receiver Service's `host:port`, once it has one.
+    pub receiver_address: Option<String>,
+    /// Destination half: whether the receiver's Service exists.
+    pub service_exists: bool,
+    /// Source half: the destination half's answer (none when the Peer is unusable).
+    pub answer: Option<Result<PairResponse, Blocked>>,
 }
 
 /// A change the apply step makes.
@@ -89,6 +119,18 @@ pub enum Action {
         attempt: u32,
         receiver_ip: String,
     },
+    /// A source half's sender, connecting to the receiver's Service in the other cluster.
+    CreateRemoteSender {
+        run: u32,
+        attempt: u32,
+        address: String,
+    },
+    /// A destination half's Service in front of the receiver of (run, attempt).
+    ApplyReceiverService {
+        run: u32,
+        attempt: u32,
+    },
+    DeleteService(String),
     DeletePod(String),
     DeleteSecret(String),
     /// `ttlSecondsAfterFinished` ran out.
@@ -151,6 +193,11 @@ fn unsupported(spec: &TransferSpec, root_movers_allowed: bool) -> Option<Blocked
         reason: Reason::InvalidSpec,
         message,
     })
+}
+
+/// A half whose Peer is missing or unusable waits with the reason.
+fn peer_blocked(obs: &Observed) -> Option<Blocked> {
+    obs.remote.as_ref()?.peer.clone()?.err()
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -231,6 +278,106 @@ impl Ctx<'_> {
         self.delete_children(uid, false);
     }
 
+    /// The other cluster's name (a half's Peer), for messages.
+    fn peer_cluster(&self) -> String {
+        self.obs
+            .remote
+            .as_ref()
+            .and_then(|r| r.peer.clone())
+            .and_then(|p| p.ok())
+            .unwrap_or_else(|| "?".into())
+    }
+
+    /// Destination half: the other cluster's sender of the current attempt, as its operator
+    /// last reported it, seen as a pod of this attempt.
+    fn remote_sender(&self) -> Option<PodView> {
+        let c = self.obs.remote.as_ref()?.counterpart.as_ref()?;
+        let r = c.report.as_ref()?;
+        if (r.run, r.attempt) != (self.st.run, self.st.attempts) {
+            return None;
+        }
+        let phase = match r.state {
+            SenderState::Pending => PodPhase::Pending,
+            SenderState::Running => PodPhase::Running,
+            SenderState::Succeeded => PodPhase::Succeeded,
+            SenderState::Failed => PodPhase::Failed,
+        };
+        Some(PodView {
+            name: format!("{}/{}", c.source.namespace, r.pod),
+            phase,
+            ready: phase == PodPhase::Running,
+            ip: None,
+            node: None,
+            message: r.message.clone(),
+            exit_code: r.exit_code,
+            deleting: false,
+        })
+    }
+
+    /// Destination half: waits (receiver stopped) while the source half has not called, or
+    /// has gone silent or withdrew.
+    fn await_counterpart(&mut self, t: &Transfer, uid: &str) -> Option<Duration> {
+        let now = self.obs.now;
+        let heard = self
+            .obs
+            .remote
+            .as_ref()
+            .and_then(|r| r.counterpart.as_ref())
+            .is_some_and(|c| until(c.last_call, now) < COUNTERPART_SILENCE);
+        if heard {
+            return None;
+        }
+        let remote = t.spec.source.remote.clone().unwrap_or_default();
+        let peer = self.peer_cluster();
+        if self.st.phase != Phase::Pending || self.st.receiver.is_some() {
+            self.stop_attempt(uid);
+        }
+        self.st.phase = Phase::Pending;
+        self.st.remote = Some(crate::api::RemoteStatus {
+            cluster: peer.clone(),
+            transfer_id: Some(names::transfer_id(uid, self.st.run)),
+            receiver_address: None,
+        });
+        self.cond(
+            ConditionType::Ready,
+            false,
+            Reason::WaitingForCounterpart,
+            &format!(
+                "waiting for Transfer {}/{} in cluster {peer} (Peer {}) to pair: its operator                  has not called this cluster's cross-cluster endpoint in the last {} s (create                  that Transfer with destination.remote naming this one)",
+                remote.namespace,
+                remote.name,
+                remote.peer,
+                COUNTERPART_SILENCE.as_secs()
+            ),
+        );
+        Some(RESYNC_BLOCKED)
+    }
+
+    /// Destination half: the Service in front of the current receiver, and its address in
+    /// status once the receiver accepts connections (the source half reads it from there).
+    fn publish_receiver(&mut self, uid: &str, recv: Option<&PodView>) {
+        let (run, attempt) = (self.st.run, self.st.attempts);
+        let remote = self.obs.remote.clone().unwrap_or_default();
+        // Applied with each new receiver: the selector names the attempt.
+        if recv.is_none() || !remote.service_exists {
+            self.actions
+                .push(Action::ApplyReceiverService { run, attempt });
+        }
+        let ready = recv.is_some_and(|r| r.ready && r.phase == PodPhase::Running);
+        self.st.remote = Some(crate::api::RemoteStatus {
+            cluster: self.peer_cluster(),
+            transfer_id: Some(names::transfer_id(uid, run)),
+            receiver_address: remote.receiver_address.filter(|_| ready),
+        });
+    }
+
+    fn delete_receiver_service(&mut self, uid: &str) {
+        if self.obs.remote.as_ref().is_some_and(|r| r.service_exists) {
+            self.actions
+                .push(Action::DeleteService(names::service_name(uid, self.st.run)));
+        }
+    }
+
     fn finish(&mut self, phase: Phase, reason: Reason, message: &str) {
         self.st.phase = phase;
         self.st.completion_time = Some(self.now.clone());
@@ -267,7 +414,11 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         obs,
     };
     cx.st.observed_generation = t.metadata.generation;
-    let requeue = step(t, &uid, &mut cx);
+    let requeue = if t.is_source_half() {
+        source_half::step(t, &uid, &mut cx)
+    } else {
+        step(t, &uid, &mut cx)
+    };
     if cx.st.phase != before.phase {
         let reason = cx
             .st
@@ -347,6 +498,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         if cx.obs.secrets.contains(&secret) {
             cx.actions.push(Action::DeleteSecret(secret));
         }
+        cx.delete_receiver_service(uid);
         let (Some(ttl), Some(done)) = (spec.ttl_seconds_after_finished, &cx.st.completion_time)
         else {
             return None;
@@ -366,7 +518,8 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     });
     let blocked = unsupported(spec, cx.obs.root_movers_allowed)
         .or(psa)
-        .or_else(|| cx.obs.placement.clone().err());
+        .or_else(|| cx.obs.placement.clone().err())
+        .or_else(|| peer_blocked(cx.obs));
     if let Some(b) = blocked {
         let reported = cx
             .st
@@ -436,8 +589,17 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     }
     cx.delete_children(uid, true);
 
+    let destination_half = t.is_destination_half();
+    if destination_half && let Some(wait) = cx.await_counterpart(t, uid) {
+        return Some(wait);
+    }
+
     let recv = cx.pod(MoverRole::Receiver, uid).cloned();
-    let send = cx.pod(MoverRole::Sender, uid).cloned();
+    let send = if destination_half {
+        cx.remote_sender()
+    } else {
+        cx.pod(MoverRole::Sender, uid).cloned()
+    };
     let recv_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Receiver);
     let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
@@ -577,6 +739,9 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     {
         cx.actions.push(Action::CreateSecret { run, attempt });
     }
+    if destination_half {
+        cx.publish_receiver(uid, recv.as_ref());
+    }
     match &recv {
         None => {
             cx.actions.push(Action::CreateReceiver { run, attempt });
@@ -594,6 +759,18 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                 node: r.node.clone(),
             });
             match (&send, r.ready, &r.ip) {
+                (None, true, Some(_)) if destination_half => {
+                    let peer = cx.peer_cluster();
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!(
+                            "attempt {attempt}: the receiver is ready; waiting for the sender in                              cluster {peer}"
+                        ),
+                    );
+                }
                 (None, true, Some(ip)) => {
                     cx.actions.push(Action::CreateSender {
                         run,
@@ -892,6 +1069,7 @@ pub(crate) mod tests {
             may_start: true,
             host_path_forbidden: false,
             root_movers_allowed: false,
+            remote: None,
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
-use crate::{cluster_dir, node_root, wait_until};
+use crate::{Cluster, cluster_dir, wait_until};
 
 /// The operator's service account, as `deploy/rbac.yaml` creates it.
 pub const OPERATOR_USER: &str = "system:serviceaccount:ferry-system:ferry-operator";
@@ -49,9 +49,14 @@ pub fn k8s_tool(name: &str) -> anyhow::Result<PathBuf> {
 
 /// Runs kubectl as the cluster admin; fails with its output unless it succeeds.
 pub fn kubectl(args: &[&str]) -> anyhow::Result<String> {
+    kubectl_in(Cluster::Main, args)
+}
+
+/// Runs kubectl as `cluster`'s admin.
+pub fn kubectl_in(cluster: Cluster, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(k8s_tool("kubectl")?)
         .args(args)
-        .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
+        .env("KUBECONFIG", cluster.dir().join("kubeconfig"))
         .output()
         .context("failed to run kubectl")?;
     if !out.status.success() {
@@ -68,37 +73,40 @@ fn repo_file(rel: &str) -> String {
     format!("{}/../../{rel}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Applies the CRD and the RBAC from the repository and waits until the CRD is served.
+/// Applies the CRDs and the RBAC from the repository and waits until the CRDs are served.
 pub fn install_crd_and_rbac() -> anyhow::Result<()> {
-    kubectl(&[
-        "apply",
-        "--server-side",
-        "-f",
-        &repo_file("crds/ferry.dev_transfers.yaml"),
-    ])?;
-    kubectl(&[
-        "apply",
-        "--server-side",
-        "-f",
-        &repo_file("deploy/rbac.yaml"),
-    ])?;
-    kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/transfers.ferry.dev",
-        "--timeout=60s",
-    ])?;
+    install_crd_and_rbac_in(Cluster::Main)
+}
+
+pub fn install_crd_and_rbac_in(cluster: Cluster) -> anyhow::Result<()> {
+    for file in [
+        "crds/ferry.dev_transfers.yaml",
+        "crds/ferry.dev_peers.yaml",
+        "deploy/rbac.yaml",
+    ] {
+        kubectl_in(cluster, &["apply", "--server-side", "-f", &repo_file(file)])?;
+    }
+    kubectl_in(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/transfers.ferry.dev",
+            "crd/peers.ferry.dev",
+            "--timeout=60s",
+        ],
+    )?;
     Ok(())
 }
 
 /// A kubeconfig that authenticates as the operator's service account (a bound token), written by
 /// the script the benchmarks use too.
-fn operator_kubeconfig(path: &Path) -> anyhow::Result<()> {
+fn operator_kubeconfig(cluster: Cluster, path: &Path) -> anyhow::Result<()> {
     let out = Command::new(repo_file("tests/cluster/sa-kubeconfig.sh"))
         .args(["ferry-system", "ferry-operator"])
         .arg(path)
         .args(["4h"])
-        .env("FERRY_CLUSTER_DIR", cluster_dir())
+        .env("FERRY_CLUSTER_DIR", cluster.dir())
         .output()
         .context("failed to run tests/cluster/sa-kubeconfig.sh")?;
     if !out.status.success() {
@@ -113,9 +121,19 @@ fn operator_kubeconfig(path: &Path) -> anyhow::Result<()> {
 /// Host directories the operator's movers write: under `host_root` on every node, owned by
 /// the movers' uid (as an admin prepares them on a real node).
 pub fn prepare_nodes(host_root: &str, uid: u32, nodes: &[&str]) -> anyhow::Result<()> {
+    prepare_nodes_in(Cluster::Main, host_root, uid, nodes)
+}
+
+pub fn prepare_nodes_in(
+    cluster: Cluster,
+    host_root: &str,
+    uid: u32,
+    nodes: &[&str],
+) -> anyhow::Result<()> {
     for node in nodes {
         for dir in ["", "cas"] {
-            let p = node_root(node)
+            let p = cluster
+                .node_root(node)
                 .join(host_root.trim_start_matches('/'))
                 .join(dir);
             std::fs::create_dir_all(&p)?;
@@ -135,9 +153,20 @@ impl OperatorProcess {
     /// Starts the operator under its service account, granting `host_root` to every namespace,
     /// with leader-election Lease `lease`; returns once it authenticated as that account.
     pub async fn start(name: &str, host_root: &str, lease: &str) -> anyhow::Result<Self> {
-        let kubeconfig = cluster_dir().join(format!("{name}.kubeconfig"));
-        operator_kubeconfig(&kubeconfig)?;
-        let log = cluster_dir().join("logs").join(format!("{name}.log"));
+        Self::start_in(Cluster::Main, name, host_root, lease, &[]).await
+    }
+
+    /// Starts it against `cluster`, with `extra` flags.
+    pub async fn start_in(
+        cluster: Cluster,
+        name: &str,
+        host_root: &str,
+        lease: &str,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let kubeconfig = cluster.dir().join(format!("{name}.kubeconfig"));
+        operator_kubeconfig(cluster, &kubeconfig)?;
+        let log = cluster.dir().join("logs").join(format!("{name}.log"));
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -157,6 +186,7 @@ impl OperatorProcess {
             "--leader-election-id",
             lease,
         ])
+        .args(extra)
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,ferry_operator=debug")
         .env("POD_NAME", format!("{name}-{}", std::process::id()))

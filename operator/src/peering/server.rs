@@ -1,0 +1,404 @@
+//! The cross-cluster API server: mutual TLS (callers authenticated by their Peer's CA before any
+//! request is read), a bounded number of connections, a request-rate limit per peer cluster,
+//! small bodies, and handlers that only read Transfers and record what a source half reports.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::registry::{Counterpart, Registry};
+use super::trust::{self, PEERING_ID};
+use super::wire::{self, HalfRef, PairRequest, PairResponse, Refusal, Versions, WithdrawRequest};
+use crate::api::{Peer, Transfer};
+use crate::names;
+
+/// Connections served at once; more wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 64;
+/// Handshake, then the whole exchange of one connection.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Request bodies are a few hundred bytes.
+const MAX_BODY: usize = 64 * 1024;
+/// Requests per second each peer cluster may make, and the burst it may save up.
+const RATE_PER_SECOND: f64 = 20.0;
+const BURST: f64 = 40.0;
+
+/// What the handlers need.
+pub struct ApiState {
+    pub client: Client,
+    pub peers: Store<Peer>,
+    pub registry: Arc<Registry>,
+    pub wake: mpsc::Sender<ObjectRef<Transfer>>,
+    pub local_cluster: String,
+    limiter: RateLimiter,
+}
+
+impl ApiState {
+    pub fn new(
+        client: Client,
+        peers: Store<Peer>,
+        registry: Arc<Registry>,
+        wake: mpsc::Sender<ObjectRef<Transfer>>,
+        local_cluster: String,
+    ) -> ApiState {
+        ApiState {
+            client,
+            peers,
+            registry,
+            wake,
+            local_cluster,
+            limiter: RateLimiter::default(),
+        }
+    }
+}
+
+/// A token bucket per peer cluster.
+#[derive(Default)]
+struct RateLimiter {
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    fn allow(&self, cluster: &str, now: Instant) -> bool {
+        let mut b = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, last) = b.entry(cluster.to_owned()).or_insert((BURST, now));
+        let elapsed = now.saturating_duration_since(*last).as_secs_f64();
+        *tokens = (*tokens + elapsed * RATE_PER_SECOND).min(BURST);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The server's certificate, issued again every hour (leaves live for `--cert-days`).
+struct RotatingCert {
+    authority: Arc<crate::pki::Authority>,
+    current: Mutex<Option<(Instant, Arc<rustls::sign::CertifiedKey>)>>,
+}
+
+impl std::fmt::Debug for RotatingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RotatingCert")
+            .field("cluster", &self.authority.cluster())
+            .finish_non_exhaustive()
+    }
+}
+
+const REISSUE_AFTER: Duration = Duration::from_secs(3600);
+
+impl rustls::server::ResolvesServerCert for RotatingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, key)) = cur.as_ref()
+            && at.elapsed() < REISSUE_AFTER
+        {
+            return Some(key.clone());
+        }
+        let issued = self.authority.peering_cert().ok().and_then(|(chain, key)| {
+            let signer = ferry_mover::net::provider()
+                .key_provider
+                .load_private_key(key)
+                .ok()?;
+            Some(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)))
+        });
+        match issued {
+            Some(k) => {
+                *cur = Some((Instant::now(), k.clone()));
+                Some(k)
+            }
+            None => {
+                tracing::warn!("cross-cluster API: could not issue the server certificate");
+                cur.as_ref().map(|(_, k)| k.clone())
+            }
+        }
+    }
+}
+
+/// TLS settings of the API: TLS 1.3, callers verified against their Peer's CA bundle.
+pub fn tls_config(
+    authority: Arc<crate::pki::Authority>,
+    peers: Store<Peer>,
+) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let provider = ferry_mover::net::provider();
+    let verifier = Arc::new(trust::CallerVerifier {
+        peers,
+        local_cluster: authority.cluster().to_owned(),
+        provider: provider.clone(),
+    });
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(RotatingCert {
+            authority,
+            current: Mutex::new(None),
+        }));
+    cfg.send_tls13_tickets = 0;
+    Ok(Arc::new(cfg))
+}
+
+/// Serves until the listener fails; each connection on its own task.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    state: Arc<ApiState>,
+) -> std::io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (tcp, addr) = listener.accept().await?;
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%addr, "cross-cluster API: too many connections; dropping one");
+            continue;
+        };
+        let (acceptor, state) = (acceptor.clone(), state.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::info!(%addr, "cross-cluster API: handshake refused: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%addr, "cross-cluster API: handshake timed out");
+                    return;
+                }
+            };
+            // The verifier accepted only a peering identity of a cluster a Peer names.
+            let cluster = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| ferry_mover::net::Identity::from_cert_der(c).ok())
+                .filter(|id| id.transfer_id == PEERING_ID)
+                .and_then(|id| id.scope)
+                .map(|s| s.cluster);
+            let Some(cluster) = cluster else { return };
+            let service = hyper::service::service_fn(move |req| {
+                let (state, cluster) = (state.clone(), cluster.clone());
+                async move { Ok::<_, Infallible>(handle(req, &cluster, &state).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(tls), service);
+            if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                tracing::debug!(%addr, "cross-cluster API connection: {e}");
+            }
+        });
+    }
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn refuse(status: StatusCode, reason: &str, message: String) -> Response<Full<Bytes>> {
+    json(
+        status,
+        &Refusal {
+            reason: reason.to_owned(),
+            message,
+        },
+    )
+}
+
+async fn body<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+) -> Result<T, Response<Full<Bytes>>> {
+    let bytes = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")))?
+        .to_bytes();
+    serde_json::from_slice(&bytes)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, "BadRequest", format!("body: {e}")))
+}
+
+async fn handle(req: Request<Incoming>, cluster: &str, st: &ApiState) -> Response<Full<Bytes>> {
+    if !st.limiter.allow(cluster, Instant::now()) {
+        return refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RateLimited",
+            format!("cluster {cluster} calls faster than {RATE_PER_SECOND} requests per second"),
+        );
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let v1 = wire::VERSIONS[0];
+    match (method, path.as_str()) {
+        (Method::GET, wire::VERSIONS_PATH) => json(
+            StatusCode::OK,
+            &Versions {
+                versions: wire::VERSIONS.iter().map(|v| v.to_string()).collect(),
+            },
+        ),
+        (Method::POST, p) if p == wire::pair_path(v1) => match body::<PairRequest>(req).await {
+            Ok(r) => pair(r, cluster, st).await,
+            Err(resp) => resp,
+        },
+        (Method::POST, p) if p == wire::withdraw_path(v1) => {
+            match body::<WithdrawRequest>(req).await {
+                Ok(r) => withdraw(r, cluster, st).await,
+                Err(resp) => resp,
+            }
+        }
+        (_, p) => refuse(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!(
+                "no such API path {p} (this operator speaks {:?})",
+                wire::VERSIONS
+            ),
+        ),
+    }
+}
+
+/// The destination Transfer `dest`, checked to take its source from `source` in `cluster`.
+async fn counterpart_of(
+    dest: &HalfRef,
+    source: &HalfRef,
+    cluster: &str,
+    st: &ApiState,
+) -> Result<(Transfer, String), Response<Full<Bytes>>> {
+    let api: Api<Transfer> = Api::namespaced(st.client.clone(), &dest.namespace);
+    let local = &st.local_cluster;
+    let t = match api.get_opt(&dest.name).await {
+        Ok(Some(t)) if t.metadata.deletion_timestamp.is_none() => t,
+        Ok(_) => {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "CounterpartMissing",
+                format!("cluster {local} has no Transfer {dest}"),
+            ));
+        }
+        Err(e) => {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Unavailable",
+                format!("cluster {local} cannot read Transfer {dest}: {e}"),
+            ));
+        }
+    };
+    let peers: Vec<String> = trust::peers_of_cluster(&st.peers, cluster)
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let remote = t.spec.source.remote.as_ref();
+    let matches = remote.is_some_and(|r| {
+        peers.contains(&r.peer) && r.namespace == source.namespace && r.name == source.name
+    });
+    if !matches {
+        let declared = match remote {
+            Some(r) => format!(
+                "takes its source from Transfer {}/{} of Peer {}",
+                r.namespace, r.name, r.peer
+            ),
+            None => "does not take its source from another cluster".to_owned(),
+        };
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            "CounterpartMismatch",
+            format!(
+                "Transfer {dest} in cluster {local} {declared}, not from Transfer {source} of \
+                 cluster {cluster}"
+            ),
+        ));
+    }
+    let peer = remote.map(|r| r.peer.clone()).unwrap_or_default();
+    Ok((t, peer))
+}
+
+async fn pair(r: PairRequest, cluster: &str, st: &ApiState) -> Response<Full<Bytes>> {
+    let (t, peer) = match counterpart_of(&r.destination, &r.source, cluster, st).await {
+        Ok(x) => x,
+        Err(resp) => return resp,
+    };
+    let uid = t.uid().unwrap_or_default();
+    let changed = st.registry.record(
+        &uid,
+        Counterpart {
+            peer,
+            source: r.source,
+            report: r.sender,
+            last_call: Timestamp::now(),
+        },
+    );
+    if changed {
+        let _ = st.wake.try_send(ObjectRef::from_obj(&t));
+    }
+    let status = t.status.clone().unwrap_or_default();
+    let receiver = if status.phase.is_finished() {
+        None
+    } else {
+        status
+            .remote
+            .as_ref()
+            .and_then(|r| r.receiver_address.clone())
+    };
+    json(
+        StatusCode::OK,
+        &PairResponse {
+            transfer_id: names::transfer_id(&uid, status.run),
+            run: status.run,
+            attempt: status.attempts,
+            receiver,
+            status,
+        },
+    )
+}
+
+async fn withdraw(r: WithdrawRequest, cluster: &str, st: &ApiState) -> Response<Full<Bytes>> {
+    match counterpart_of(&r.destination, &r.source, cluster, st).await {
+        Ok((t, _)) => {
+            if st.registry.withdraw(&t.uid().unwrap_or_default()) {
+                let _ = st.wake.try_send(ObjectRef::from_obj(&t));
+            }
+            json(StatusCode::OK, &serde_json::json!({}))
+        }
+        // Nothing here pairs with the caller: nothing to stop.
+        Err(_) => json(StatusCode::OK, &serde_json::json!({})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_peer_cluster_has_its_own_budget() {
+        let l = RateLimiter::default();
+        let t0 = Instant::now();
+        let allowed = (0..100).filter(|_| l.allow("west", t0)).count();
+        assert_eq!(allowed, BURST as usize);
+        assert!(l.allow("north", t0), "another cluster is not throttled");
+        assert!(!l.allow("west", t0));
+        assert!(l.allow("west", t0 + Duration::from_millis(100)), "refills");
+    }
+}

@@ -1,0 +1,239 @@
+//! Who may call this cluster's cross-cluster API, and whom this cluster's operator believes when
+//! it calls another: a Peer's CA is trusted only for the peering identity of that Peer's cluster
+//! (`urn:ferry:cluster:<clusterName>:transfer:ferry-peering:attempt:0:role:operator`), never for
+//! this cluster's identities or a mover's.
+
+use std::sync::Arc;
+
+use ferry_mover::net::{Identity, Role};
+use kube::runtime::reflector::Store;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+
+use crate::api::Peer;
+
+/// The transfer id of the identity operators use toward each other.
+pub const PEERING_ID: &str = "ferry-peering";
+
+/// The identity `cluster`'s operator presents on the cross-cluster API.
+pub fn peering_identity(cluster: &str) -> Result<Identity, ferry_mover::net::IdentityError> {
+    Identity::scoped(PEERING_ID, Role::Operator, cluster, 0)
+}
+
+/// A Peer, parsed: its object name, its cluster name, its CA certificates and its endpoint.
+#[derive(Debug, Clone)]
+pub struct PeerEntry {
+    pub name: String,
+    pub cluster: String,
+    pub roots: Arc<RootCertStore>,
+    pub endpoint: String,
+}
+
+/// Reads a Peer; the error says what is wrong with it.
+pub fn peer_entry(p: &Peer) -> Result<PeerEntry, String> {
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(p.spec.ca_bundle.as_bytes()) {
+        let c = c.map_err(|e| format!("Peer {name}: caBundle is not PEM: {e}"))?;
+        roots
+            .add(c)
+            .map_err(|e| format!("Peer {name}: caBundle holds an unusable certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("Peer {name}: caBundle holds no certificate"));
+    }
+    Ok(PeerEntry {
+        name,
+        cluster: p.spec.cluster_name.clone(),
+        roots: Arc::new(roots),
+        endpoint: p.spec.endpoint.clone(),
+    })
+}
+
+/// The Peers naming `cluster` (several are allowed: one per name the Transfers use).
+pub fn peers_of_cluster(store: &Store<Peer>, cluster: &str) -> Vec<Arc<Peer>> {
+    store
+        .state()
+        .into_iter()
+        .filter(|p| p.spec.cluster_name == cluster)
+        .collect()
+}
+
+fn general(e: impl std::fmt::Display) -> rustls::Error {
+    rustls::Error::General(e.to_string())
+}
+
+/// The peering identity a certificate claims, and its cluster (read before the chain is
+/// checked only to pick the CA that must have signed it).
+fn claimed_peer(end_entity: &CertificateDer<'_>) -> Result<(Identity, String), rustls::Error> {
+    let id = Identity::from_cert_der(end_entity).map_err(general)?;
+    match &id.scope {
+        Some(s) if id.role == Role::Operator && id.transfer_id == PEERING_ID => {
+            let cluster = s.cluster.clone();
+            Ok((id, cluster))
+        }
+        _ => Err(general(format!(
+            "certificate identity {id} is not a ferry operator's peering identity"
+        ))),
+    }
+}
+
+/// The server's verifier of callers: the caller's claimed cluster must have a Peer here, and
+/// its certificate must chain to that Peer's CA bundle. Unknown clusters are refused in the
+/// handshake, before any request is read.
+#[derive(Debug)]
+pub struct CallerVerifier {
+    pub peers: Store<Peer>,
+    pub local_cluster: String,
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for CallerVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let (_, cluster) = claimed_peer(end_entity)?;
+        if cluster == self.local_cluster {
+            return Err(general(format!(
+                "a caller claims to be this cluster ({cluster}); only peers call this endpoint"
+            )));
+        }
+        let peers = peers_of_cluster(&self.peers, &cluster);
+        if peers.is_empty() {
+            tracing::warn!(%cluster, "refused a caller from a cluster no Peer names");
+            return Err(general(format!("no Peer names cluster {cluster}")));
+        }
+        // Any of this cluster's Peers may vouch (they should agree; during a CA rotation one
+        // may already carry the new bundle).
+        let mut last = None;
+        for p in peers {
+            let entry = match peer_entry(&p) {
+                Ok(e) => e,
+                Err(e) => {
+                    last = Some(general(e));
+                    continue;
+                }
+            };
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(entry.roots, self.provider.clone())
+                    .build()
+                    .map_err(general)?;
+            match verifier.verify_client_cert(end_entity, intermediates, now) {
+                Ok(v) => return Ok(v),
+                Err(e) => last = Some(e),
+            }
+        }
+        tracing::warn!(%cluster, "refused a caller whose certificate its Peer's caBundle does not vouch for");
+        Err(last.unwrap_or_else(|| general("no usable Peer")))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(general("TLS 1.2 is not allowed"))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The client's verifier of a peer's endpoint: its certificate must chain to the Peer's CA
+/// bundle and carry the peering identity of the Peer's cluster.
+#[derive(Debug)]
+pub struct EndpointVerifier {
+    pub peer: PeerEntry,
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for EndpointVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &parsed,
+            &self.peer.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        let (id, cluster) = claimed_peer(end_entity)?;
+        if cluster != self.peer.cluster {
+            return Err(general(format!(
+                "the endpoint of Peer {} presented {id}, but the Peer names cluster {}",
+                self.peer.name, self.peer.cluster
+            )));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(general("TLS 1.2 is not allowed"))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}

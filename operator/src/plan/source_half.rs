@@ -1,0 +1,143 @@
+//! The source half of a cross-cluster Transfer. The destination half, in the other cluster,
+//! decides runs and attempts and holds the figures that count (what was written); this half
+//! mirrors its status and runs the sender of each attempt once the receiver's Service accepts
+//! connections. Its sender's state reaches the destination with the next call.
+
+use super::*;
+use crate::api::RemoteStatus;
+
+/// How often a finished source half still asks (a new run may start over there).
+const POLL_FINISHED: Duration = Duration::from_secs(30);
+
+pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
+    let remote = cx.obs.remote.clone().unwrap_or_default();
+    let uses_host_path = t.spec.source.host_path.is_some();
+    let psa = (cx.obs.host_path_forbidden && uses_host_path).then(|| Blocked {
+        reason: Reason::PodSecurityForbidsHostPath,
+        message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use a claim here, or a namespace at the privileged level".into(),
+    });
+    let blocked = unsupported(&t.spec, cx.obs.root_movers_allowed)
+        .or(psa)
+        .or_else(|| cx.obs.placement.clone().err())
+        .or_else(|| peer_blocked(cx.obs));
+    if let Some(b) = blocked {
+        return Some(wait(uid, cx, b));
+    }
+    let peer_cluster = cx.peer_cluster();
+    match remote.answer {
+        Some(Ok(answer)) => Some(follow(uid, cx, &answer, &peer_cluster)),
+        Some(Err(b)) => Some(wait(uid, cx, b)),
+        None => Some(wait(
+            uid,
+            cx,
+            Blocked {
+                reason: Reason::PeerUnreachable,
+                message: "the destination half was not asked yet".into(),
+            },
+        )),
+    }
+}
+
+/// No usable answer: the sender stops, and the half waits with the reason. A finished half
+/// keeps its outcome (the destination half may be gone because it finished).
+fn wait(uid: &str, cx: &mut Ctx<'_>, b: Blocked) -> Duration {
+    cx.delete_children(uid, false);
+    if cx.st.phase.is_finished() {
+        return POLL_FINISHED;
+    }
+    let reported = cx
+        .st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str());
+    if !reported {
+        cx.notes.push(Note {
+            warning: true,
+            reason: b.reason.as_str(),
+            message: b.message.clone(),
+        });
+    }
+    cx.st.phase = Phase::Pending;
+    cx.st.sender = None;
+    cx.st.throughput = None;
+    cx.st.eta = None;
+    if let Some(r) = cx.st.remote.as_mut() {
+        r.receiver_address = None;
+    }
+    cx.cond(ConditionType::Ready, false, b.reason, &b.message);
+    cx.st.last_error = Some(LastError {
+        reason: b.reason.as_str().to_owned(),
+        message: b.message.clone(),
+    });
+    // A missing counterpart is usually being created right now.
+    if b.reason == Reason::CounterpartMissing {
+        POLL_REMOTE
+    } else {
+        RESYNC_BLOCKED
+    }
+}
+
+/// Mirrors the destination half and runs the sender its current attempt needs.
+fn follow(uid: &str, cx: &mut Ctx<'_>, answer: &PairResponse, peer_cluster: &str) -> Duration {
+    let mut st = answer.status.clone();
+    st.observed_generation = cx.generation;
+    for c in &mut st.conditions {
+        c.observed_generation = cx.generation;
+    }
+    st.sender = None;
+    st.remote = Some(RemoteStatus {
+        cluster: peer_cluster.to_owned(),
+        transfer_id: Some(answer.transfer_id.clone()),
+        receiver_address: answer.receiver.clone(),
+    });
+    st.receiver = st.receiver.map(|r| MoverRef {
+        pod: format!("{peer_cluster}/{}", r.pod),
+        node: r.node,
+    });
+    cx.st = st;
+    if cx.st.phase.is_finished() {
+        // As in one cluster: the last sender pod stays for its logs, its certificates go.
+        cx.delete_children(uid, true);
+        let secret = names::secret_name(uid, cx.st.run, cx.st.attempts);
+        if cx.obs.secrets.contains(&secret) {
+            cx.actions.push(Action::DeleteSecret(secret));
+        }
+        return POLL_FINISHED;
+    }
+    if cx.st.phase == Phase::Suspended {
+        cx.delete_children(uid, false);
+        return POLL_REMOTE;
+    }
+    // Children of other attempts go; the current attempt's sender stays whatever its state
+    // (the destination half decides what a failure means).
+    cx.delete_children(uid, true);
+    let (run, attempt) = (answer.run, answer.attempt);
+    match (cx.pod(MoverRole::Sender, uid).cloned(), &answer.receiver) {
+        (Some(p), _) => {
+            cx.st.sender = Some(MoverRef {
+                pod: p.name,
+                node: p.node,
+            });
+        }
+        (None, Some(address)) if cx.obs.may_start => {
+            if !cx
+                .obs
+                .secrets
+                .contains(&names::secret_name(uid, run, attempt))
+            {
+                cx.actions.push(Action::CreateSecret { run, attempt });
+            }
+            cx.actions.push(Action::CreateRemoteSender {
+                run,
+                attempt,
+                address: address.clone(),
+            });
+            cx.st.sender = Some(MoverRef {
+                pod: names::pod_name(uid, run, attempt, MoverRole::Sender),
+                node: None,
+            });
+        }
+        (None, _) => {}
+    }
+    POLL_REMOTE
+}

@@ -1,0 +1,423 @@
+//! Cross-cluster Transfers on the two local clusters: `ferry` plays cluster west (the source)
+//! and `peer` cluster east (the destination). Each runs its own operator process (host
+//! processes with each cluster's kubeconfig, their cross-cluster APIs on loopback), and each
+//! cluster has a Peer naming the other with its CA certificate: nothing secret is copied.
+//! The data goes from west's sender pod to east's receiver through east's NodePort Service.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use ferry_cluster_tests::operator::{
+    OperatorProcess, install_crd_and_rbac_in, kubectl_in, prepare_nodes_in,
+};
+use ferry_cluster_tests::transfers::{MOVER_UID, assert_same_tree, make_tree};
+use ferry_cluster_tests::{Cluster, TestNamespace, wait_until};
+use ferry_operator::api::{Phase, Transfer};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+const HOST_ROOT: &str = "/ferry-xc";
+const WEST: Cluster = Cluster::Main;
+const EAST: Cluster = Cluster::Peer;
+const WEST_NODE: &str = "node-a";
+const EAST_NODE: &str = "peer-b";
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Both operators and both Peers, set up once for every test of this file.
+struct Pair {
+    _west: OperatorProcess,
+    east: OperatorProcess,
+    west_name: String,
+    east_name: String,
+    east_endpoint: String,
+    west_ca: String,
+    east_ca: String,
+}
+
+static PAIR: tokio::sync::OnceCell<Result<Pair, String>> = tokio::sync::OnceCell::const_new();
+
+async fn pair() -> anyhow::Result<&'static Pair> {
+    let p = PAIR
+        .get_or_init(|| async { setup().await.map_err(|e| format!("{e:#}")) })
+        .await;
+    match p {
+        Ok(p) => Ok(p),
+        Err(e) => bail!("the two operators did not start: {e}"),
+    }
+}
+
+/// The address the operator `name` of this test process says its cross-cluster API listens on
+/// (the log may hold earlier runs: only lines after this process took the lead count).
+async fn api_address(op: &OperatorProcess, name: &str) -> anyhow::Result<String> {
+    let mut found = None;
+    let leading = format!("identity={name}-{}", std::process::id());
+    wait_until(Duration::from_secs(60), "the cross-cluster API", || {
+        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
+        found = log
+            .lines()
+            .skip_while(|l| !l.contains(&leading))
+            .find(|l| l.contains("cross-cluster API listening"))
+            .and_then(|l| l.split("addr=").nth(1))
+            .map(|a| a.split_whitespace().next().unwrap_or_default().to_owned());
+        let ok = found.is_some();
+        async move { Ok(ok) }
+    })
+    .await?;
+    found.context("no address")
+}
+
+/// The CA certificate and the cluster name the operator of `cluster` stored in `ferry-ca`.
+async fn ca_of(cluster: Cluster) -> anyhow::Result<(String, String)> {
+    let secrets: Api<Secret> = Api::namespaced(cluster.client().await?, "ferry-system");
+    let mut out = None;
+    wait_until(Duration::from_secs(30), "the operator's CA Secret", || {
+        let secrets = secrets.clone();
+        async move { Ok(secrets.get_opt("ferry-ca").await?.is_some()) }
+    })
+    .await?;
+    if let Some(s) = secrets.get_opt("ferry-ca").await? {
+        let cert = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .context("tls.crt")?;
+        let name = s
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("ferry.dev/cluster-name"))
+            .cloned()
+            .context("cluster name annotation")?;
+        out = Some((cert, name));
+    }
+    out.context("no CA")
+}
+
+fn apply_peer(
+    cluster: Cluster,
+    name: &str,
+    cluster_name: &str,
+    ca: &str,
+    endpoint: &str,
+) -> anyhow::Result<()> {
+    let manifest = serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Peer",
+        "metadata": {"name": name},
+        "spec": {"clusterName": cluster_name, "caBundle": ca, "endpoint": endpoint},
+    });
+    let file = cluster.dir().join(format!("peer-{name}.json"));
+    std::fs::write(&file, manifest.to_string())?;
+    kubectl_in(
+        cluster,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &file.display().to_string(),
+        ],
+    )?;
+    Ok(())
+}
+
+async fn setup() -> anyhow::Result<Pair> {
+    for c in [WEST, EAST] {
+        install_crd_and_rbac_in(c)?;
+    }
+    prepare_nodes_in(WEST, HOST_ROOT, MOVER_UID, &[WEST_NODE])?;
+    prepare_nodes_in(EAST, HOST_ROOT, MOVER_UID, &[EAST_NODE])?;
+    let flags = |name: &'static str| ["--cluster-name", name, "--peering-listen", "127.0.0.1:0"];
+    let west = OperatorProcess::start_in(
+        WEST,
+        "ferry-xc-west",
+        HOST_ROOT,
+        "ferry-xc-west",
+        &flags("west"),
+    )
+    .await?;
+    let east = OperatorProcess::start_in(
+        EAST,
+        "ferry-xc-east",
+        HOST_ROOT,
+        "ferry-xc-east",
+        &flags("east"),
+    )
+    .await?;
+    let (west_endpoint, east_endpoint) = (
+        api_address(&west, "ferry-xc-west").await?,
+        api_address(&east, "ferry-xc-east").await?,
+    );
+    // A CA stored earlier keeps the cluster name it was created with.
+    let (west_ca, west_name) = ca_of(WEST).await?;
+    let (east_ca, east_name) = ca_of(EAST).await?;
+    apply_peer(WEST, "east", &east_name, &east_ca, &east_endpoint)?;
+    apply_peer(EAST, "west", &west_name, &west_ca, &west_endpoint)?;
+    Ok(Pair {
+        _west: west,
+        east,
+        west_name,
+        east_name,
+        east_endpoint,
+        west_ca,
+        east_ca,
+    })
+}
+
+/// A directory under the host root on `node` of `cluster`, owned by the movers' uid.
+fn node_dir(
+    cluster: Cluster,
+    node: &str,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<(String, PathBuf)> {
+    let rel = format!("{HOST_ROOT}/{ns}/{name}");
+    let on_host = cluster.node_root(node).join(rel.trim_start_matches('/'));
+    std::fs::create_dir_all(&on_host)?;
+    for p in [on_host.parent().context("parent")?, &on_host] {
+        std::os::unix::fs::chown(p, Some(MOVER_UID), Some(MOVER_UID))?;
+    }
+    Ok((rel, on_host))
+}
+
+/// The source half in west and the destination half in east, named alike.
+fn halves(
+    name: &str,
+    west_ns: &str,
+    east_ns: &str,
+    src: &str,
+    dst: serde_json::Value,
+    source_extra: serde_json::Value,
+) -> anyhow::Result<(Transfer, Transfer)> {
+    let mut source_spec = serde_json::json!({
+        "source": {"hostPath": {"node": WEST_NODE, "path": src}},
+        "destination": {"remote": {"peer": "east", "namespace": east_ns, "name": name}},
+    });
+    if let (Some(s), Some(e)) = (source_spec.as_object_mut(), source_extra.as_object()) {
+        s.extend(e.clone());
+    }
+    let source = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": name}, "spec": source_spec,
+    }))?;
+    let destination = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": name},
+        "spec": {
+            "source": {"remote": {"peer": "west", "namespace": west_ns, "name": name}},
+            "destination": dst,
+        },
+    }))?;
+    Ok((source, destination))
+}
+
+/// Waits until Transfer `name` is `want`; fails early when it failed.
+async fn wait_phase(api: &Api<Transfer>, name: &str, want: Phase) -> anyhow::Result<Transfer> {
+    ferry_cluster_tests::transfers::wait_phase(api, name, TIMEOUT, want).await
+}
+
+async fn ferry_pods(api: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
+    Ok(api
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator"))
+        .await?
+        .items)
+}
+
+/// The Ready condition's reason and message.
+fn ready(t: &Transfer) -> (String, String) {
+    t.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
+async fn wait_reason(api: &Api<Transfer>, name: &str, reason: &str) -> anyhow::Result<Transfer> {
+    let mut last = None;
+    let r = wait_until(
+        Duration::from_secs(60),
+        &format!("{name}: reason {reason}"),
+        || {
+            let api = api.clone();
+            let name = name.to_owned();
+            async move {
+                let t = api.get(&name).await?;
+                Ok(ready(&t).0 == reason)
+            }
+        },
+    )
+    .await;
+    if r.is_err() {
+        last = api.get_opt(name).await?;
+    }
+    r.with_context(|| format!("last status: {:?}", last.and_then(|t| t.status)))?;
+    Ok(api.get(name).await?)
+}
+
+#[tokio::test]
+async fn a_dataset_crosses_clusters_through_the_receivers_node_port() -> anyhow::Result<()> {
+    let p = pair().await?;
+    let west = TestNamespace::create_in(WEST, "xc-data").await?;
+    let east = TestNamespace::create_in(EAST, "xc-data").await?;
+    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
+    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
+    make_tree(&src_host, 300, 24, &west.name)?;
+    let (source, destination) = halves(
+        "data",
+        &west.name,
+        &east.name,
+        &src,
+        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
+        serde_json::json!({}),
+    )?;
+    let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
+    east_api
+        .create(&PostParams::default(), &destination)
+        .await?;
+    west_api.create(&PostParams::default(), &source).await?;
+
+    // While it runs: the sender connects to a node address of east and the Service's NodePort,
+    // never to the receiver pod, whose address west cannot reach at all.
+    let (west_pods, east_pods): (Api<Pod>, Api<Pod>) = (west.api(), east.api());
+    let services: Api<Service> = east.api();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let seen = loop {
+        let senders = ferry_pods(&west_pods).await?;
+        let receivers = ferry_pods(&east_pods).await?;
+        let svc = services.list(&ListParams::default()).await?.items;
+        if let (Some(s), Some(r), Some(svc)) = (senders.first(), receivers.first(), svc.first())
+            && r.status.as_ref().and_then(|s| s.pod_ip.as_ref()).is_some()
+        {
+            break Some((s.clone(), r.clone(), svc.clone()));
+        }
+        if tokio::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (sender, receiver, svc) =
+        seen.context("no sender pod in west and receiver with its Service in east")?;
+    let args = sender
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default();
+    let connect = args
+        .iter()
+        .skip_while(|a| *a != "--connect")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default();
+    let node_port = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|p| p.first())
+        .and_then(|p| p.node_port)
+        .context("nodePort")?;
+    assert_eq!(
+        svc.spec.as_ref().and_then(|s| s.type_.clone()).as_deref(),
+        Some("NodePort")
+    );
+    assert!(
+        connect.ends_with(&format!(":{node_port}")),
+        "sender connects to {connect}, the Service's NodePort is {node_port}"
+    );
+    assert!(
+        connect.starts_with("10.101."),
+        "not an address of east's node network: {connect}"
+    );
+    let receiver_ip = receiver
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default();
+    assert!(!receiver_ip.is_empty() && !connect.starts_with(&format!("{receiver_ip}:")));
+    // From west's node, east's pod addresses are filtered; its node addresses are not.
+    let probe = |addr: &str| {
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                "ferry0-node-a",
+                "timeout",
+                "3",
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{}", addr.replace(':', "/")),
+            ])
+            .status()
+            .map(|s| s.success())
+    };
+    assert!(
+        !probe(&format!("{receiver_ip}:7400"))?,
+        "west reached east's receiver pod {receiver_ip} directly"
+    );
+
+    let t_east = wait_phase(&east_api, "data", Phase::Succeeded).await?;
+    let t_west = wait_phase(&west_api, "data", Phase::Succeeded).await?;
+    let n = assert_same_tree(&src_host, &dst_host)?;
+    assert!(n >= 300, "{n} files");
+    let (se, sw) = (
+        t_east.status.context("east status")?,
+        t_west.status.context("west status")?,
+    );
+    assert!(
+        se.digest.is_some(),
+        "the destination verified no digest: {se:?}"
+    );
+    assert_eq!(
+        se.digest, sw.digest,
+        "the source half shows the destination's digest"
+    );
+    assert_eq!(
+        se.progress, sw.progress,
+        "the source half shows the destination's figures"
+    );
+    assert_eq!(
+        sw.remote.as_ref().map(|r| r.cluster.as_str()),
+        Some(p.east_name.as_str())
+    );
+    assert_eq!(
+        se.remote.as_ref().map(|r| r.cluster.as_str()),
+        Some(p.west_name.as_str())
+    );
+    // Finished: the movers exited (their pods stay for the logs, as in one cluster); no
+    // certificates and no Service stay behind.
+    for pod in ferry_pods(&west_pods)
+        .await?
+        .iter()
+        .chain(&ferry_pods(&east_pods).await?)
+    {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        assert_eq!(
+            phase.as_deref(),
+            Some("Succeeded"),
+            "{:?}",
+            pod.metadata.name
+        );
+    }
+    wait_until(
+        Duration::from_secs(60),
+        "certificates and Service removed",
+        || {
+            let (w, e, s) = (
+                west.api::<Secret>(),
+                east.api::<Secret>(),
+                east.api::<Service>(),
+            );
+            async move {
+                let lp =
+                    ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator");
+                Ok(w.list(&lp).await?.items.is_empty()
+                    && e.list(&lp).await?.items.is_empty()
+                    && s.list(&lp).await?.items.is_empty())
+            }
+        },
+    )
+    .await?;
+    west.delete().await?;
+    east.delete().await
+}
