@@ -356,7 +356,7 @@ fn peer_of(t: &Transfer, ctx: &Context) -> Result<Option<PeerEntry>, Blocked> {
         return Err(Blocked {
             reason: Reason::PeerNotFound,
             message: format!(
-                "no Peer {} in this cluster: create it with the other cluster's name, CA bundle                  and endpoint (docs/cross-cluster.md)",
+                "no Peer {} in this cluster: create it with the other cluster's name, CA bundle and endpoint (docs/cross-cluster.md)",
                 remote.peer
             ),
         });

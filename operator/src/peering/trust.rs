@@ -237,3 +237,110 @@ impl ServerCertVerifier for EndpointVerifier {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::PeerSpec;
+    use ferry_mover::net::Ca;
+    use kube::runtime::{reflector, watcher};
+
+    fn ca(cluster: &str) -> Ca {
+        Ca::new_valid_for(&format!("cluster {cluster}"), 1, 1).expect("ca")
+    }
+
+    /// A leaf of `ca` for `cluster`'s peering identity.
+    fn leaf(ca: &Ca, cluster: &str) -> CertificateDer<'static> {
+        let (cert, _) = ca
+            .issue_for(&peering_identity(cluster).expect("id"))
+            .expect("leaf");
+        CertificateDer::from_pem_slice(cert.as_bytes()).expect("der")
+    }
+
+    fn peer(name: &str, cluster: &str, bundle: &[&Ca]) -> Peer {
+        let mut p = Peer::new(
+            name,
+            PeerSpec {
+                cluster_name: cluster.into(),
+                ca_bundle: bundle.iter().map(|c| c.cert_pem()).collect(),
+                endpoint: "127.0.0.1:1".into(),
+            },
+        );
+        p.metadata.uid = Some(name.into());
+        p
+    }
+
+    fn verifier(peers: &[Peer]) -> CallerVerifier {
+        let (store, mut writer) = reflector::store();
+        for p in peers {
+            writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
+        }
+        CallerVerifier {
+            peers: store,
+            local_cluster: "east".into(),
+            provider: ferry_mover::net::provider(),
+        }
+    }
+
+    #[test]
+    fn a_callers_ca_vouches_only_for_the_cluster_its_peer_names() {
+        let (west, north) = (ca("west"), ca("north"));
+        let v = verifier(&[peer("west", "west", &[&west])]);
+        let now = UnixTime::now();
+        v.verify_client_cert(&leaf(&west, "west"), &[], now)
+            .expect("west's operator");
+        // West's CA minting another cluster's (or this cluster's) identity, a stranger's CA.
+        for (ca, cluster) in [(&west, "north"), (&west, "east"), (&north, "north")] {
+            let e = v
+                .verify_client_cert(&leaf(ca, cluster), &[], now)
+                .unwrap_err();
+            assert!(!e.to_string().is_empty());
+        }
+        // A stranger claiming west's name with its own CA.
+        assert!(
+            v.verify_client_cert(&leaf(&north, "west"), &[], now)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_bundle_with_the_old_and_the_new_ca_accepts_both_during_a_rotation() {
+        let (old, new, other) = (ca("west"), ca("west"), ca("west"));
+        let v = verifier(&[peer("west", "west", &[&old, &new])]);
+        let now = UnixTime::now();
+        v.verify_client_cert(&leaf(&old, "west"), &[], now)
+            .expect("old CA");
+        v.verify_client_cert(&leaf(&new, "west"), &[], now)
+            .expect("new CA");
+        assert!(
+            v.verify_client_cert(&leaf(&other, "west"), &[], now)
+                .is_err()
+        );
+        // After the rotation the old CA is dropped from the bundle.
+        let v = verifier(&[peer("west", "west", &[&new])]);
+        assert!(v.verify_client_cert(&leaf(&old, "west"), &[], now).is_err());
+
+        // The client side trusts the same bundle for the endpoint.
+        let entry = peer_entry(&peer("west", "west", &[&old, &new])).expect("entry");
+        let ev = EndpointVerifier {
+            peer: entry,
+            provider: ferry_mover::net::provider(),
+        };
+        let name = ServerName::try_from("ferry-peer").expect("name");
+        for ca in [&old, &new] {
+            ev.verify_server_cert(&leaf(ca, "west"), &[], &name, &[], now)
+                .expect("endpoint of either CA");
+        }
+        assert!(
+            ev.verify_server_cert(&leaf(&old, "north"), &[], &name, &[], now)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_bundle_without_certificates_is_refused() {
+        let mut p = peer("west", "west", &[]);
+        p.spec.ca_bundle = "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".into();
+        assert!(peer_entry(&p).is_err());
+    }
+}

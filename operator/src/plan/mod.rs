@@ -329,9 +329,7 @@ impl Ctx<'_> {
         }
         let remote = t.spec.source.remote.clone().unwrap_or_default();
         let peer = self.peer_cluster();
-        if self.st.phase != Phase::Pending || self.st.receiver.is_some() {
-            self.stop_attempt(uid);
-        }
+        self.stop_attempt(uid);
         self.st.phase = Phase::Pending;
         self.st.remote = Some(crate::api::RemoteStatus {
             cluster: peer.clone(),
@@ -343,7 +341,7 @@ impl Ctx<'_> {
             false,
             Reason::WaitingForCounterpart,
             &format!(
-                "waiting for Transfer {}/{} in cluster {peer} (Peer {}) to pair: its operator                  has not called this cluster's cross-cluster endpoint in the last {} s (create                  that Transfer with destination.remote naming this one)",
+                "waiting for Transfer {}/{} in cluster {peer} (Peer {}) to pair: its operator has not called this cluster's cross-cluster endpoint in the last {} s (create that Transfer with destination.remote naming this one)",
                 remote.namespace,
                 remote.name,
                 remote.peer,
@@ -767,7 +765,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                         false,
                         Reason::Pending,
                         &format!(
-                            "attempt {attempt}: the receiver is ready; waiting for the sender in                              cluster {peer}"
+                            "attempt {attempt}: the receiver is ready; waiting for the sender in cluster {peer}"
                         ),
                     );
                 }
@@ -1526,5 +1524,310 @@ pub(crate) mod tests {
         assert_eq!(parse_quantity("1X"), None);
         assert_eq!(human_rate(3 << 20), "3.0 MiB/s");
         assert_eq!(human_duration(3725), "1h2m5s");
+    }
+
+    /// The destination half of a cross-cluster Transfer: its source is `ml/t` of Peer west.
+    fn destination_half() -> Transfer {
+        let mut t = transfer();
+        t.spec.source = serde_json::from_value(
+            serde_json::json!({"remote": {"peer": "west", "namespace": "ml", "name": "t"}}),
+        )
+        .expect("remote");
+        t
+    }
+
+    fn remote_obs(secs: i64) -> Observed {
+        let mut o = obs(secs);
+        let dst = placed().1;
+        o.placement = Ok((
+            SidePlacement {
+                volume: VolumeRef::Remote,
+                sub_path: String::new(),
+                node: None,
+            },
+            dst,
+        ));
+        o.remote = Some(RemoteObserved {
+            peer: Some(Ok("west".into())),
+            ..RemoteObserved::default()
+        });
+        o
+    }
+
+    fn called(o: &mut Observed, report: Option<crate::peering::wire::SenderReport>) {
+        let now = o.now;
+        if let Some(r) = o.remote.as_mut() {
+            r.counterpart = Some(Counterpart {
+                peer: "west".into(),
+                source: crate::peering::wire::HalfRef {
+                    namespace: "ml".into(),
+                    name: "t".into(),
+                },
+                report,
+                last_call: now,
+            });
+        }
+    }
+
+    fn report(attempt: u32, state: SenderState) -> crate::peering::wire::SenderReport {
+        crate::peering::wire::SenderReport {
+            run: 1,
+            attempt,
+            pod: format!("send-{attempt}"),
+            state,
+            exit_code: (state == SenderState::Failed).then_some(13),
+            message: (state == SenderState::Failed).then(|| "connection reset".into()),
+            progress: None,
+        }
+    }
+
+    #[test]
+    fn a_destination_half_waits_for_its_source_then_publishes_its_receiver() {
+        let mut t = destination_half();
+        // Nobody called: no receiver, a reason naming the counterpart.
+        let p = advance(&mut t, &remote_obs(0));
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(cond(&p, "Ready").reason, "WaitingForCounterpart");
+        assert!(cond(&p, "Ready").message.contains("ml/t in cluster west"));
+
+        // The source half called: receiver, its Service, and its address once ready.
+        let mut o = remote_obs(1);
+        called(&mut o, None);
+        let p = advance(&mut t, &o);
+        assert_eq!(
+            p.actions,
+            vec![
+                Action::CreateSecret { run: 1, attempt: 1 },
+                Action::ApplyReceiverService { run: 1, attempt: 1 },
+                Action::CreateReceiver { run: 1, attempt: 1 },
+            ]
+        );
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        if let Some(r) = o.remote.as_mut() {
+            r.service_exists = true;
+            r.receiver_address = Some("10.101.0.12:30001".into());
+        }
+        let p = advance(&mut t, &o);
+        assert!(
+            p.actions.is_empty(),
+            "never a local sender: {:?}",
+            p.actions
+        );
+        let remote = p.status.remote.clone().expect("remote status");
+        assert_eq!(
+            remote.receiver_address.as_deref(),
+            Some("10.101.0.12:30001")
+        );
+        assert_eq!(remote.transfer_id, Some(names::transfer_id(UID, 1)));
+        let message = &cond(&p, "Ready").message;
+        assert!(
+            message.contains("waiting for the sender in cluster west"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_destination_half_retries_when_the_remote_sender_fails_and_succeeds_with_it() {
+        let mut t = destination_half();
+        let mut o = remote_obs(0);
+        called(&mut o, None);
+        advance(&mut t, &o);
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        called(&mut o, Some(report(1, SenderState::Running)));
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Running);
+        assert_eq!(
+            p.status.sender.as_ref().map(|s| s.pod.as_str()),
+            Some("ml/send-1")
+        );
+        // The other cluster's sender failed: the attempt fails, its receiver goes.
+        called(&mut o, Some(report(1, SenderState::Failed)));
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Retrying);
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Receiver
+        ))));
+        assert!(cond(&p, "Ready").message.contains("connection reset"));
+        // A report of an earlier attempt means nothing for the next one.
+        let mut o = remote_obs(10);
+        called(&mut o, Some(report(1, SenderState::Failed)));
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.attempts, 2);
+        assert_eq!(p.status.phase, Phase::Pending);
+        // Attempt 2: both ends succeed.
+        o.secrets = vec![names::secret_name(UID, 1, 2)];
+        o.pods = vec![pod(1, 2, MoverRole::Receiver, PodPhase::Succeeded, false)];
+        called(&mut o, Some(report(2, SenderState::Succeeded)));
+        let p = advance(&mut t, &o);
+        assert_eq!(
+            p.status.phase,
+            Phase::Succeeded,
+            "{:?}",
+            p.status.conditions
+        );
+    }
+
+    #[test]
+    fn a_silent_source_half_stops_the_receiver() {
+        let mut t = destination_half();
+        let mut o = remote_obs(0);
+        called(&mut o, None);
+        advance(&mut t, &o);
+        let mut o = remote_obs(61);
+        called(&mut o, None);
+        if let Some(c) = o.remote.as_mut().and_then(|r| r.counterpart.as_mut()) {
+            c.last_call = obs(0).now;
+        }
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        let p = advance(&mut t, &o);
+        assert_eq!(cond(&p, "Ready").reason, "WaitingForCounterpart");
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Receiver
+        ))));
+    }
+
+    /// The source half: `ml/t` here sends to `gpu/t` of Peer east.
+    fn source_half() -> Transfer {
+        let mut t = transfer();
+        t.spec.destination = serde_json::from_value(
+            serde_json::json!({"remote": {"peer": "east", "namespace": "gpu", "name": "t"}}),
+        )
+        .expect("remote");
+        t
+    }
+
+    fn answer(attempt: u32, phase: Phase, receiver: Option<&str>) -> PairResponse {
+        PairResponse {
+            transfer_id: "east-uid.1".into(),
+            run: 1,
+            attempt,
+            receiver: receiver.map(Into::into),
+            status: TransferStatus {
+                phase,
+                run: 1,
+                attempts: attempt,
+                progress: Some(ProgressStatus {
+                    bytes_done: 7,
+                    ..ProgressStatus::default()
+                }),
+                ..TransferStatus::default()
+            },
+        }
+    }
+
+    fn source_obs(secs: i64, a: Result<PairResponse, Blocked>) -> Observed {
+        let mut o = obs(secs);
+        o.remote = Some(RemoteObserved {
+            peer: Some(Ok("east".into())),
+            answer: Some(a),
+            ..RemoteObserved::default()
+        });
+        o
+    }
+
+    #[test]
+    fn a_source_half_mirrors_the_destination_and_runs_the_sender_it_asks_for() {
+        let mut t = source_half();
+        let missing = Blocked {
+            reason: Reason::CounterpartMissing,
+            message: "cluster east has no Transfer gpu/t".into(),
+        };
+        let p = advance(&mut t, &source_obs(0, Err(missing)));
+        assert!(p.actions.is_empty());
+        assert_eq!(cond(&p, "Ready").reason, "CounterpartMissing");
+        assert_eq!(p.requeue, Some(POLL_REMOTE));
+
+        // The receiver is not ready yet: nothing to start.
+        let p = advance(&mut t, &source_obs(1, Ok(answer(1, Phase::Pending, None))));
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        let p = advance(
+            &mut t,
+            &source_obs(2, Ok(answer(1, Phase::Pending, Some("10.101.0.12:30001")))),
+        );
+        assert_eq!(
+            p.actions,
+            vec![
+                Action::CreateSecret { run: 1, attempt: 1 },
+                Action::CreateRemoteSender {
+                    run: 1,
+                    attempt: 1,
+                    address: "10.101.0.12:30001".into()
+                },
+            ]
+        );
+        assert_eq!(p.status.progress.as_ref().map(|p| p.bytes_done), Some(7));
+        assert_eq!(
+            p.status.remote.as_ref().and_then(|r| r.transfer_id.clone()),
+            Some("east-uid.1".into())
+        );
+        // Attempt 2 over there: attempt 1's sender and Secret go, attempt 2's sender starts.
+        let mut o = source_obs(3, Ok(answer(2, Phase::Pending, Some("10.101.0.12:30002"))));
+        o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Failed, false)];
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        let p = advance(&mut t, &o);
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Sender
+        ))));
+        assert!(
+            p.actions
+                .contains(&Action::DeleteSecret(names::secret_name(UID, 1, 1)))
+        );
+        assert!(p.actions.contains(&Action::CreateRemoteSender {
+            run: 1,
+            attempt: 2,
+            address: "10.101.0.12:30002".into()
+        }));
+        // Finished over there: finished here; the destination half vanishing later changes
+        // nothing.
+        let p = advance(
+            &mut t,
+            &source_obs(4, Ok(answer(2, Phase::Succeeded, None))),
+        );
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        let gone = Blocked {
+            reason: Reason::CounterpartMissing,
+            message: "gone".into(),
+        };
+        let p = advance(&mut t, &source_obs(5, Err(gone)));
+        assert_eq!(p.status.phase, Phase::Succeeded);
+    }
+
+    #[test]
+    fn a_source_half_whose_counterpart_vanishes_mid_run_stops_its_sender() {
+        let mut t = source_half();
+        advance(
+            &mut t,
+            &source_obs(0, Ok(answer(1, Phase::Running, Some("10.101.0.12:30001")))),
+        );
+        let gone = Blocked {
+            reason: Reason::CounterpartMissing,
+            message: "cluster east has no Transfer gpu/t".into(),
+        };
+        let mut o = source_obs(1, Err(gone));
+        o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Running, true)];
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Sender
+        ))));
+        assert!(
+            p.actions
+                .contains(&Action::DeleteSecret(names::secret_name(UID, 1, 1)))
+        );
     }
 }
