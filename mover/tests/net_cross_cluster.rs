@@ -223,3 +223,65 @@ fn peer_ca_needs_a_scoped_certificate_and_another_cluster() {
         .to_string();
     assert!(e.contains("operator-issued"), "{e}");
 }
+
+/// A free port below the kernel's ephemeral range, so a client retrying it cannot end up
+/// connected to itself (TCP simultaneous open needs its own source port to be the target).
+fn free_port_below_ephemeral() -> u16 {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+    let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+    (20000..low)
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port")
+}
+
+#[test]
+fn a_sender_with_connect_retry_waits_for_a_receiver_that_listens_late() {
+    let p = pki("late");
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    mixed_tree(&src);
+    let addr = format!("127.0.0.1:{}", free_port_below_ephemeral());
+    let sender = std::process::Command::new(BIN)
+        .args([
+            "send",
+            "--connect",
+            &addr,
+            "--connect-retry",
+            "30",
+            "--root",
+        ])
+        .arg(&src)
+        .args(p.args("sender"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Refused for a while: the sender keeps trying.
+    std::thread::sleep(Duration::from_millis(700));
+    let mut recv = std::process::Command::new(BIN)
+        .args(["receive", "--listen", &addr, "--once", "--root"])
+        .arg(&dst)
+        .args(p.args("receiver"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = sender.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(recv.wait().unwrap().success());
+    assert_same_tree(&src, &dst);
+
+    // Without it, a refused connection fails at once.
+    let started = std::time::Instant::now();
+    let out = run_sender(
+        &p,
+        &src,
+        &format!("127.0.0.1:{}", free_port_below_ephemeral()),
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

@@ -113,7 +113,12 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             push("send");
             push("--connect");
             match input.remote.and_then(|r| r.connect) {
-                Some(addr) => push(addr),
+                Some(addr) => {
+                    push(addr);
+                    // The Service may forward to a new receiver a moment after it is ready.
+                    push("--connect-retry");
+                    push("30");
+                }
                 None => push(&format!(
                     "{}:{}",
                     input.receiver_ip.unwrap_or("0.0.0.0"),

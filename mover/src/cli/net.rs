@@ -103,6 +103,11 @@ pub struct SendArgs {
     /// Parallel TLS streams.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub streams: u32,
+    /// Keep trying for this many seconds while the connection is refused or unreachable (a
+    /// receiver behind a Service or load balancer that is still being wired up); 0 fails at
+    /// once.
+    #[arg(long, default_value_t = 0)]
+    pub connect_retry: u64,
     /// Per-block compression.
     #[arg(long, value_enum, default_value_t = Compress::Auto)]
     pub compress: Compress,
@@ -389,7 +394,10 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
         let mut streams = Vec::new();
         for _ in 0..args.streams {
-            match net::connect_tls(connect, client.clone(), timeouts.handshake).await {
+            let retry = Duration::from_secs(args.connect_retry);
+            match net::connect_tls_retrying(connect, client.clone(), timeouts.handshake, retry)
+                .await
+            {
                 Ok(s) => streams.push(s),
                 Err(e) => {
                     let message = session::anyhow_chain(&e);

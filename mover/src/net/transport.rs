@@ -63,6 +63,30 @@ pub async fn connect_tls(
         })?
 }
 
+/// [`connect_tls`], trying again while the connection itself fails (refused, unreachable) for
+/// up to `retry_for`: a receiver behind a Service may be ready a moment before the Service
+/// forwards to it. Handshake failures are never retried.
+pub async fn connect_tls_retrying(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    timeout: Duration,
+    retry_for: Duration,
+) -> Result<client::TlsStream<TcpStream>, TransportError> {
+    let deadline = tokio::time::Instant::now() + retry_for;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match connect_tls(addr, config.clone(), timeout).await {
+            Err(TransportError::Connect { .. })
+                if tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Completes the server side of the TLS handshake within `timeout`.
 pub async fn accept_tls(
     tcp: TcpStream,
