@@ -499,10 +499,9 @@ async fn observe_remote(
     };
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let peer = peer_of(t, ctx).map(|p| p.ok_or(Error::Malformed("remote")));
-    let peer = match peer {
-        Ok(Ok(p)) => Ok(p),
-        Ok(Err(e)) => return Err(e),
+    let peer = match peer_of(t, ctx) {
+        Ok(Some(p)) => Ok(p),
+        Ok(None) => return Err(Error::Malformed("remote")),
         Err(b) => Err(b),
     };
     let mut out = RemoteObserved {

@@ -8,6 +8,9 @@
    `seconds`) and apply-to-Succeeded against the bare pair's wall time.
 3. COUNT Transfers at once: all must succeed; the operator's peak RSS (VmHWM) and its status
    patches per running Transfer per second (from its /metrics).
+4. The same large file across clusters (the `ferry` cluster's node-a to the `peer` cluster's
+   peer-b through the receiver's NodePort, one operator per cluster, Peers both ways) against
+   the same Transfer inside one cluster, interleaved with part 2's rounds.
 
 The cluster runs the release build (FERRY_PROFILE=release) and is started fresh. Python 3 stdlib.
 """
@@ -30,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FERRY_CACHE") or Path.home() / ".cache/ferry")
 CLUSTER = Path(os.environ.get("FERRY_CLUSTER_DIR") or CACHE / "cluster")
 KUBECONFIG = CLUSTER / "kubeconfig"
+PEER = CACHE / "cluster-peer"
 ROUNDS = int(os.environ.get("ROUNDS") or 5)
 LARGE_MIB = int(os.environ.get("LARGE_MIB") or 1024)
 COUNT = int(os.environ.get("COUNT") or 100)
@@ -46,12 +50,12 @@ def sh(*args: str, env: dict | None = None, check: bool = True) -> str:
     return r.stdout
 
 
-def kubectl(*args: str, check: bool = True) -> str:
-    return sh(str(KUBECTL), *args, env={"KUBECONFIG": str(KUBECONFIG)}, check=check)
+def kubectl(*args: str, check: bool = True, cluster: Path = CLUSTER) -> str:
+    return sh(str(KUBECTL), *args, env={"KUBECONFIG": str(cluster / "kubeconfig")}, check=check)
 
 
-def node_path(node: str, path: str) -> Path:
-    return CLUSTER / "nodes" / node / path.lstrip("/")
+def node_path(node: str, path: str, cluster: Path = CLUSTER) -> Path:
+    return cluster / "nodes" / node / path.lstrip("/")
 
 
 def owned_dir(p: Path) -> Path:
@@ -71,41 +75,82 @@ spec:
 {extra}"""
 
 
-def apply(yaml: str) -> None:
+def apply(yaml: str, cluster: Path = CLUSTER) -> None:
     r = subprocess.run([str(KUBECTL), "apply", "-f", "-"], input=yaml, capture_output=True, text=True,
-                       env={**os.environ, "KUBECONFIG": str(KUBECONFIG)})
+                       env={**os.environ, "KUBECONFIG": str(cluster / "kubeconfig")})
     if r.returncode != 0:
         raise SystemExit(f"kubectl apply failed: {r.stderr}")
 
 
-def wait_succeeded(ns: str, name: str, timeout: int = 600) -> dict:
-    kubectl("wait", "-n", ns, "--for=condition=Succeeded", f"transfer/{name}", f"--timeout={timeout}s")
-    return json.loads(kubectl("get", "transfer", "-n", ns, name, "-o", "json"))
+def wait_succeeded(ns: str, name: str, timeout: int = 600, cluster: Path = CLUSTER) -> dict:
+    kubectl("wait", "-n", ns, "--for=condition=Succeeded", f"transfer/{name}", f"--timeout={timeout}s",
+            cluster=cluster)
+    return json.loads(kubectl("get", "transfer", "-n", ns, name, "-o", "json", cluster=cluster))
 
 
-def start_operator() -> tuple[subprocess.Popen, str]:
-    kubectl("apply", "--server-side", "-f", str(REPO / "crds/ferry.dev_transfers.yaml"))
-    kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"))
-    kubectl("wait", "--for=condition=Established", "crd/transfers.ferry.dev", "--timeout=60s")
-    kc = CLUSTER / "ferry-operator-bench.kubeconfig"
+def start_operator(cluster: Path, name: str, nodes: tuple[str, ...]) -> tuple[subprocess.Popen, str, str]:
+    """An operator process for `cluster`, named `name` (also its cluster name); returns it, its
+    metrics address and its cross-cluster API address."""
+    for crd in ("transfers", "peers"):
+        kubectl("apply", "--server-side", "-f", str(REPO / f"crds/ferry.dev_{crd}.yaml"), cluster=cluster)
+    kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"), cluster=cluster)
+    kubectl("wait", "--for=condition=Established", "crd/transfers.ferry.dev", "crd/peers.ferry.dev",
+            "--timeout=60s", cluster=cluster)
+    kc = cluster / f"ferry-operator-{name}.kubeconfig"
     subprocess.run([str(REPO / "tests/cluster/sa-kubeconfig.sh"), "ferry-system", "ferry-operator", str(kc)],
-                   check=True)
-    for node in ("node-a", "node-b"):
-        owned_dir(node_path(node, ROOT))
-    log = open(CLUSTER / "logs" / "ferry-operator-bench.log", "w")
-    p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system",
+                   check=True, env={**os.environ, "FERRY_CLUSTER_DIR": str(cluster)})
+    for node in nodes:
+        owned_dir(node_path(node, ROOT, cluster))
+    log_path = cluster / "logs" / f"ferry-operator-{name}.log"
+    log = open(log_path, "w")
+    p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system", "--cluster-name", name,
                           "--host-root", f"*={ROOT}", "--cas-root", f"{ROOT}/cas",
-                          "--metrics-addr", "127.0.0.1:0", "--leader-election-id", "ferry-operator-bench"],
+                          "--metrics-addr", "127.0.0.1:0", "--leader-election-id", f"ferry-operator-{name}",
+                          "--peering-listen", "127.0.0.1:0"],
                          stdout=log, stderr=log, env={**os.environ, "KUBECONFIG": str(kc), "RUST_LOG": "info"})
-    (CLUSTER / "pids" / "ferry-operator.pid").write_text(str(p.pid))
+    (cluster / "pids" / f"ferry-operator-{name}.pid").write_text(str(p.pid))
     deadline = time.time() + 60
     while time.time() < deadline:
-        text = (CLUSTER / "logs" / "ferry-operator-bench.log").read_text()
+        text = log_path.read_text()
         m = re.search(r"metrics and health on (\S+)", text)
-        if m and "leading" in text:
-            return p, m.group(1)
+        a = re.search(r"cross-cluster API listening addr=(\S+)", text)
+        if m and a:
+            return p, m.group(1), a.group(1)
         time.sleep(0.2)
-    raise SystemExit("the operator did not start; see ferry-operator-bench.log")
+    raise SystemExit(f"the operator did not start; see {log_path}")
+
+
+def ca_of(cluster: Path) -> tuple[str, str]:
+    """The CA certificate and cluster name stored in the cluster's `ferry-ca` Secret."""
+    import base64
+    s = json.loads(kubectl("get", "secret", "-n", "ferry-system", "ferry-ca", "-o", "json", cluster=cluster))
+    return (base64.b64decode(s["data"]["tls.crt"]).decode(),
+            s["metadata"]["annotations"]["ferry.dev/cluster-name"])
+
+
+def peer_yaml(name: str, cluster_name: str, ca: str, endpoint: str) -> str:
+    return json.dumps({"apiVersion": "ferry.dev/v1alpha1", "kind": "Peer", "metadata": {"name": name},
+                       "spec": {"clusterName": cluster_name, "caBundle": ca, "endpoint": endpoint}})
+
+
+def halves_yaml(ns: str, name: str, src: str, dst: str) -> tuple[str, str]:
+    """(source half for the ferry cluster, destination half for the peer cluster)."""
+    source = f"""apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  source: {{hostPath: {{node: node-a, path: {src}}}}}
+  destination: {{remote: {{peer: east, namespace: {ns}, name: {name}}}}}
+"""
+    destination = f"""apiVersion: ferry.dev/v1alpha1
+kind: Transfer
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  source: {{remote: {{peer: west, namespace: {ns}, name: {name}}}}}
+  destination: {{hostPath: {{node: peer-b, path: {dst}}}}}
+  dedup: false
+"""
+    return source, destination
 
 
 def metric(addr: str, name: str) -> float:
@@ -127,9 +172,9 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def receiver_seconds(ns: str, t: dict) -> float:
+def receiver_seconds(ns: str, t: dict, cluster: Path = CLUSTER) -> float:
     pod = t["status"]["receiver"]["pod"]
-    log = (CLUSTER / "logs" / f"{ns}_{pod}_mover.log").read_text()
+    log = (cluster / "logs" / f"{ns}_{pod}_mover.log").read_text()
     for line in reversed(log.splitlines()):
         if line.startswith("{"):
             return float(json.loads(line)["seconds"])
@@ -169,10 +214,16 @@ def main() -> None:
     bin_dir = Path(sh(str(REPO / "tests/k8s/build.sh")).strip())
     KUBECTL = bin_dir / "kubectl"
     sh(str(REPO / "tests/cluster/up.sh"))
-    op, addr = start_operator()
+    sh(str(REPO / "tests/cluster/up.sh"), env={"FERRY_CLUSTER": "peer"})
+    op, addr, west_api = start_operator(CLUSTER, "west", ("node-a", "node-b"))
+    peer_op, _, east_api = start_operator(PEER, "east", ("peer-b",))
     results: dict[str, object] = {}
     try:
+        (west_ca, west_name), (east_ca, east_name) = ca_of(CLUSTER), ca_of(PEER)
+        apply(peer_yaml("east", east_name, east_ca, east_api))
+        apply(peer_yaml("west", west_name, west_ca, west_api), cluster=PEER)
         kubectl("create", "namespace", "bench")
+        kubectl("create", "namespace", "bench", cluster=PEER)
         # 1. Fixed overhead of a one-file Transfer.
         src = owned_dir(node_path("node-a", f"{ROOT}/one"))
         (src / "f").write_bytes(b"x" * 1024)
@@ -193,6 +244,7 @@ def main() -> None:
         certs = Path(tempfile.mkdtemp(prefix="ferry-bench-certs-"))
         sh(str(TARGET / "ferry-mover"), "certs", "--out", str(certs), "--transfer", "bench")
         bare, op_total, op_data, big_patches, big_progress = [], [], [], [], []
+        xc_total, xc_data = [], []
         for i in range(max(3, ROUNDS // 2 + 1)):
             dst = owned_dir(node_path("node-b", f"{ROOT}/bare-{i}"))
             bare.append(bare_pair(big_src, dst, certs))
@@ -208,8 +260,20 @@ def main() -> None:
             op_data.append(receiver_seconds("bench", t))
             shutil.rmtree(dst, ignore_errors=True)
             shutil.rmtree(node_path("node-b", f"{ROOT}/big-{i}"), ignore_errors=True)
+            # 4. The same across clusters.
+            owned_dir(node_path("peer-b", f"{ROOT}/xc-{i}", PEER))
+            source, destination = halves_yaml("bench", f"xc-{i}", f"{ROOT}/big", f"{ROOT}/xc-{i}")
+            t0 = time.monotonic()
+            apply(destination, cluster=PEER)
+            apply(source)
+            t = wait_succeeded("bench", f"xc-{i}", cluster=PEER)
+            xc_total.append(time.monotonic() - t0)
+            xc_data.append(receiver_seconds("bench", t, PEER))
+            mirrored = wait_succeeded("bench", f"xc-{i}")
+            assert mirrored["status"].get("digest") == t["status"].get("digest"), "the halves disagree"
+            shutil.rmtree(node_path("peer-b", f"{ROOT}/xc-{i}", PEER), ignore_errors=True)
         results.update(bare=bare, op_total=op_total, op_data=op_data, big_patches=big_patches,
-                       big_progress=big_progress)
+                       big_progress=big_progress, xc_total=xc_total, xc_data=xc_data)
 
         # 3. Many Transfers at once.
         kubectl("create", "namespace", "bench-many")
@@ -238,9 +302,11 @@ def main() -> None:
         results.update(many_ok=ok, many_wall=wall, many_patches=patches, many_running=running,
                        rss=peak_rss_mib(op.pid))
     finally:
-        op.terminate()
-        op.wait(timeout=30)
+        for p in (op, peer_op):
+            p.terminate()
+            p.wait(timeout=30)
         sh(str(REPO / "tests/cluster/down.sh"), check=False)
+        sh(str(REPO / "tests/cluster/down.sh"), env={"FERRY_CLUSTER": "peer"}, check=False)
     report(results)
 
 
@@ -255,6 +321,12 @@ def report(r: dict) -> None:
         (f"{LARGE_MIB} MiB file: apply to Succeeded / (bare + fixed overhead)",
          f"{median(t) / (median(b) + median(o)):.2f}x", "target <= 1.00x",
          f"{median(t):.2f} s vs {median(b):.2f} s + {median(o):.2f} s"),
+        (f"{LARGE_MIB} MiB file across two clusters (NodePort) / inside one cluster, apply to Succeeded",
+         f"{median(r['xc_total']) / median(t):.2f}x", "target <= 1.30x",
+         f"{median(r['xc_total']):.2f} s vs {median(t):.2f} s (medians of {len(t)}, interleaved)"),
+        (f"{LARGE_MIB} MiB file across two clusters / inside one cluster, data phase",
+         f"{median(r['xc_data']) / median(d):.2f}x", "",
+         f"receiver's own seconds {median(r['xc_data']):.2f} s vs {median(d):.2f} s"),
         (f"{COUNT} Transfers at once", f"{r['many_ok']}/{COUNT} Succeeded", "all",
          f"{r['many_wall']:.1f} s wall"),
         ("operator peak RSS over the whole run", f"{r['rss']:.1f} MiB", "< 100 MiB", "VmHWM"),
