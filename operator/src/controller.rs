@@ -17,7 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
-use crate::api::{Peer, Phase, Reason, Side, Transfer, TransferStatus};
+use crate::api::{Peer, Phase, Side, Transfer, TransferStatus};
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::limits;
@@ -25,15 +25,11 @@ use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput, RemoteMover};
 use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
 use crate::peering::client::PeerClient;
+use crate::peering::observe::{observe_remote, withdraw};
 use crate::peering::registry::Registry;
-use crate::peering::trust::{PeerEntry, peer_entry};
-use crate::peering::wire::{
-    HalfRef, PairRequest, SenderFigures, SenderReport, SenderState, WithdrawRequest,
-};
 use crate::pki::Authority;
-use crate::placement::Blocked;
 use crate::placement::{self, SideFacts};
-use crate::plan::{self, Action, Observed, PodPhase, PodView, RemoteObserved};
+use crate::plan::{self, Action, Observed, PodPhase, PodView};
 use crate::progress::Watchers;
 
 /// The Pod Security admission label that decides whether hostPath volumes are allowed.
@@ -325,58 +321,6 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
     Ok(Requeue::requeue(Duration::from_secs(1)))
 }
 
-/// A deleted source half tells its destination half, which stops its receiver (best effort:
-/// a destination that does not hear it stops once this half has been silent for a minute).
-async fn withdraw(t: &Transfer, ctx: &Context) {
-    let (Some(remote), Ok(Some(peer))) = (t.spec.destination.remote.as_ref(), peer_of(t, ctx))
-    else {
-        return;
-    };
-    let req = WithdrawRequest {
-        destination: HalfRef {
-            namespace: remote.namespace.clone(),
-            name: remote.name.clone(),
-        },
-        source: HalfRef {
-            namespace: t.namespace().unwrap_or_default(),
-            name: t.name_any(),
-        },
-    };
-    if let Err(b) = ctx.peer_client.withdraw(&peer, &req).await {
-        tracing::info!(transfer = %t.name_any(), "withdrawing from the destination half: {}", b.message);
-    }
-}
-
-/// The Peer a half names, parsed (`Ok(None)` for a Transfer that is not a half).
-fn peer_of(t: &Transfer, ctx: &Context) -> Result<Option<PeerEntry>, Blocked> {
-    let Some(remote) = t.remote() else {
-        return Ok(None);
-    };
-    let Some(p) = ctx.peers.get(&ObjectRef::new(&remote.peer)) else {
-        return Err(Blocked {
-            reason: Reason::PeerNotFound,
-            message: format!(
-                "no Peer {} in this cluster: create it with the other cluster's name, CA bundle and endpoint (docs/cross-cluster.md)",
-                remote.peer
-            ),
-        });
-    };
-    let entry = peer_entry(&p).map_err(|message| Blocked {
-        reason: Reason::PeerInvalid,
-        message,
-    })?;
-    if entry.cluster == ctx.authority.cluster() {
-        return Err(Blocked {
-            reason: Reason::PeerInvalid,
-            message: format!(
-                "Peer {} names this cluster ({}); a Peer names another cluster",
-                entry.name, entry.cluster
-            ),
-        });
-    }
-    Ok(Some(entry))
-}
-
 fn pod_prefix(uid: &str) -> String {
     // Every child name starts with this (see names.rs).
     let name = names::pod_name(uid, 0, 0, MoverRole::Sender);
@@ -482,136 +426,6 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         sender_progress,
         remote,
     })
-}
-
-/// The other cluster, for a half: its Peer; for a destination half what the source half
-/// reported and the receiver Service's address; for a source half the destination's answer
-/// to a call that reports this half's sender.
-async fn observe_remote(
-    t: &Transfer,
-    ctx: &Context,
-    pods: &[PodView],
-    st: &TransferStatus,
-    sender_progress: Option<&ferry_proto::progress::v1::ProgressUpdate>,
-) -> Result<Option<RemoteObserved>, Error> {
-    let Some(remote) = t.remote() else {
-        return Ok(None);
-    };
-    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let peer = match peer_of(t, ctx) {
-        Ok(Some(p)) => Ok(p),
-        Ok(None) => return Err(Error::Malformed("remote")),
-        Err(b) => Err(b),
-    };
-    let mut out = RemoteObserved {
-        peer: Some(
-            peer.as_ref()
-                .map(|p| p.cluster.clone())
-                .map_err(Clone::clone),
-        ),
-        ..RemoteObserved::default()
-    };
-    if t.is_destination_half() {
-        out.counterpart = ctx.registry.get(&uid);
-        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-        if let Some(svc) = services.get_opt(&names::service_name(&uid, st.run)).await? {
-            out.service_exists = true;
-            let recv = names::pod_name(&uid, st.run, st.attempts, MoverRole::Receiver);
-            let node = pods
-                .iter()
-                .find(|p| p.name == recv)
-                .and_then(|p| p.node.clone());
-            out.receiver_address = service_address(ctx, &svc, node.as_deref()).await?;
-        }
-    } else if let Ok(peer) = &peer {
-        let req = PairRequest {
-            destination: HalfRef {
-                namespace: remote.namespace.clone(),
-                name: remote.name.clone(),
-            },
-            source: HalfRef {
-                namespace: ns.clone(),
-                name: t.name_any(),
-            },
-            sender: sender_report(&uid, pods, st, sender_progress),
-        };
-        out.answer = Some(ctx.peer_client.pair(peer, &req).await);
-    }
-    Ok(Some(out))
-}
-
-/// This source half's sender of its current attempt, for the destination half.
-fn sender_report(
-    uid: &str,
-    pods: &[PodView],
-    st: &TransferStatus,
-    progress: Option<&ferry_proto::progress::v1::ProgressUpdate>,
-) -> Option<SenderReport> {
-    let (run, attempt) = (st.run, st.attempts);
-    let name = names::pod_name(uid, run, attempt, MoverRole::Sender);
-    let figures = progress.map(SenderFigures::from);
-    match pods.iter().find(|p| p.name == name) {
-        Some(p) => Some(SenderReport {
-            run,
-            attempt,
-            pod: p.name.clone(),
-            state: match p.phase {
-                PodPhase::Pending => SenderState::Pending,
-                PodPhase::Running => SenderState::Running,
-                PodPhase::Succeeded => SenderState::Succeeded,
-                PodPhase::Failed => SenderState::Failed,
-            },
-            exit_code: p.exit_code,
-            message: p.message.clone(),
-            progress: figures,
-        }),
-        // A sender this half started and that is gone (deleted, or its node lost it).
-        None if st.sender.as_ref().is_some_and(|s| s.pod == name) => Some(SenderReport {
-            run,
-            attempt,
-            pod: name.clone(),
-            state: SenderState::Failed,
-            exit_code: None,
-            message: Some(format!("sender pod {name} disappeared")),
-            progress: figures,
-        }),
-        None => None,
-    }
-}
-
-/// Where the other cluster reaches a receiver's Service: a LoadBalancer's ingress address, or
-/// the NodePort on the receiver's node.
-async fn service_address(
-    ctx: &Context,
-    svc: &Service,
-    receiver_node: Option<&str>,
-) -> Result<Option<String>, Error> {
-    let spec = svc.spec.clone().unwrap_or_default();
-    let port = spec.ports.as_ref().and_then(|p| p.first());
-    if spec.type_.as_deref() == Some("LoadBalancer") {
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
-            .and_then(|i| i.first())
-            .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()));
-        return Ok(ingress.zip(port).map(|(h, p)| format!("{h}:{}", p.port)));
-    }
-    let (Some(node), Some(node_port)) = (receiver_node, port.and_then(|p| p.node_port)) else {
-        return Ok(None);
-    };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let ip = nodes.get_opt(node).await?.and_then(|n| {
-        let addrs = n.status?.addresses?;
-        addrs
-            .iter()
-            .find(|a| a.type_ == "ExternalIP")
-            .or_else(|| addrs.iter().find(|a| a.type_ == "InternalIP"))
-            .map(|a| a.address.clone())
-    });
-    Ok(ip.map(|ip| format!("{ip}:{node_port}")))
 }
 
 /// The nodes a Transfer's movers run on, or must run on.
