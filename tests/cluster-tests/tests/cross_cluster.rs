@@ -702,3 +702,36 @@ async fn a_repeated_dataset_reports_block_store_hits_on_both_sides() -> anyhow::
     west.delete().await?;
     east.delete().await
 }
+
+#[tokio::test]
+async fn deleting_the_source_half_stops_the_receiver_which_then_waits() -> anyhow::Result<()> {
+    pair().await?;
+    let (west, east, _, _) = limited_pair("xc-withdraw").await?;
+    let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
+    written(&east_api, 4 << 20).await?;
+    west_api.delete("limited", &DeleteParams::default()).await?;
+    wait_until(TIMEOUT, "west's half gone with its sender", || {
+        let (t, pods) = (west_api.clone(), west.api::<Pod>());
+        async move {
+            let lp = ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator");
+            Ok(t.get_opt("limited").await?.is_none() && pods.list(&lp).await?.items.is_empty())
+        }
+    })
+    .await?;
+    // The withdrawal reached east at once (not after 60 s of silence): its receiver stops.
+    let t = wait_reason(&east_api, "limited", "WaitingForCounterpart").await?;
+    assert_eq!(t.status.map(|s| s.phase), Some(Phase::Pending));
+    wait_until(Duration::from_secs(30), "east's receiver stopped", || {
+        let pods = east.api::<Pod>();
+        async move {
+            let running = ferry_pods(&pods).await?.into_iter().any(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.and_then(|s| s.phase).as_deref() == Some("Running")
+            });
+            Ok(!running)
+        }
+    })
+    .await?;
+    west.delete().await?;
+    east.delete().await
+}
