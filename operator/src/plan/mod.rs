@@ -278,6 +278,29 @@ impl Ctx<'_> {
         self.delete_children(uid, false);
     }
 
+    /// Pending with the reason it cannot proceed (`Ready=False`, `lastError`); a Warning Event
+    /// when the reason is new, not on every re-check.
+    fn block(&mut self, b: &Blocked) {
+        let reported = self
+            .st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str());
+        if !reported {
+            self.notes.push(Note {
+                warning: true,
+                reason: b.reason.as_str(),
+                message: b.message.clone(),
+            });
+        }
+        self.st.phase = Phase::Pending;
+        self.cond(ConditionType::Ready, false, b.reason, &b.message);
+        self.st.last_error = Some(LastError {
+            reason: b.reason.as_str().to_owned(),
+            message: b.message.clone(),
+        });
+    }
+
     /// The other cluster's name (a half's Peer), for messages.
     fn peer_cluster(&self) -> String {
         self.obs
@@ -519,25 +542,8 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         .or_else(|| cx.obs.placement.clone().err())
         .or_else(|| peer_blocked(cx.obs));
     if let Some(b) = blocked {
-        let reported = cx
-            .st
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str());
-        if !reported {
-            cx.notes.push(Note {
-                warning: true,
-                reason: b.reason.as_str(),
-                message: b.message.clone(),
-            });
-        }
         cx.stop_attempt(uid);
-        cx.st.phase = Phase::Pending;
-        cx.cond(ConditionType::Ready, false, b.reason, &b.message);
-        cx.st.last_error = Some(LastError {
-            reason: b.reason.as_str().to_owned(),
-            message: b.message.clone(),
-        });
+        cx.block(&b);
         return Some(RESYNC_BLOCKED);
     }
 

@@ -45,30 +45,13 @@ fn wait(uid: &str, cx: &mut Ctx<'_>, b: Blocked) -> Duration {
     if cx.st.phase.is_finished() {
         return POLL_FINISHED;
     }
-    let reported = cx
-        .st
-        .conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str());
-    if !reported {
-        cx.notes.push(Note {
-            warning: true,
-            reason: b.reason.as_str(),
-            message: b.message.clone(),
-        });
-    }
-    cx.st.phase = Phase::Pending;
+    cx.block(&b);
     cx.st.sender = None;
     cx.st.throughput = None;
     cx.st.eta = None;
     if let Some(r) = cx.st.remote.as_mut() {
         r.receiver_address = None;
     }
-    cx.cond(ConditionType::Ready, false, b.reason, &b.message);
-    cx.st.last_error = Some(LastError {
-        reason: b.reason.as_str().to_owned(),
-        message: b.message.clone(),
-    });
     // A missing counterpart is usually being created right now.
     if b.reason == Reason::CounterpartMissing {
         POLL_REMOTE
