@@ -286,7 +286,7 @@ grep -q '^# Source: ferry/templates/service-peering.yaml' "$work/default.yaml" \
 render "$work/peering.yaml" -f "$chart/ci/full-values.yaml" --show-only templates/service-peering.yaml
 for want in '  name: ferry-full-peering' '  type: NodePort' '    - name: peering' '      port: 7543' \
   '      targetPort: 7543' '      nodePort: 30743' '    app.kubernetes.io/component: operator' \
-  '    example.com/exposed-by: platform'; do
+  '    example.com/exposed-by: platform' '    ferry.dev/peering-leader: "true"'; do
   grep -Fqx -- "$want" "$work/peering.yaml" || fail "full: the cross-cluster Service has no line '$want'"
 done
 render "$work/peering-lb.yaml" --show-only templates/service-peering.yaml \

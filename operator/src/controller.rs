@@ -109,6 +109,7 @@ pub async fn run(
                 tracing::error!("cross-cluster API stopped: {e}");
             }
         });
+        crate::peering::leader::mark_own_pod(&client, &config.namespace, true).await;
     }
     let wake = futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx));
     let transfers: Api<Transfer> = Api::all(client.clone());

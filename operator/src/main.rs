@@ -175,6 +175,9 @@ fn main() -> anyhow::Result<()> {
             &cli.leader_election_id,
             &identity,
         );
+        if config.peering_listen.is_some() {
+            ferry_operator::peering::leader::mark_own_pod(&client, &config.namespace, false).await;
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut term =

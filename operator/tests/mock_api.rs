@@ -246,3 +246,27 @@ async fn an_admitted_transfer_applies_its_secret_then_its_receiver() {
         "no sender before the receiver is ready"
     );
 }
+
+#[tokio::test]
+async fn the_leader_labels_its_pod_for_the_peering_service_and_a_new_replica_clears_it() {
+    use ferry_operator::peering::leader::{LABEL, mark_pod};
+    let log: Log = Arc::default();
+    let client = fake_client(log.clone());
+    mark_pod(&client, "ferry-system", "ferry-operator-0", true).await;
+    mark_pod(&client, "ferry-system", "ferry-operator-0", false).await;
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for s in &seen {
+        assert_eq!(s.method, "PATCH");
+        assert_eq!(
+            s.path,
+            "/api/v1/namespaces/ferry-system/pods/ferry-operator-0"
+        );
+    }
+    assert_eq!(seen[0].body["metadata"]["labels"][LABEL], "true");
+    assert!(seen[1].body["metadata"]["labels"][LABEL].is_null());
+    assert!(
+        seen[1].body["metadata"]["labels"].get(LABEL).is_some(),
+        "null removes the label"
+    );
+}

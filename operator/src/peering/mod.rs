@@ -3,6 +3,7 @@
 //! of its source half. See docs/cross-cluster.md.
 
 pub mod client;
+pub mod leader;
 pub mod observe;
 pub mod registry;
 pub mod server;
