@@ -183,7 +183,7 @@ async fn service_address(
             .and_then(|lb| lb.ingress.as_ref())
             .and_then(|i| i.first())
             .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()));
-        return Ok(ingress.zip(port).map(|(h, p)| format!("{h}:{}", p.port)));
+        return Ok(ingress.zip(port).map(|(h, p)| host_port(&h, p.port)));
     }
     let (Some(node), Some(node_port)) = (receiver_node, port.and_then(|p| p.node_port)) else {
         return Ok(None);
@@ -197,5 +197,26 @@ async fn service_address(
             .or_else(|| addrs.iter().find(|a| a.type_ == "InternalIP"))
             .map(|a| a.address.clone())
     });
-    Ok(ip.map(|ip| format!("{ip}:{node_port}")))
+    Ok(ip.map(|ip| host_port(&ip, node_port)))
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn host_port(host: &str, port: i32) -> String {
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(_)) => format!("[{host}]:{port}"),
+        _ => format!("{host}:{port}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn addresses_are_host_port_with_ipv6_in_brackets() {
+        assert_eq!(super::host_port("10.1.2.3", 30001), "10.1.2.3:30001");
+        assert_eq!(super::host_port("fd00::1", 30001), "[fd00::1]:30001");
+        assert_eq!(
+            super::host_port("lb.example.com", 7400),
+            "lb.example.com:7400"
+        );
+    }
 }
