@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use super::trust::{EndpointVerifier, PeerEntry};
 use super::wire::{self, PairRequest, PairResponse, Refusal, Versions, WithdrawRequest};
@@ -22,12 +22,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 const MAX_RESPONSE: usize = 1024 * 1024;
 
-/// This operator's side of the API: its CA (a fresh short-lived peering certificate per call)
-/// and the version agreed with each endpoint.
+/// This operator's side of the API: its CA, the peering certificate it issued (again every
+/// hour; leaves live `--cert-days`) and the version agreed with each endpoint.
 pub struct PeerClient {
     authority: Arc<Authority>,
+    cert: Mutex<Option<(Instant, Certificate)>>,
     versions: Mutex<HashMap<String, &'static str>>,
 }
+
+type Certificate = (Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>);
+
+/// How long one issued peering certificate is used.
+const REISSUE_AFTER: Duration = Duration::from_secs(3600);
 
 fn blocked(reason: Reason, message: String) -> Blocked {
     Blocked { reason, message }
@@ -67,8 +73,28 @@ impl PeerClient {
     pub fn new(authority: Arc<Authority>) -> PeerClient {
         PeerClient {
             authority,
+            cert: Mutex::new(None),
             versions: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The current peering certificate, issued when there is none or it is an hour old.
+    fn certificate(&self) -> Result<Certificate, Blocked> {
+        let mut cur = self.cert.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, c)) = cur.as_ref()
+            && at.elapsed() < REISSUE_AFTER
+        {
+            return Ok(c.clone());
+        }
+        let (chain, key) = self.authority.peering_cert().map_err(|e| {
+            blocked(
+                Reason::PeerUnreachable,
+                format!("no peering certificate: {e}"),
+            )
+        })?;
+        let c = (chain, Arc::new(key));
+        *cur = Some((Instant::now(), c.clone()));
+        Ok(c)
     }
 
     fn failure(&self, peer: &PeerEntry, e: &(dyn std::error::Error + 'static)) -> Blocked {
@@ -109,18 +135,13 @@ impl PeerClient {
             peer: peer.clone(),
             provider: ferry_mover::net::provider(),
         });
-        let (chain, key) = self.authority.peering_cert().map_err(|e| {
-            blocked(
-                Reason::PeerUnreachable,
-                format!("no peering certificate: {e}"),
-            )
-        })?;
+        let (chain, key) = self.certificate()?;
         let cfg = rustls::ClientConfig::builder_with_provider(ferry_mover::net::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .and_then(|b| {
                 b.dangerous()
                     .with_custom_certificate_verifier(verifier)
-                    .with_client_auth_cert(chain, key)
+                    .with_client_auth_cert(chain, key.clone_key())
             })
             .map_err(|e| blocked(Reason::PeerUnreachable, format!("TLS settings: {e}")))?;
         let exchange = async {

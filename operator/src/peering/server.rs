@@ -32,9 +32,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Request bodies are a few hundred bytes.
 const MAX_BODY: usize = 64 * 1024;
-/// Requests per second each peer cluster may make, and the burst it may save up.
-const RATE_PER_SECOND: f64 = 20.0;
-const BURST: f64 = 40.0;
+/// Requests per second each peer cluster may make, and the burst it may save up: a source half
+/// calls every 2 s, so this serves about 200 concurrent halves per peer cluster.
+const RATE_PER_SECOND: f64 = 100.0;
+const BURST: f64 = 200.0;
 
 /// What the handlers need.
 pub struct ApiState {
@@ -395,7 +396,7 @@ mod tests {
     fn each_peer_cluster_has_its_own_budget() {
         let l = RateLimiter::default();
         let t0 = Instant::now();
-        let allowed = (0..100).filter(|_| l.allow("west", t0)).count();
+        let allowed = (0..1000).filter(|_| l.allow("west", t0)).count();
         assert_eq!(allowed, BURST as usize);
         assert!(l.allow("north", t0), "another cluster is not throttled");
         assert!(!l.allow("west", t0));
