@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
+pub mod cross;
 pub mod operator;
 pub mod transfers;
 

@@ -8,251 +8,25 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use ferry_cluster_tests::operator::{
-    OperatorProcess, install_crd_and_rbac_in, kubectl_in, prepare_nodes_in,
-};
-use ferry_cluster_tests::transfers::{MOVER_UID, assert_same_tree, make_tree};
-use ferry_cluster_tests::{Cluster, TestNamespace, wait_until};
+use ferry_cluster_tests::cross::*;
+use ferry_cluster_tests::operator::kubectl_in;
+use ferry_cluster_tests::transfers::{assert_same_tree, make_tree};
+use ferry_cluster_tests::{TestNamespace, wait_until};
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
-const HOST_ROOT: &str = "/ferry-xc";
-const WEST: Cluster = Cluster::Main;
-const EAST: Cluster = Cluster::Peer;
-const WEST_NODE: &str = "node-a";
-const EAST_NODE: &str = "peer-b";
-const TIMEOUT: Duration = Duration::from_secs(180);
-
-/// Both operators and both Peers, set up once for every test of this file.
-struct Pair {
-    _west: OperatorProcess,
-    east: OperatorProcess,
-    west_name: String,
-    east_name: String,
-    east_endpoint: String,
-    west_ca: String,
-    east_ca: String,
-}
-
 static PAIR: tokio::sync::OnceCell<Result<Pair, String>> = tokio::sync::OnceCell::const_new();
 
+/// Both operators and both Peers, set up once for every test of this file.
 async fn pair() -> anyhow::Result<&'static Pair> {
     let p = PAIR
-        .get_or_init(|| async { setup().await.map_err(|e| format!("{e:#}")) })
+        .get_or_init(|| async { setup("xc", &[]).await.map_err(|e| format!("{e:#}")) })
         .await;
     match p {
         Ok(p) => Ok(p),
         Err(e) => bail!("the two operators did not start: {e}"),
     }
-}
-
-/// The address the operator `name` of this test process says its cross-cluster API listens on
-/// (the log may hold earlier runs: only lines after this process took the lead count).
-async fn api_address(op: &OperatorProcess, name: &str) -> anyhow::Result<String> {
-    let mut found = None;
-    let leading = format!("identity={name}-{}", std::process::id());
-    wait_until(Duration::from_secs(60), "the cross-cluster API", || {
-        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
-        found = log
-            .lines()
-            .skip_while(|l| !l.contains(&leading))
-            .find(|l| l.contains("cross-cluster API listening"))
-            .and_then(|l| l.split("addr=").nth(1))
-            .map(|a| a.split_whitespace().next().unwrap_or_default().to_owned());
-        let ok = found.is_some();
-        async move { Ok(ok) }
-    })
-    .await?;
-    found.context("no address")
-}
-
-/// The CA certificate and the cluster name the operator of `cluster` stored in `ferry-ca`.
-async fn ca_of(cluster: Cluster) -> anyhow::Result<(String, String)> {
-    let secrets: Api<Secret> = Api::namespaced(cluster.client().await?, "ferry-system");
-    let mut out = None;
-    wait_until(Duration::from_secs(30), "the operator's CA Secret", || {
-        let secrets = secrets.clone();
-        async move { Ok(secrets.get_opt("ferry-ca").await?.is_some()) }
-    })
-    .await?;
-    if let Some(s) = secrets.get_opt("ferry-ca").await? {
-        let cert = s
-            .data
-            .as_ref()
-            .and_then(|d| d.get("tls.crt"))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .context("tls.crt")?;
-        let name = s
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("ferry.dev/cluster-name"))
-            .cloned()
-            .context("cluster name annotation")?;
-        out = Some((cert, name));
-    }
-    out.context("no CA")
-}
-
-fn apply_peer(
-    cluster: Cluster,
-    name: &str,
-    cluster_name: &str,
-    ca: &str,
-    endpoint: &str,
-) -> anyhow::Result<()> {
-    let manifest = serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1", "kind": "Peer",
-        "metadata": {"name": name},
-        "spec": {"clusterName": cluster_name, "caBundle": ca, "endpoint": endpoint},
-    });
-    let file = cluster.dir().join(format!("peer-{name}.json"));
-    std::fs::write(&file, manifest.to_string())?;
-    kubectl_in(
-        cluster,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            &file.display().to_string(),
-        ],
-    )?;
-    Ok(())
-}
-
-async fn setup() -> anyhow::Result<Pair> {
-    for c in [WEST, EAST] {
-        install_crd_and_rbac_in(c)?;
-    }
-    prepare_nodes_in(WEST, HOST_ROOT, MOVER_UID, &[WEST_NODE])?;
-    prepare_nodes_in(EAST, HOST_ROOT, MOVER_UID, &[EAST_NODE])?;
-    let flags = |name: &'static str| ["--cluster-name", name, "--peering-listen", "127.0.0.1:0"];
-    let west = OperatorProcess::start_in(
-        WEST,
-        "ferry-xc-west",
-        HOST_ROOT,
-        "ferry-xc-west",
-        &flags("west"),
-    )
-    .await?;
-    let east = OperatorProcess::start_in(
-        EAST,
-        "ferry-xc-east",
-        HOST_ROOT,
-        "ferry-xc-east",
-        &flags("east"),
-    )
-    .await?;
-    let (west_endpoint, east_endpoint) = (
-        api_address(&west, "ferry-xc-west").await?,
-        api_address(&east, "ferry-xc-east").await?,
-    );
-    // A CA stored earlier keeps the cluster name it was created with.
-    let (west_ca, west_name) = ca_of(WEST).await?;
-    let (east_ca, east_name) = ca_of(EAST).await?;
-    apply_peer(WEST, "east", &east_name, &east_ca, &east_endpoint)?;
-    apply_peer(EAST, "west", &west_name, &west_ca, &west_endpoint)?;
-    Ok(Pair {
-        _west: west,
-        east,
-        west_name,
-        east_name,
-        east_endpoint,
-        west_ca,
-        east_ca,
-    })
-}
-
-/// A directory under the host root on `node` of `cluster`, owned by the movers' uid.
-fn node_dir(
-    cluster: Cluster,
-    node: &str,
-    ns: &str,
-    name: &str,
-) -> anyhow::Result<(String, PathBuf)> {
-    let rel = format!("{HOST_ROOT}/{ns}/{name}");
-    let on_host = cluster.node_root(node).join(rel.trim_start_matches('/'));
-    std::fs::create_dir_all(&on_host)?;
-    for p in [on_host.parent().context("parent")?, &on_host] {
-        std::os::unix::fs::chown(p, Some(MOVER_UID), Some(MOVER_UID))?;
-    }
-    Ok((rel, on_host))
-}
-
-/// The source half in west and the destination half in east, named alike.
-fn halves(
-    name: &str,
-    west_ns: &str,
-    east_ns: &str,
-    src: &str,
-    dst: serde_json::Value,
-    source_extra: serde_json::Value,
-) -> anyhow::Result<(Transfer, Transfer)> {
-    let mut source_spec = serde_json::json!({
-        "source": {"hostPath": {"node": WEST_NODE, "path": src}},
-        "destination": {"remote": {"peer": "east", "namespace": east_ns, "name": name}},
-    });
-    if let (Some(s), Some(e)) = (source_spec.as_object_mut(), source_extra.as_object()) {
-        s.extend(e.clone());
-    }
-    let source = ferry_cluster_tests::from_json(serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
-        "metadata": {"name": name}, "spec": source_spec,
-    }))?;
-    let destination = ferry_cluster_tests::from_json(serde_json::json!({
-        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
-        "metadata": {"name": name},
-        "spec": {
-            "source": {"remote": {"peer": "west", "namespace": west_ns, "name": name}},
-            "destination": dst,
-        },
-    }))?;
-    Ok((source, destination))
-}
-
-/// Waits until Transfer `name` is `want`; fails early when it failed.
-async fn wait_phase(api: &Api<Transfer>, name: &str, want: Phase) -> anyhow::Result<Transfer> {
-    ferry_cluster_tests::transfers::wait_phase(api, name, TIMEOUT, want).await
-}
-
-async fn ferry_pods(api: &Api<Pod>) -> anyhow::Result<Vec<Pod>> {
-    Ok(api
-        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=ferry-operator"))
-        .await?
-        .items)
-}
-
-/// The Ready condition's reason and message.
-fn ready(t: &Transfer) -> (String, String) {
-    t.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default()
-}
-
-async fn wait_reason(api: &Api<Transfer>, name: &str, reason: &str) -> anyhow::Result<Transfer> {
-    let mut last = None;
-    let r = wait_until(
-        Duration::from_secs(60),
-        &format!("{name}: reason {reason}"),
-        || {
-            let api = api.clone();
-            let name = name.to_owned();
-            async move {
-                let t = api.get(&name).await?;
-                Ok(ready(&t).0 == reason)
-            }
-        },
-    )
-    .await;
-    if r.is_err() {
-        last = api.get_opt(name).await?;
-    }
-    r.with_context(|| format!("last status: {:?}", last.and_then(|t| t.status)))?;
-    Ok(api.get(name).await?)
 }
 
 #[tokio::test]

@@ -1,0 +1,89 @@
+//! A cross-cluster Transfer whose receiver sits behind a LoadBalancer Service (MetalLB in the
+//! local clusters) instead of a NodePort: east's operator runs with
+//! `--peering-service-type LoadBalancer`, and west's sender connects to the load balancer's
+//! address.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ferry_cluster_tests::TestNamespace;
+use ferry_cluster_tests::cross::*;
+use ferry_cluster_tests::transfers::{assert_same_tree, make_tree};
+use ferry_operator::api::{Phase, Transfer};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, ListParams, PostParams};
+
+#[tokio::test]
+async fn a_dataset_crosses_clusters_through_the_receivers_load_balancer() -> anyhow::Result<()> {
+    let _operators = setup("xclb", &["--peering-service-type", "LoadBalancer"]).await?;
+    let west = TestNamespace::create_in(WEST, "xc-lb").await?;
+    let east = TestNamespace::create_in(EAST, "xc-lb").await?;
+    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
+    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
+    make_tree(&src_host, 50, 8, &west.name)?;
+    let (source, destination) = halves(
+        "lb",
+        &west.name,
+        &east.name,
+        &src,
+        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
+        serde_json::json!({}),
+    )?;
+    let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
+    east_api
+        .create(&PostParams::default(), &destination)
+        .await?;
+    west_api.create(&PostParams::default(), &source).await?;
+
+    // The sender's address is the load balancer's ingress and the data port.
+    let (west_pods, services): (Api<Pod>, Api<Service>) = (west.api(), east.api());
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let (sender, svc) = loop {
+        let senders = ferry_pods(&west_pods).await?;
+        let svc = services.list(&ListParams::default()).await?.items;
+        if let (Some(s), Some(svc)) = (senders.first(), svc.first()) {
+            break (s.clone(), svc.clone());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no sender pod in west and Service in east"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let spec = svc.spec.clone().context("spec")?;
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|i| i.ip.clone())
+        .context("the receiver's Service has no load-balancer address")?;
+    let args = sender
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default();
+    let connect = args
+        .iter()
+        .skip_while(|a| *a != "--connect")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(connect, format!("{ingress}:7400"));
+    assert!(
+        ingress.starts_with("10.101.0.2"),
+        "not east's address pool: {ingress}"
+    );
+
+    let te = wait_phase(&east_api, "lb", Phase::Succeeded).await?;
+    let tw = wait_phase(&west_api, "lb", Phase::Succeeded).await?;
+    assert_same_tree(&src_host, &dst_host)?;
+    let (se, sw) = (te.status.context("east")?, tw.status.context("west")?);
+    assert!(se.digest.is_some());
+    assert_eq!(se.digest, sw.digest);
+    west.delete().await?;
+    east.delete().await
+}
