@@ -239,3 +239,18 @@ pub async fn wait_reason(
     r.with_context(|| format!("last status: {:?}", last.and_then(|t| t.status)))?;
     Ok(api.get(name).await?)
 }
+
+/// The address a sender pod was told to connect to (its `--connect` argument).
+pub fn connect_arg(sender: &Pod) -> String {
+    let args = sender
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.args.clone())
+        .unwrap_or_default();
+    args.iter()
+        .skip_while(|a| *a != "--connect")
+        .nth(1)
+        .cloned()
+        .unwrap_or_default()
+}

@@ -72,18 +72,7 @@ async fn a_dataset_crosses_clusters_through_the_receivers_node_port() -> anyhow:
     };
     let (sender, receiver, svc) =
         seen.context("no sender pod in west and receiver with its Service in east")?;
-    let args = sender
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.args.clone())
-        .unwrap_or_default();
-    let connect = args
-        .iter()
-        .skip_while(|a| *a != "--connect")
-        .nth(1)
-        .cloned()
-        .unwrap_or_default();
+    let connect = connect_arg(&sender);
     let node_port = svc
         .spec
         .as_ref()

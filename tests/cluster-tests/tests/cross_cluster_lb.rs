@@ -60,18 +60,7 @@ async fn a_dataset_crosses_clusters_through_the_receivers_load_balancer() -> any
         .and_then(|i| i.first())
         .and_then(|i| i.ip.clone())
         .context("the receiver's Service has no load-balancer address")?;
-    let args = sender
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.args.clone())
-        .unwrap_or_default();
-    let connect = args
-        .iter()
-        .skip_while(|a| *a != "--connect")
-        .nth(1)
-        .cloned()
-        .unwrap_or_default();
+    let connect = connect_arg(&sender);
     assert_eq!(connect, format!("{ingress}:7400"));
     assert!(
         ingress.starts_with("10.101.0.2"),
