@@ -155,6 +155,15 @@ async fn operator_watches_both_binaries_to_the_outcome() {
     assert!(receiver.wait().unwrap().success());
     check(&recv_updates, "receiver", files, bytes);
     check(&send_updates, "sender", files, bytes);
+    // The sender's bar follows what left behind the bandwidth limit, not what it read ahead:
+    // at a quarter of the data per second it cannot be full in under ~4 s (3 s leaves room for
+    // the limiter's burst and socket buffers; load only makes it later).
+    let full_at = send_updates
+        .iter()
+        .find(|u| u.bytes_done >= bytes)
+        .map(|u| u.elapsed_seconds)
+        .unwrap();
+    assert!(full_at >= 3.0, "sender bar full after {full_at:.2} s");
     // The receiver counts what it wrote: its done counter never ran ahead of the total.
     assert!(recv_updates.iter().all(|u| u.bytes_done <= bytes));
     // Both final updates carry the transfer digest, and they agree; none before the end.

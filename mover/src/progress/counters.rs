@@ -35,8 +35,9 @@ impl Phase {
 /// Counts what this end did: the live counters of a local copy, a sender or a receiver, read by
 /// the TTY bar ([`crate::report::ProgressBar`]) and the gRPC progress service. Totals grow as the
 /// walk discovers entries. On the receiver and in a local copy, `bytes_done`/`files_done` are what
-/// was written and committed; on the sender they are what was read and queued until the
-/// receiver's Summary replaces them with what it wrote.
+/// was written and committed; on the sender they are what was handed to the socket (behind the
+/// bandwidth limiter) or found at the receiver, until the receiver's Summary replaces them with
+/// what it wrote.
 #[derive(Debug)]
 pub struct Progress {
     phase: AtomicU8,

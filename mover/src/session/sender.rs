@@ -1316,7 +1316,6 @@ fn build_batches(ctx: &Ctx, files: Vec<(u64, pb::Entry)>) -> Result<Vec<Message>
             codec: codec_id,
             hash: hash.as_bytes().to_vec(),
         });
-        ctx.progress.add(&ctx.progress.bytes_done, e.size);
         if data.len() >= BATCH_BYTES || header.files.len() >= 4096 {
             out.push(Message::Batch {
                 header: std::mem::take(&mut header),
@@ -1423,7 +1422,6 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
         if let Some(fd) = &job.digest {
             ctx.block_digested(fd, job.index, hash);
         }
-        ctx.progress.add(&ctx.progress.bytes_done, job.len);
         return Ok(Message::Block {
             header: pb::BlockHeader {
                 file_id: job.file_id,
@@ -1515,7 +1513,6 @@ fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message {
     if let Some(fd) = &job.digest {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
-    ctx.progress.add(&ctx.progress.bytes_done, job.len);
     let (codec_id, data) = if crate::tree::data::is_zero(&buf) {
         (CODEC_ZERO, Bytes::new())
     } else {
@@ -1570,6 +1567,9 @@ where
             l.take(len).await;
         }
         writer.send(&msg).await?;
+        // Counted once handed to the socket, behind the bandwidth limiter: the bar follows what
+        // left, not what was read ahead into the queue.
+        ctx.progress.add(&ctx.progress.bytes_done, raw_len(&msg));
         if rx.is_empty() {
             writer.flush().await?;
         }
@@ -1579,6 +1579,15 @@ where
     writer.send(&Message::Done(pb::Done::default())).await?;
     writer.flush().await?;
     Ok(())
+}
+
+/// The file bytes a data frame stands for (before compression).
+fn raw_len(m: &Message) -> u64 {
+    match m {
+        Message::Block { header, .. } => u64::from(header.raw_len),
+        Message::Batch { header, .. } => header.files.iter().map(|f| u64::from(f.raw_len)).sum(),
+        _ => 0,
+    }
 }
 
 fn frame_len(m: &Message) -> usize {
