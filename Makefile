@@ -13,8 +13,8 @@ release:
 # The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
 # every test with the two local clusters up (`ferry` and `peer`, side by side). The clusters go down
 # afterwards whatever happened, and the exit code is the tests'. On failure their logs are kept in
-# target/cluster-logs and target/cluster-logs-peer. Then a short fuzzing run of the frame decoder,
-# the benchmark harness's own tests, the chart's offline checks and docs/network.md's quick start
+# target/cluster-logs and target/cluster-logs-peer. Then short fuzzing runs (frame decoder, Want parser,
+# receiver state), the benchmark harness's own tests, the chart's offline checks and docs/network.md's quick start
 # as written.
 test: deps lint build k8s-bin
 	@rc=0; \
@@ -65,7 +65,8 @@ fmt:
 deps:
 	tests/scripts/deps.sh
 
-# ~30 s of cargo-fuzz on the frame decoder (installs cargo-fuzz into ~/.cache/ferry/cargo if missing).
+# ~30 s each of cargo-fuzz on the frame decoder, the Want parser and the receiver's protocol state
+# (installs cargo-fuzz into ~/.cache/ferry/cargo if missing).
 fuzz-smoke:
 	tests/scripts/fuzz-smoke.sh
 

@@ -281,12 +281,9 @@ impl ReceiveError {
             ReceiveError::Handshake(e) => e.kind(),
             ReceiveError::Remote { kind, .. } => *kind,
             ReceiveError::Path(_)
-            | ReceiveError::OutOfOrder { .. }
             | ReceiveError::Protocol(_)
             | ReceiveError::Codec { .. }
-            | ReceiveError::HashMismatch { .. }
-            | ReceiveError::Incomplete { .. }
-            | ReceiveError::Streams(_) => ErrorKind::Peer,
+            | ReceiveError::HashMismatch { .. } => ErrorKind::Peer,
             ReceiveError::NoProgress { .. } => ErrorKind::Timeout,
             ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_kind(e),
             ReceiveError::Staging(StagingError::Dest(e)) => dest_kind(e),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Short fuzzing runs of the frame decoder and the Want block-set parser (CI smoke). Installs cargo-fuzz into a cache directory
+# Short fuzzing runs of the frame decoder, the Want block-set parser and the receiver's protocol
+# state driven by arbitrary message sequences (CI smoke). Installs cargo-fuzz into a cache directory
 # if missing (idempotent) and uses the nightly toolchain that libFuzzer's sanitizer flags need.
 set -euo pipefail
 SECS="${FUZZ_SECONDS:-30}"
@@ -19,3 +20,6 @@ cargo +nightly fuzz run frame_decoder fuzz/corpus/frame_decoder -- \
 mkdir -p fuzz/corpus/want_blocks
 cargo +nightly fuzz run want_blocks fuzz/corpus/want_blocks -- \
     -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=65536
+mkdir -p fuzz/corpus/receiver_state
+cargo +nightly fuzz run receiver_state fuzz/corpus/receiver_state -- \
+    -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=4096

@@ -168,7 +168,7 @@ fn receiver_errors() {
         ErrorKind::Destination
     );
     assert_eq!(
-        ReceiveError::Protocol("duplicate entry a".into()).kind(),
+        ReceiveError::Protocol(crate::session::receiver::Violation::Duplicate("a".into())).kind(),
         ErrorKind::Peer
     );
     assert_eq!(

@@ -16,9 +16,6 @@ use std::time::Instant;
 
 use crate::wire::{BLOCK_SIZE, codec};
 
-/// Zero blocks are sent as a codec with no payload; the receiver leaves a hole.
-pub const CODEC_ZERO: u32 = 3;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Compress {
     Auto,
@@ -89,7 +86,7 @@ pub fn decode(
                 return Err(CodecError::Decode { expected: raw_len });
             }
         }
-        CODEC_ZERO => {
+        codec::ZERO => {
             if !data.is_empty() {
                 return Err(CodecError::ZeroWithData(data.len()));
             }

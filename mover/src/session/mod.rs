@@ -13,7 +13,7 @@ mod dircache;
 mod framed;
 mod handshake;
 mod listen;
-mod receiver;
+pub mod receiver;
 pub mod relpath;
 mod scan;
 mod sender;
@@ -33,8 +33,8 @@ pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
 pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, anyhow_chain, serve};
 pub use receiver::{
-    Accepted, BlockSource, Keep, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig,
-    accept_stream, failure_message, receive_session,
+    Accepted, Keep, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
+    failure_message, receive_session,
 };
 pub use scan::ScanError;
 pub use sender::{SendError, SenderConfig, send_session};

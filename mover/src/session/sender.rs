@@ -15,7 +15,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, mpsc};
 
 use super::OFFER_WINDOW;
-use super::compress::{CODEC_ZERO, CodecPolicy, Compress};
+use super::compress::{CodecPolicy, Compress};
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, send_hello};
 use super::scan::{self, ScanError};
@@ -1427,7 +1427,7 @@ fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
                 file_id: job.file_id,
                 index: job.index,
                 raw_len: job.len as u32,
-                codec: CODEC_ZERO,
+                codec: codec::ZERO,
                 hash: hash.to_vec(),
             },
             data: Bytes::new(),
@@ -1514,7 +1514,7 @@ fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
     let (codec_id, data) = if crate::tree::data::is_zero(&buf) {
-        (CODEC_ZERO, Bytes::new())
+        (codec::ZERO, Bytes::new())
     } else {
         match ctx.policy.compress(&buf) {
             Some((c, enc)) => (c, Bytes::from(enc)),

@@ -67,6 +67,8 @@ pub mod codec {
     pub const RAW: u32 = 0;
     pub const ZSTD: u32 = 1;
     pub const LZ4: u32 = 2;
+    /// An all-zero block, sent with no payload: the receiver leaves a hole.
+    pub const ZERO: u32 = 3;
 }
 
 /// Why bytes from a peer are not a valid frame or message.

@@ -1,0 +1,450 @@
+//! One test per rule of the receiver's state, in memory.
+
+use super::*;
+
+fn p(s: &str) -> PeerPath {
+    PeerPath::parse(s.as_bytes()).unwrap()
+}
+
+type St = ReceiverState<&'static str, &'static str>;
+
+const MIB: u64 = 1024 * 1024;
+const BLOCK: u64 = BLOCK_SIZE as u64;
+
+fn bf(file_id: u64, raw_len: u32, stored_len: u32) -> pb::BatchFile {
+    pb::BatchFile {
+        file_id,
+        raw_len,
+        stored_len,
+        codec: 0,
+        hash: vec![0; 32],
+    }
+}
+
+fn block(file_id: u64, index: u64, raw_len: u64) -> pb::BlockHeader {
+    pb::BlockHeader {
+        file_id,
+        index,
+        raw_len: raw_len as u32,
+        codec: 0,
+        hash: vec![0; 32],
+    }
+}
+
+fn announce(file_id: u64, indexes: &[u64]) -> pb::BlockAnnounce {
+    pb::BlockAnnounce {
+        file_id,
+        indexes: indexes.to_vec(),
+        hashes: vec![vec![1; 32]; indexes.len()],
+        proofs: vec![vec![2; 32]; indexes.len()],
+    }
+}
+
+/// A state with one large file of `blocks` full blocks plus a 1-byte tail, nothing held.
+fn with_large(blocks: u64) -> (St, u64) {
+    let mut st = St::default();
+    let (id, need) = st
+        .want_large(p("big"), blocks * BLOCK + 1, BlockSet::new(), "big")
+        .unwrap();
+    assert_eq!(need.len(), blocks + 1);
+    (st, id)
+}
+
+#[test]
+fn a_path_is_in_flight_once() {
+    let mut st = St::default();
+    st.want_small(p("a"), 10, "x").unwrap();
+    assert_eq!(
+        st.want_small(p("a"), 10, "x"),
+        Err(Violation::Duplicate("a".into()))
+    );
+    assert!(matches!(
+        st.want_large(p("a"), 10 * MIB, BlockSet::new(), "x"),
+        Err(Violation::Duplicate(_))
+    ));
+    assert_eq!(st.in_flight(), 1);
+}
+
+#[test]
+fn ids_are_fresh_and_never_reused() {
+    let mut st = St::default();
+    let a = st.want_small(p("a"), 1, "x").unwrap();
+    st.claim_batch(vec![bf(a, 1, 1)], 1).unwrap();
+    let b = st.want_small(p("a"), 1, "x").unwrap();
+    assert_ne!(a, b);
+    // The old id is gone: a batch naming it again is refused.
+    assert_eq!(
+        st.claim_batch(vec![bf(a, 1, 1)], 1).unwrap_err(),
+        Violation::UnknownFile {
+            frame: "batch",
+            id: a
+        }
+    );
+}
+
+#[test]
+fn offers_and_sizes_are_bounded() {
+    assert!(St::check_offer(MAX_OFFER_ENTRIES).is_ok());
+    assert_eq!(
+        St::check_offer(MAX_OFFER_ENTRIES + 1),
+        Err(Violation::OfferTooLarge(MAX_OFFER_ENTRIES + 1))
+    );
+    let st = St::default();
+    assert!(matches!(
+        st.check_file(&p("x"), MAX_FILE_SIZE + 1),
+        Err(Violation::FileTooLarge { .. })
+    ));
+}
+
+#[test]
+fn large_files_in_flight_are_bounded() {
+    let mut st = St::default();
+    for i in 0..MAX_LARGE_IN_FLIGHT {
+        st.want_large(p(&format!("f{i}")), 2 * MIB, BlockSet::new(), "x")
+            .unwrap();
+    }
+    assert_eq!(
+        st.want_large(p("one-more"), 2 * MIB, BlockSet::new(), "x"),
+        Err(Violation::TooManyLarge)
+    );
+    // Small files still fit.
+    st.want_small(p("small"), 1, "x").unwrap();
+}
+
+#[test]
+fn a_batch_must_tile_its_frame_and_match_its_offers() {
+    let mut st = St::default();
+    let a = st.want_small(p("a"), 3, "a").unwrap();
+    let b = st.want_small(p("b"), 2, "b").unwrap();
+    let (big, _) = st
+        .want_large(p("big"), 2 * MIB, BlockSet::new(), "big")
+        .unwrap();
+    assert_eq!(
+        st.claim_batch(vec![bf(a, 3, 3), bf(b, 2, 2)], 4)
+            .unwrap_err(),
+        Violation::BatchOverrun
+    );
+    assert_eq!(
+        st.claim_batch(vec![bf(a, 3, 3)], 4).unwrap_err(),
+        Violation::BatchTrailing
+    );
+    assert!(matches!(
+        st.claim_batch(vec![bf(a, 4, 3)], 3).unwrap_err(),
+        Violation::BatchLength {
+            got: 4,
+            offered: 3,
+            ..
+        }
+    ));
+    assert!(matches!(
+        st.claim_batch(vec![bf(big, 1, 1)], 1).unwrap_err(),
+        Violation::WrongFileKind { what: "large", .. }
+    ));
+    assert!(matches!(
+        st.claim_batch(vec![bf(a, 3, 3), bf(a, 3, 3)], 6)
+            .unwrap_err(),
+        Violation::UnknownFile { .. }
+    ));
+    // Refusals claimed nothing: the good batch still goes through, with each file's range.
+    let claimed = st.claim_batch(vec![bf(a, 3, 1), bf(b, 2, 2)], 3).unwrap();
+    let got: Vec<_> = claimed.iter().map(|c| (c.file, c.range.clone())).collect();
+    assert_eq!(got, vec![("a", 0..1), ("b", 1..3)]);
+    assert!(matches!(
+        st.claim_batch(vec![bf(a, 3, 3)], 3).unwrap_err(),
+        Violation::UnknownFile { .. }
+    ));
+    assert_eq!(st.in_flight(), 1);
+}
+
+#[test]
+fn blocks_must_be_in_range_of_the_right_length_and_requested_once() {
+    let (mut st, id) = with_large(2);
+    assert!(matches!(
+        st.claim_block(&block(id, 3, 1)).unwrap_err(),
+        Violation::BlockIndex {
+            index: 3,
+            last: 2,
+            ..
+        }
+    ));
+    assert!(matches!(
+        st.claim_block(&block(id, 2, 2)).unwrap_err(),
+        Violation::BlockLength {
+            got: 2,
+            expected: 1,
+            ..
+        }
+    ));
+    assert!(matches!(
+        st.claim_block(&block(id + 1, 0, BLOCK)).unwrap_err(),
+        Violation::UnknownFile { .. }
+    ));
+    let small = st.want_small(p("s"), 1, "s").unwrap();
+    assert!(matches!(
+        st.claim_block(&block(small, 0, 1)).unwrap_err(),
+        Violation::WrongFileKind { what: "small", .. }
+    ));
+    let c = st.claim_block(&block(id, 2, 1)).unwrap();
+    assert_eq!((c.file, c.len, c.size), ("big", 1, 2 * BLOCK + 1));
+    assert!(matches!(
+        st.claim_block(&block(id, 2, 1)).unwrap_err(),
+        Violation::NotRequested { index: 2, .. }
+    ));
+}
+
+#[test]
+fn a_large_file_commits_when_its_last_block_is_written() {
+    let (mut st, id) = with_large(2);
+    for i in [1, 0, 2] {
+        st.claim_block(&block(id, i, block_len(2 * BLOCK + 1, i)))
+            .unwrap();
+    }
+    assert_eq!(st.blocks_written(id, 1), Ok(None));
+    assert_eq!(st.blocks_written(id, 1), Ok(None));
+    assert!(st.check_finished().is_err());
+    assert_eq!(st.blocks_written(id, 1), Ok(Some("big")));
+    // Gone: nothing more can be written to it, and the session may finish.
+    assert!(matches!(
+        st.blocks_written(id, 1),
+        Err(Violation::UnknownFile { .. })
+    ));
+    assert_eq!(st.check_finished(), Ok(()));
+    // Its path may be offered again (a later rerun within one receiver).
+    st.want_small(p("big"), 1, "again").unwrap();
+}
+
+#[test]
+fn more_blocks_written_than_claimed_never_commits() {
+    let (mut st, id) = with_large(1);
+    assert!(st.blocks_written(id, 5).is_err());
+}
+
+#[test]
+fn finishing_with_files_in_flight_is_refused() {
+    let mut st = St::default();
+    st.want_small(p("dir/left"), 5, "x").unwrap();
+    assert_eq!(
+        st.check_finished(),
+        Err(Violation::Incomplete {
+            count: 1,
+            example: "dir/left".into()
+        })
+    );
+}
+
+#[test]
+fn held_blocks_are_not_requested_until_the_sender_confirms_them() {
+    let mut st = St::default();
+    let mut held = BlockSet::new();
+    held.insert_range(0, 2);
+    let (id, need) = st.want_large(p("r"), 4 * BLOCK, held, "r").unwrap();
+    assert_eq!(need.iter().collect::<Vec<_>>(), vec![2, 3]);
+    // A held block is not requested: sending it is a violation.
+    assert!(matches!(
+        st.claim_block(&block(id, 0, BLOCK)).unwrap_err(),
+        Violation::NotRequested { index: 0, .. }
+    ));
+    // Only held blocks may be checked, each once.
+    let check = |indexes: &[u64]| pb::ResumeCheck {
+        file_id: id,
+        indexes: indexes.to_vec(),
+        hashes: vec![vec![7; 32]; indexes.len()],
+    };
+    assert!(matches!(
+        st.claim_resume(&check(&[2])).unwrap_err(),
+        Violation::NotHeld { index: 2, .. }
+    ));
+    let c = st.claim_resume(&check(&[0, 1])).unwrap();
+    assert_eq!(c.hashes, vec![[7; 32]; 2]);
+    assert!(matches!(
+        st.claim_resume(&check(&[0])).unwrap_err(),
+        Violation::NotHeld { .. }
+    ));
+    // Block 1 did not match: it is requested again and comes over the wire.
+    st.need_again(id, [1]).unwrap();
+    assert_eq!(st.blocks_written(id, 1), Ok(None)); // block 0 kept
+    for i in [1, 2, 3] {
+        st.claim_block(&block(id, i, BLOCK)).unwrap();
+    }
+    assert_eq!(st.blocks_written(id, 3), Ok(Some("r")));
+}
+
+#[test]
+fn a_resume_check_is_well_formed() {
+    let mut st = St::default();
+    let mut held = BlockSet::new();
+    held.insert(0);
+    let (id, _) = st.want_large(p("r"), 2 * BLOCK, held, "x").unwrap();
+    let bad_len = pb::ResumeCheck {
+        file_id: id,
+        indexes: vec![0],
+        hashes: vec![],
+    };
+    assert_eq!(
+        st.claim_resume(&bad_len).unwrap_err(),
+        Violation::ListLengths {
+            frame: "ResumeCheck"
+        }
+    );
+    let bad_hash = pb::ResumeCheck {
+        file_id: id,
+        indexes: vec![0],
+        hashes: vec![vec![0; 31]],
+    };
+    assert!(matches!(
+        st.claim_resume(&bad_hash).unwrap_err(),
+        Violation::MalformedResumeHash { .. }
+    ));
+    // Nothing was claimed by the refusals.
+    let good = pb::ResumeCheck {
+        file_id: id,
+        indexes: vec![0],
+        hashes: vec![vec![0; 32]],
+    };
+    st.claim_resume(&good).unwrap();
+}
+
+#[test]
+fn announced_blocks_are_full_requested_and_well_formed() {
+    let (mut st, id) = with_large(3);
+    // The 1-byte tail is not a full block: it cannot come from the store.
+    assert!(matches!(
+        st.claim_announce(&announce(id, &[3])).unwrap_err(),
+        Violation::NotFullBlock { index: 3, .. }
+    ));
+    let mut short = announce(id, &[0]);
+    short.proofs[0].pop();
+    assert!(matches!(
+        st.claim_announce(&short).unwrap_err(),
+        Violation::MalformedAnnounce { index: 0, .. }
+    ));
+    let mut uneven = announce(id, &[0, 1]);
+    uneven.hashes.pop();
+    assert!(matches!(
+        st.claim_announce(&uneven).unwrap_err(),
+        Violation::ListLengths { .. }
+    ));
+    let (claimed, blocks) = st.claim_announce(&announce(id, &[0, 1])).unwrap();
+    assert_eq!((claimed.file, claimed.len), ("big", BLOCK));
+    assert_eq!(blocks.iter().map(|b| b.index).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(blocks[0].proof.0, [2; 32]);
+    // Announced blocks are claimed: not again, and not as Block frames.
+    assert!(st.claim_announce(&announce(id, &[1])).is_err());
+    assert!(st.claim_block(&block(id, 0, BLOCK)).is_err());
+    // The store lacked block 1: requested again, it may come as a Block.
+    st.need_again(id, [1]).unwrap();
+    st.claim_block(&block(id, 1, BLOCK)).unwrap();
+}
+
+#[test]
+fn an_announce_lists_a_bounded_number_of_blocks() {
+    let (mut st, id) = with_large(1);
+    let many: Vec<u64> = (0..MAX_ANNOUNCE_BLOCKS as u64 + 1).collect();
+    assert!(matches!(
+        st.claim_announce(&announce(id, &many)).unwrap_err(),
+        Violation::TooManyBlocks { .. }
+    ));
+}
+
+#[test]
+fn scattered_blocks_are_refused_before_the_bookkeeping_grows() {
+    let n = 2 * MAX_FILE_RANGES as u64 + 4;
+    let mut st = St::default();
+    let (id, _) = st
+        .want_large(p("s"), n * BLOCK, BlockSet::new(), "x")
+        .unwrap();
+    // Taking every other block splits the need set into one more range each time.
+    let mut refused = None;
+    for i in (1..n).step_by(2) {
+        if let Err(e) = st.claim_block(&block(id, i, BLOCK)) {
+            refused = Some(e);
+            break;
+        }
+    }
+    assert!(matches!(refused, Some(Violation::Scattered { .. })));
+}
+
+#[test]
+fn a_data_stream_sends_data_then_done() {
+    let mut s = StreamRules::new(1, false, false);
+    assert_eq!(s.route(FrameType::Offer), Ok(Route::Offer));
+    assert_eq!(s.route(FrameType::Block), Ok(Route::Data));
+    assert_eq!(s.route(FrameType::Batch), Ok(Route::Data));
+    assert_eq!(s.route(FrameType::Busy), Ok(Route::Alive));
+    assert!(matches!(
+        s.route(FrameType::DirDone),
+        Err(Violation::OutOfOrder {
+            stream: 1,
+            when: "while data flows",
+            ..
+        })
+    ));
+    assert_eq!(s.route(FrameType::Done), Ok(Route::Done));
+    // Only stream 0 closes the session.
+    assert!(s.route(FrameType::DirDone).is_err());
+    assert!(s.route(FrameType::Finish).is_err());
+}
+
+#[test]
+fn stream_zero_closes_with_directories_then_finish() {
+    let mut s = StreamRules::new(0, true, true);
+    assert_eq!(s.route(FrameType::BlockAnnounce), Ok(Route::Announce));
+    assert_eq!(s.route(FrameType::ResumeCheck), Ok(Route::ResumeCheck));
+    assert!(s.route(FrameType::Finish).is_err());
+    assert_eq!(s.route(FrameType::Done), Ok(Route::Done));
+    // Hard links are offered after Done; data is not.
+    assert_eq!(s.route(FrameType::Offer), Ok(Route::Offer));
+    assert!(matches!(
+        s.route(FrameType::Block),
+        Err(Violation::OutOfOrder {
+            when: "after Done",
+            ..
+        })
+    ));
+    assert_eq!(s.route(FrameType::DirDone), Ok(Route::DirDone));
+    assert_eq!(s.route(FrameType::Error), Ok(Route::PeerError));
+    assert_eq!(s.route(FrameType::Finish), Ok(Route::Finish));
+    assert!(s.route(FrameType::Keepalive).is_err());
+}
+
+#[test]
+fn announces_and_resume_checks_need_their_capability() {
+    let mut s = StreamRules::new(0, false, false);
+    assert_eq!(
+        s.route(FrameType::BlockAnnounce),
+        Err(Violation::NotNegotiated(FrameType::BlockAnnounce))
+    );
+    assert_eq!(
+        s.route(FrameType::ResumeCheck),
+        Err(Violation::NotNegotiated(FrameType::ResumeCheck))
+    );
+    // Frames only a receiver sends are out of order from a sender.
+    assert!(s.route(FrameType::Want).is_err());
+    assert!(s.route(FrameType::Summary).is_err());
+}
+
+#[test]
+fn listings_and_attributes_are_checked() {
+    assert!(check_listing(vec![b"a".to_vec(), b"b c".to_vec()]).is_ok());
+    for bad in [&b""[..], b".", b"..", b"a/b"] {
+        assert!(check_listing(vec![bad.to_vec()]).is_err(), "{bad:?}");
+    }
+    let x = |name: &[u8], value: usize| pb::Xattr {
+        name: name.to_vec(),
+        value: vec![0; value],
+    };
+    assert_eq!(check_xattrs(&p("f"), &[x(b"user.a", 4)], 100), Ok(10));
+    assert!(matches!(
+        check_xattrs(&p("f"), &[x(b"security.capability", 4)], 100),
+        Err(Violation::XattrName { .. })
+    ));
+    assert!(matches!(
+        check_xattrs(&p("f"), &[x(b"user.a", 95)], 100),
+        Err(Violation::XattrSize { total: 101, .. })
+    ));
+    assert!(check_link_target(&p("l"), b"../t").is_ok());
+    for bad in [&b""[..], b"a\0b"] {
+        assert!(check_link_target(&p("l"), bad).is_err());
+    }
+    assert!(check_link_target(&p("l"), &vec![b'a'; MAX_LINK_TARGET + 1]).is_err());
+}
