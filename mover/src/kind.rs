@@ -254,8 +254,6 @@ impl SendError {
             SendError::Scan(e) => e.kind(),
             SendError::Remote { kind, .. } => *kind,
             SendError::Peer(_)
-            | SendError::Unexpected { .. }
-            | SendError::WantMismatch { .. }
             | SendError::NoPeerDigest
             | SendError::BadPeerDigest(_)
             | SendError::FilterUnsupported

@@ -120,11 +120,11 @@ fn sender_errors() {
     );
     assert_eq!(SendError::NoPeerDigest.kind(), ErrorKind::Peer);
     assert_eq!(
-        SendError::Unexpected {
+        SendError::Peer(crate::session::ReceiverViolation::Unexpected {
             stream: 0,
             kind: FrameType::Welcome,
             expected: "Want"
-        }
+        })
         .kind(),
         ErrorKind::Peer
     );
@@ -168,7 +168,10 @@ fn receiver_errors() {
         ErrorKind::Destination
     );
     assert_eq!(
-        ReceiveError::Protocol(crate::session::receiver::Violation::Duplicate("a".into())).kind(),
+        ReceiveError::Protocol(crate::session::receiver::SenderViolation::Duplicate(
+            "a".into()
+        ))
+        .kind(),
         ErrorKind::Peer
     );
     assert_eq!(

@@ -16,7 +16,7 @@ mod listen;
 pub mod receiver;
 pub mod relpath;
 mod scan;
-mod sender;
+pub mod sender;
 pub mod staging;
 
 use std::time::Duration;
@@ -37,7 +37,7 @@ pub use receiver::{
     failure_message, receive_session,
 };
 pub use scan::ScanError;
-pub use sender::{SendError, SenderConfig, send_session};
+pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session};
 
 /// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.
 pub const SMALL_FILE_MAX: u64 = 1024 * 1024;

@@ -12,7 +12,7 @@ use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::effects::{self, Dropped, Scratch, Session};
-use super::state::{Route, StreamRules, Violation};
+use super::state::{Route, SenderViolation, StreamRules};
 use super::{Accepted, ReceiveError, ReceiverConfig, failure_message, more_telling};
 use crate::cas::dedup::DedupReceiver;
 use crate::cas::pop::PopKey;
@@ -73,7 +73,7 @@ where
     let (sid, caps) = (first.hello.session_id.clone(), first.caps);
     let protect = if caps & caps::FILTER != 0 {
         Filter::from_wire(&first.hello.filter_rules)
-            .map_err(|e| ReceiveError::from(Violation::FilterRules(e.to_string())))
+            .map_err(|e| ReceiveError::from(SenderViolation::FilterRules(e.to_string())))
     } else {
         Ok(Filter::default())
     };
@@ -89,7 +89,7 @@ where
             || s.hello.stream_count != n
             || s.hello.stream_index != i as u32
         {
-            let e = ReceiveError::from(Violation::StreamsDisagree {
+            let e = ReceiveError::from(SenderViolation::StreamsDisagree {
                 position: i as u32,
                 count: n,
                 index: s.hello.stream_index,

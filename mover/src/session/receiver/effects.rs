@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ferry_proto::wire::v1 as pb;
 
-use super::state::{self, ClaimedSmall, ReceiverState, Violation};
+use super::state::{self, ClaimedSmall, ReceiverState, SenderViolation};
 use super::{
     Keep, MAX_REPORTED_FAILURES, MAX_XATTR_BYTES, MAX_XATTR_BYTES_IN_FLIGHT, ReceiveError,
 };
@@ -499,7 +499,7 @@ fn handle_entry(
             }
             offer_file(sh, path, &e)
         }
-        pb::EntryKind::Unspecified => Err(Violation::NoKind(path.to_string()).into()),
+        pb::EntryKind::Unspecified => Err(SenderViolation::NoKind(path.to_string()).into()),
     }
 }
 
@@ -611,7 +611,7 @@ fn kept_attrs(sh: &Session, e: &pb::Entry, path: &PeerPath) -> Result<Kept, Rece
         let held = sh.xattr_held.fetch_add(total, Ordering::Relaxed) + total;
         kept.held = Some((total, sh.xattr_held.clone()));
         if held > MAX_XATTR_BYTES_IN_FLIGHT {
-            return Err(Violation::XattrsInFlight(MAX_XATTR_BYTES_IN_FLIGHT).into());
+            return Err(SenderViolation::XattrsInFlight(MAX_XATTR_BYTES_IN_FLIGHT).into());
         }
         kept.xattrs = e
             .xattrs
@@ -936,7 +936,7 @@ pub(super) fn handle_announce(
     a: pb::BlockAnnounce,
 ) -> Result<pb::NeedBlocks, ReceiveError> {
     let Some(dedup) = &sh.dedup else {
-        return Err(Violation::NotNegotiated(crate::wire::FrameType::BlockAnnounce).into());
+        return Err(SenderViolation::NotNegotiated(crate::wire::FrameType::BlockAnnounce).into());
     };
     let (claimed, announced) = sh.state()?.claim_announce(&a)?;
     let lf = claimed.file;
@@ -1099,7 +1099,7 @@ fn report_file(meta: &FileMeta, new: &Meta) {
 /// entries.
 pub(super) fn handle_dir_done(sh: &Session, d: pb::DirDone) -> Result<(), ReceiveError> {
     let Some(dir) = d.dir else {
-        return Err(Violation::DirDoneWithoutDir.into());
+        return Err(SenderViolation::DirDoneWithoutDir.into());
     };
     let rel = if dir.path.is_empty() {
         None

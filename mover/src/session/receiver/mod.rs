@@ -28,7 +28,7 @@ use crate::tree::CommitError;
 use crate::wire::caps;
 
 pub use driver::receive_session;
-pub use state::Violation;
+pub use state::SenderViolation;
 
 /// Failure messages the receiver keeps for its Summary (all are counted and logged).
 pub const MAX_REPORTED_FAILURES: usize = 8;
@@ -52,7 +52,7 @@ pub enum ReceiveError {
     Staging(#[from] StagingError),
     /// The sender broke the protocol.
     #[error("protocol violation: {0}")]
-    Protocol(#[from] Violation),
+    Protocol(#[from] SenderViolation),
     #[error("block {index} of {path}: {source}")]
     Codec {
         path: String,

@@ -2,7 +2,7 @@
 //! files are in flight under which ids, which blocks of each large file are still needed, held
 //! from an earlier run or claimed, and when a file is complete. The effects (filesystem work)
 //! and the driver (the async loop over streams) ask this state before they touch anything and
-//! tell it what they did; it answers with what to do next or with the [`Violation`] the sender
+//! tell it what they did; it answers with what to do next or with the [`SenderViolation`] the sender
 //! committed. Nothing here reads a clock, a socket or a file, so every rule is unit-tested and
 //! fuzzed on its own (`mover/fuzz/fuzz_targets/receiver_state.rs`).
 //!
@@ -47,7 +47,7 @@ pub const MAX_LINK_TARGET: usize = 4096;
 
 /// How the sender broke the protocol. Each names what it saw; all are the peer's fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Violation {
+pub enum SenderViolation {
     #[error("stream {stream}: {kind:?} frame not allowed {when}")]
     OutOfOrder {
         stream: u32,
@@ -198,8 +198,8 @@ impl StreamRules {
     }
 
     /// Whether `frame` may come now, and what to do with it.
-    pub fn route(&mut self, frame: FrameType) -> Result<Route, Violation> {
-        let out_of_order = |when| Violation::OutOfOrder {
+    pub fn route(&mut self, frame: FrameType) -> Result<Route, SenderViolation> {
+        let out_of_order = |when| SenderViolation::OutOfOrder {
             stream: self.index,
             kind: frame,
             when,
@@ -213,7 +213,7 @@ impl StreamRules {
             (Phase::Data, FrameType::BlockAnnounce) if self.dedup => Route::Announce,
             (Phase::Data, FrameType::ResumeCheck) if self.resume => Route::ResumeCheck,
             (Phase::Data, FrameType::BlockAnnounce | FrameType::ResumeCheck) => {
-                return Err(Violation::NotNegotiated(frame));
+                return Err(SenderViolation::NotNegotiated(frame));
             }
             (Phase::Data, FrameType::Done) => {
                 self.phase = if self.index == 0 {
@@ -322,9 +322,9 @@ impl<S, L: Clone> ReceiverState<S, L> {
     }
 
     /// An Offer's size.
-    pub fn check_offer(entries: usize) -> Result<(), Violation> {
+    pub fn check_offer(entries: usize) -> Result<(), SenderViolation> {
         if entries > MAX_OFFER_ENTRIES {
-            return Err(Violation::OfferTooLarge(entries));
+            return Err(SenderViolation::OfferTooLarge(entries));
         }
         Ok(())
     }
@@ -332,27 +332,32 @@ impl<S, L: Clone> ReceiverState<S, L> {
     /// Whether a file of `size` at `path` may be taken into flight: asked before the
     /// destination is looked at, so a sender cannot make the receiver stat or hash without
     /// bound.
-    pub fn check_file(&self, path: &PeerPath, size: u64) -> Result<(), Violation> {
+    pub fn check_file(&self, path: &PeerPath, size: u64) -> Result<(), SenderViolation> {
         if size > MAX_FILE_SIZE {
-            return Err(Violation::FileTooLarge {
+            return Err(SenderViolation::FileTooLarge {
                 path: path.to_string(),
                 size,
             });
         }
         if self.paths.contains(path) {
-            return Err(Violation::Duplicate(path.to_string()));
+            return Err(SenderViolation::Duplicate(path.to_string()));
         }
         if self.files.len() >= MAX_IN_FLIGHT {
-            return Err(Violation::TooManyFiles);
+            return Err(SenderViolation::TooManyFiles);
         }
         if size > SMALL_FILE_MAX && self.large >= MAX_LARGE_IN_FLIGHT {
-            return Err(Violation::TooManyLarge);
+            return Err(SenderViolation::TooManyLarge);
         }
         Ok(())
     }
 
     /// Asks for a small file (whole, in a Batch); returns its id.
-    pub fn want_small(&mut self, path: PeerPath, size: u64, file: S) -> Result<u64, Violation> {
+    pub fn want_small(
+        &mut self,
+        path: PeerPath,
+        size: u64,
+        file: S,
+    ) -> Result<u64, SenderViolation> {
         self.check_file(&path, size)?;
         Ok(self.register(path, size, Content::Small(file)))
     }
@@ -365,7 +370,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         size: u64,
         held: BlockSet,
         file: L,
-    ) -> Result<(u64, BlockSet), Violation> {
+    ) -> Result<(u64, BlockSet), SenderViolation> {
         self.check_file(&path, size)?;
         let count = block_count(size);
         let need = held.complement(count);
@@ -405,32 +410,32 @@ impl<S, L: Clone> ReceiverState<S, L> {
         &mut self,
         entries: Vec<pb::BatchFile>,
         data_len: usize,
-    ) -> Result<Vec<ClaimedSmall<S>>, Violation> {
+    ) -> Result<Vec<ClaimedSmall<S>>, SenderViolation> {
         let mut off = 0usize;
         let mut seen = HashSet::with_capacity(entries.len());
         for bf in &entries {
             let end = off
                 .checked_add(bf.stored_len as usize)
                 .filter(|e| *e <= data_len)
-                .ok_or(Violation::BatchOverrun)?;
+                .ok_or(SenderViolation::BatchOverrun)?;
             off = end;
             let f = self.small(bf.file_id)?;
             if u64::from(bf.raw_len) != f.size {
-                return Err(Violation::BatchLength {
+                return Err(SenderViolation::BatchLength {
                     path: f.path.to_string(),
                     got: u64::from(bf.raw_len),
                     offered: f.size,
                 });
             }
             if !seen.insert(bf.file_id) {
-                return Err(Violation::UnknownFile {
+                return Err(SenderViolation::UnknownFile {
                     frame: "batch",
                     id: bf.file_id,
                 });
             }
         }
         if off != data_len {
-            return Err(Violation::BatchTrailing);
+            return Err(SenderViolation::BatchTrailing);
         }
         let mut off = 0usize;
         let mut claimed = Vec::with_capacity(entries.len());
@@ -458,7 +463,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         Ok(claimed)
     }
 
-    fn small(&self, id: u64) -> Result<&InFlight<S, L>, Violation> {
+    fn small(&self, id: u64) -> Result<&InFlight<S, L>, SenderViolation> {
         match self.files.get(&id) {
             Some(
                 f @ InFlight {
@@ -466,12 +471,12 @@ impl<S, L: Clone> ReceiverState<S, L> {
                     ..
                 },
             ) => Ok(f),
-            Some(_) => Err(Violation::WrongFileKind {
+            Some(_) => Err(SenderViolation::WrongFileKind {
                 frame: "batch",
                 what: "large",
                 id,
             }),
-            None => Err(Violation::UnknownFile { frame: "batch", id }),
+            None => Err(SenderViolation::UnknownFile { frame: "batch", id }),
         }
     }
 
@@ -481,28 +486,28 @@ impl<S, L: Clone> ReceiverState<S, L> {
         &mut self,
         id: u64,
         frame: &'static str,
-    ) -> Result<(&PeerPath, u64, &L, &mut Blocks), Violation> {
+    ) -> Result<(&PeerPath, u64, &L, &mut Blocks), SenderViolation> {
         match self.files.get_mut(&id) {
             Some(InFlight {
                 path,
                 size,
                 content: Content::Large(file, blocks),
             }) => Ok((path, *size, file, blocks)),
-            Some(_) => Err(Violation::WrongFileKind {
+            Some(_) => Err(SenderViolation::WrongFileKind {
                 frame,
                 what: "small",
                 id,
             }),
-            None => Err(Violation::UnknownFile { frame, id }),
+            None => Err(SenderViolation::UnknownFile { frame, id }),
         }
     }
 
     /// A Block frame: a requested block of a large file in flight, of the file's length at that
     /// index, not claimed before (a duplicate on another stream is refused).
-    pub fn claim_block(&mut self, h: &pb::BlockHeader) -> Result<ClaimedBlock<L>, Violation> {
+    pub fn claim_block(&mut self, h: &pb::BlockHeader) -> Result<ClaimedBlock<L>, SenderViolation> {
         let (path, size, file, b) = self.large(h.file_id, "block")?;
         if h.index >= b.count {
-            return Err(Violation::BlockIndex {
+            return Err(SenderViolation::BlockIndex {
                 path: path.to_string(),
                 index: h.index,
                 last: b.count - 1,
@@ -510,7 +515,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         }
         let expected = block_len(size, h.index);
         if u64::from(h.raw_len) != expected {
-            return Err(Violation::BlockLength {
+            return Err(SenderViolation::BlockLength {
                 path: path.to_string(),
                 index: h.index,
                 got: u64::from(h.raw_len),
@@ -531,21 +536,21 @@ impl<S, L: Clone> ReceiverState<S, L> {
     pub fn claim_announce(
         &mut self,
         a: &pb::BlockAnnounce,
-    ) -> Result<(ClaimedBlock<L>, Vec<AnnouncedBlock>), Violation> {
+    ) -> Result<(ClaimedBlock<L>, Vec<AnnouncedBlock>), SenderViolation> {
         let frame = "BlockAnnounce";
         let n = a.indexes.len();
         if a.hashes.len() != n || a.proofs.len() != n {
-            return Err(Violation::ListLengths { frame });
+            return Err(SenderViolation::ListLengths { frame });
         }
         if n > MAX_ANNOUNCE_BLOCKS {
-            return Err(Violation::TooManyBlocks { frame, count: n });
+            return Err(SenderViolation::TooManyBlocks { frame, count: n });
         }
         let (path, size, file, b) = self.large(a.file_id, frame)?;
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
             let index = a.indexes[i];
             if index >= b.count || block_len(size, index) != BLOCK_SIZE as u64 {
-                return Err(Violation::NotFullBlock {
+                return Err(SenderViolation::NotFullBlock {
                     path: path.to_string(),
                     index,
                 });
@@ -554,7 +559,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
                 <[u8; 32]>::try_from(a.hashes[i].as_slice()),
                 <[u8; 32]>::try_from(a.proofs[i].as_slice()),
             ) else {
-                return Err(Violation::MalformedAnnounce {
+                return Err(SenderViolation::MalformedAnnounce {
                     path: path.to_string(),
                     index,
                 });
@@ -577,20 +582,23 @@ impl<S, L: Clone> ReceiverState<S, L> {
 
     /// A ResumeCheck: blocks held from an earlier run, each checked once, with a 32-byte hash
     /// each.
-    pub fn claim_resume(&mut self, c: &pb::ResumeCheck) -> Result<ClaimedResume<L>, Violation> {
+    pub fn claim_resume(
+        &mut self,
+        c: &pb::ResumeCheck,
+    ) -> Result<ClaimedResume<L>, SenderViolation> {
         let frame = "ResumeCheck";
         let n = c.indexes.len();
         if c.hashes.len() != n {
-            return Err(Violation::ListLengths { frame });
+            return Err(SenderViolation::ListLengths { frame });
         }
         if n > MAX_ANNOUNCE_BLOCKS {
-            return Err(Violation::TooManyBlocks { frame, count: n });
+            return Err(SenderViolation::TooManyBlocks { frame, count: n });
         }
         let (path, size, file, b) = self.large(c.file_id, frame)?;
         let mut hashes = Vec::with_capacity(n);
         for h in &c.hashes {
             hashes.push(<[u8; 32]>::try_from(h.as_slice()).map_err(|_| {
-                Violation::MalformedResumeHash {
+                SenderViolation::MalformedResumeHash {
                     path: path.to_string(),
                 }
             })?);
@@ -599,7 +607,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         let mut unique = HashSet::with_capacity(n);
         for &index in &c.indexes {
             if !b.held.contains(index) || !unique.insert(index) {
-                return Err(Violation::NotHeld {
+                return Err(SenderViolation::NotHeld {
                     path: path.to_string(),
                     index,
                 });
@@ -623,7 +631,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         &mut self,
         file_id: u64,
         indexes: impl IntoIterator<Item = u64>,
-    ) -> Result<(), Violation> {
+    ) -> Result<(), SenderViolation> {
         let (path, _, _, b) = self.large(file_id, "NeedBlocks")?;
         for i in indexes {
             b.need.insert(i);
@@ -633,14 +641,14 @@ impl<S, L: Clone> ReceiverState<S, L> {
 
     /// `n` claimed blocks of a large file are verified and written. When that was the last the
     /// file leaves the session's bookkeeping and is returned: the caller commits it.
-    pub fn blocks_written(&mut self, file_id: u64, n: u64) -> Result<Option<L>, Violation> {
+    pub fn blocks_written(&mut self, file_id: u64, n: u64) -> Result<Option<L>, SenderViolation> {
         let (path, _, _, b) = self.large(file_id, "block")?;
         // More than the file has can only follow a claim this state refused: a bug, but one
         // that must not publish a file early.
         b.remaining = b
             .remaining
             .checked_sub(n)
-            .ok_or_else(|| Violation::NotRequested {
+            .ok_or_else(|| SenderViolation::NotRequested {
                 path: path.to_string(),
                 index: b.count,
             })?;
@@ -661,10 +669,10 @@ impl<S, L: Clone> ReceiverState<S, L> {
     }
 
     /// Finish: every file asked for must be complete.
-    pub fn check_finished(&self) -> Result<(), Violation> {
+    pub fn check_finished(&self) -> Result<(), SenderViolation> {
         match self.files.values().next() {
             None => Ok(()),
-            Some(f) => Err(Violation::Incomplete {
+            Some(f) => Err(SenderViolation::Incomplete {
                 count: self.files.len(),
                 example: f.path.to_string(),
             }),
@@ -672,10 +680,10 @@ impl<S, L: Clone> ReceiverState<S, L> {
     }
 }
 
-fn claim_all(path: &PeerPath, b: &mut Blocks, indexes: &[u64]) -> Result<(), Violation> {
+fn claim_all(path: &PeerPath, b: &mut Blocks, indexes: &[u64]) -> Result<(), SenderViolation> {
     for &index in indexes {
         if !b.need.remove(index) {
-            return Err(Violation::NotRequested {
+            return Err(SenderViolation::NotRequested {
                 path: path.to_string(),
                 index,
             });
@@ -686,9 +694,9 @@ fn claim_all(path: &PeerPath, b: &mut Blocks, indexes: &[u64]) -> Result<(), Vio
 
 /// The block sets stay small: a sender that scatters its blocks (or its resume checks) is
 /// refused rather than let grow them.
-fn check_scatter(path: &PeerPath, b: &Blocks) -> Result<(), Violation> {
+fn check_scatter(path: &PeerPath, b: &Blocks) -> Result<(), SenderViolation> {
     if b.need.range_count() + b.held.range_count() > MAX_FILE_RANGES {
-        return Err(Violation::Scattered {
+        return Err(SenderViolation::Scattered {
             path: path.to_string(),
         });
     }
@@ -696,22 +704,22 @@ fn check_scatter(path: &PeerPath, b: &Blocks) -> Result<(), Violation> {
 }
 
 /// A symlink target from the sender: non-empty, at most [`MAX_LINK_TARGET`] bytes, no NUL.
-pub fn check_link_target(path: &PeerPath, target: &[u8]) -> Result<(), Violation> {
+pub fn check_link_target(path: &PeerPath, target: &[u8]) -> Result<(), SenderViolation> {
     if target.is_empty() || target.len() > MAX_LINK_TARGET || target.contains(&0) {
-        return Err(Violation::LinkTarget(path.to_string()));
+        return Err(SenderViolation::LinkTarget(path.to_string()));
     }
     Ok(())
 }
 
 /// A `--delete` listing: at most [`MAX_LISTING_NAMES`] plain names (no `/`, `.`, `..`).
-pub fn check_listing(names: Vec<Vec<u8>>) -> Result<HashSet<Vec<u8>>, Violation> {
+pub fn check_listing(names: Vec<Vec<u8>>) -> Result<HashSet<Vec<u8>>, SenderViolation> {
     if names.len() > MAX_LISTING_NAMES {
-        return Err(Violation::ListingTooLong);
+        return Err(SenderViolation::ListingTooLong);
     }
     let mut keep = HashSet::with_capacity(names.len());
     for name in names {
         if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
-            return Err(Violation::ListingName(
+            return Err(SenderViolation::ListingName(
                 String::from_utf8_lossy(&name).into_owned(),
             ));
         }
@@ -722,11 +730,15 @@ pub fn check_listing(names: Vec<Vec<u8>>) -> Result<HashSet<Vec<u8>>, Violation>
 
 /// An entry's extended attributes: `user.*` names of at most 255 bytes without NUL, at most
 /// `max` bytes of names and values together. Returns that total.
-pub fn check_xattrs(path: &PeerPath, xattrs: &[pb::Xattr], max: usize) -> Result<u64, Violation> {
+pub fn check_xattrs(
+    path: &PeerPath,
+    xattrs: &[pb::Xattr],
+    max: usize,
+) -> Result<u64, SenderViolation> {
     let mut total = 0u64;
     for x in xattrs {
         if !x.name.starts_with(b"user.") || x.name.len() > 255 || x.name.contains(&0) {
-            return Err(Violation::XattrName {
+            return Err(SenderViolation::XattrName {
                 path: path.to_string(),
                 name: String::from_utf8_lossy(&x.name).into_owned(),
             });
@@ -734,7 +746,7 @@ pub fn check_xattrs(path: &PeerPath, xattrs: &[pb::Xattr], max: usize) -> Result
         total += (x.name.len() + x.value.len()) as u64;
     }
     if total > max as u64 {
-        return Err(Violation::XattrSize {
+        return Err(SenderViolation::XattrSize {
             path: path.to_string(),
             total,
             max,

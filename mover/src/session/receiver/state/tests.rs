@@ -56,11 +56,11 @@ fn a_path_is_in_flight_once() {
     st.want_small(p("a"), 10, "x").unwrap();
     assert_eq!(
         st.want_small(p("a"), 10, "x"),
-        Err(Violation::Duplicate("a".into()))
+        Err(SenderViolation::Duplicate("a".into()))
     );
     assert!(matches!(
         st.want_large(p("a"), 10 * MIB, BlockSet::new(), "x"),
-        Err(Violation::Duplicate(_))
+        Err(SenderViolation::Duplicate(_))
     ));
     assert_eq!(st.in_flight(), 1);
 }
@@ -75,7 +75,7 @@ fn ids_are_fresh_and_never_reused() {
     // The old id is gone: a batch naming it again is refused.
     assert_eq!(
         st.claim_batch(vec![bf(a, 1, 1)], 1).unwrap_err(),
-        Violation::UnknownFile {
+        SenderViolation::UnknownFile {
             frame: "batch",
             id: a
         }
@@ -87,12 +87,12 @@ fn offers_and_sizes_are_bounded() {
     assert!(St::check_offer(MAX_OFFER_ENTRIES).is_ok());
     assert_eq!(
         St::check_offer(MAX_OFFER_ENTRIES + 1),
-        Err(Violation::OfferTooLarge(MAX_OFFER_ENTRIES + 1))
+        Err(SenderViolation::OfferTooLarge(MAX_OFFER_ENTRIES + 1))
     );
     let st = St::default();
     assert!(matches!(
         st.check_file(&p("x"), MAX_FILE_SIZE + 1),
-        Err(Violation::FileTooLarge { .. })
+        Err(SenderViolation::FileTooLarge { .. })
     ));
 }
 
@@ -105,7 +105,7 @@ fn large_files_in_flight_are_bounded() {
     }
     assert_eq!(
         st.want_large(p("one-more"), 2 * MIB, BlockSet::new(), "x"),
-        Err(Violation::TooManyLarge)
+        Err(SenderViolation::TooManyLarge)
     );
     // Small files still fit.
     st.want_small(p("small"), 1, "x").unwrap();
@@ -122,15 +122,15 @@ fn a_batch_must_tile_its_frame_and_match_its_offers() {
     assert_eq!(
         st.claim_batch(vec![bf(a, 3, 3), bf(b, 2, 2)], 4)
             .unwrap_err(),
-        Violation::BatchOverrun
+        SenderViolation::BatchOverrun
     );
     assert_eq!(
         st.claim_batch(vec![bf(a, 3, 3)], 4).unwrap_err(),
-        Violation::BatchTrailing
+        SenderViolation::BatchTrailing
     );
     assert!(matches!(
         st.claim_batch(vec![bf(a, 4, 3)], 3).unwrap_err(),
-        Violation::BatchLength {
+        SenderViolation::BatchLength {
             got: 4,
             offered: 3,
             ..
@@ -138,12 +138,12 @@ fn a_batch_must_tile_its_frame_and_match_its_offers() {
     ));
     assert!(matches!(
         st.claim_batch(vec![bf(big, 1, 1)], 1).unwrap_err(),
-        Violation::WrongFileKind { what: "large", .. }
+        SenderViolation::WrongFileKind { what: "large", .. }
     ));
     assert!(matches!(
         st.claim_batch(vec![bf(a, 3, 3), bf(a, 3, 3)], 6)
             .unwrap_err(),
-        Violation::UnknownFile { .. }
+        SenderViolation::UnknownFile { .. }
     ));
     // Refusals claimed nothing: the good batch still goes through, with each file's range.
     let claimed = st.claim_batch(vec![bf(a, 3, 1), bf(b, 2, 2)], 3).unwrap();
@@ -151,7 +151,7 @@ fn a_batch_must_tile_its_frame_and_match_its_offers() {
     assert_eq!(got, vec![("a", 0..1), ("b", 1..3)]);
     assert!(matches!(
         st.claim_batch(vec![bf(a, 3, 3)], 3).unwrap_err(),
-        Violation::UnknownFile { .. }
+        SenderViolation::UnknownFile { .. }
     ));
     assert_eq!(st.in_flight(), 1);
 }
@@ -161,7 +161,7 @@ fn blocks_must_be_in_range_of_the_right_length_and_requested_once() {
     let (mut st, id) = with_large(2);
     assert!(matches!(
         st.claim_block(&block(id, 3, 1)).unwrap_err(),
-        Violation::BlockIndex {
+        SenderViolation::BlockIndex {
             index: 3,
             last: 2,
             ..
@@ -169,7 +169,7 @@ fn blocks_must_be_in_range_of_the_right_length_and_requested_once() {
     ));
     assert!(matches!(
         st.claim_block(&block(id, 2, 2)).unwrap_err(),
-        Violation::BlockLength {
+        SenderViolation::BlockLength {
             got: 2,
             expected: 1,
             ..
@@ -177,18 +177,18 @@ fn blocks_must_be_in_range_of_the_right_length_and_requested_once() {
     ));
     assert!(matches!(
         st.claim_block(&block(id + 1, 0, BLOCK)).unwrap_err(),
-        Violation::UnknownFile { .. }
+        SenderViolation::UnknownFile { .. }
     ));
     let small = st.want_small(p("s"), 1, "s").unwrap();
     assert!(matches!(
         st.claim_block(&block(small, 0, 1)).unwrap_err(),
-        Violation::WrongFileKind { what: "small", .. }
+        SenderViolation::WrongFileKind { what: "small", .. }
     ));
     let c = st.claim_block(&block(id, 2, 1)).unwrap();
     assert_eq!((c.file, c.len, c.size), ("big", 1, 2 * BLOCK + 1));
     assert!(matches!(
         st.claim_block(&block(id, 2, 1)).unwrap_err(),
-        Violation::NotRequested { index: 2, .. }
+        SenderViolation::NotRequested { index: 2, .. }
     ));
 }
 
@@ -206,7 +206,7 @@ fn a_large_file_commits_when_its_last_block_is_written() {
     // Gone: nothing more can be written to it, and the session may finish.
     assert!(matches!(
         st.blocks_written(id, 1),
-        Err(Violation::UnknownFile { .. })
+        Err(SenderViolation::UnknownFile { .. })
     ));
     assert_eq!(st.check_finished(), Ok(()));
     // Its path may be offered again (a later rerun within one receiver).
@@ -225,7 +225,7 @@ fn finishing_with_files_in_flight_is_refused() {
     st.want_small(p("dir/left"), 5, "x").unwrap();
     assert_eq!(
         st.check_finished(),
-        Err(Violation::Incomplete {
+        Err(SenderViolation::Incomplete {
             count: 1,
             example: "dir/left".into()
         })
@@ -242,7 +242,7 @@ fn held_blocks_are_not_requested_until_the_sender_confirms_them() {
     // A held block is not requested: sending it is a violation.
     assert!(matches!(
         st.claim_block(&block(id, 0, BLOCK)).unwrap_err(),
-        Violation::NotRequested { index: 0, .. }
+        SenderViolation::NotRequested { index: 0, .. }
     ));
     // Only held blocks may be checked, each once.
     let check = |indexes: &[u64]| pb::ResumeCheck {
@@ -252,13 +252,13 @@ fn held_blocks_are_not_requested_until_the_sender_confirms_them() {
     };
     assert!(matches!(
         st.claim_resume(&check(&[2])).unwrap_err(),
-        Violation::NotHeld { index: 2, .. }
+        SenderViolation::NotHeld { index: 2, .. }
     ));
     let c = st.claim_resume(&check(&[0, 1])).unwrap();
     assert_eq!(c.hashes, vec![[7; 32]; 2]);
     assert!(matches!(
         st.claim_resume(&check(&[0])).unwrap_err(),
-        Violation::NotHeld { .. }
+        SenderViolation::NotHeld { .. }
     ));
     // Block 1 did not match: it is requested again and comes over the wire.
     st.need_again(id, [1]).unwrap();
@@ -282,7 +282,7 @@ fn a_resume_check_is_well_formed() {
     };
     assert_eq!(
         st.claim_resume(&bad_len).unwrap_err(),
-        Violation::ListLengths {
+        SenderViolation::ListLengths {
             frame: "ResumeCheck"
         }
     );
@@ -293,7 +293,7 @@ fn a_resume_check_is_well_formed() {
     };
     assert!(matches!(
         st.claim_resume(&bad_hash).unwrap_err(),
-        Violation::MalformedResumeHash { .. }
+        SenderViolation::MalformedResumeHash { .. }
     ));
     // Nothing was claimed by the refusals.
     let good = pb::ResumeCheck {
@@ -310,19 +310,19 @@ fn announced_blocks_are_full_requested_and_well_formed() {
     // The 1-byte tail is not a full block: it cannot come from the store.
     assert!(matches!(
         st.claim_announce(&announce(id, &[3])).unwrap_err(),
-        Violation::NotFullBlock { index: 3, .. }
+        SenderViolation::NotFullBlock { index: 3, .. }
     ));
     let mut short = announce(id, &[0]);
     short.proofs[0].pop();
     assert!(matches!(
         st.claim_announce(&short).unwrap_err(),
-        Violation::MalformedAnnounce { index: 0, .. }
+        SenderViolation::MalformedAnnounce { index: 0, .. }
     ));
     let mut uneven = announce(id, &[0, 1]);
     uneven.hashes.pop();
     assert!(matches!(
         st.claim_announce(&uneven).unwrap_err(),
-        Violation::ListLengths { .. }
+        SenderViolation::ListLengths { .. }
     ));
     let (claimed, blocks) = st.claim_announce(&announce(id, &[0, 1])).unwrap();
     assert_eq!((claimed.file, claimed.len), ("big", BLOCK));
@@ -342,7 +342,7 @@ fn an_announce_lists_a_bounded_number_of_blocks() {
     let many: Vec<u64> = (0..MAX_ANNOUNCE_BLOCKS as u64 + 1).collect();
     assert!(matches!(
         st.claim_announce(&announce(id, &many)).unwrap_err(),
-        Violation::TooManyBlocks { .. }
+        SenderViolation::TooManyBlocks { .. }
     ));
 }
 
@@ -361,7 +361,7 @@ fn scattered_blocks_are_refused_before_the_bookkeeping_grows() {
             break;
         }
     }
-    assert!(matches!(refused, Some(Violation::Scattered { .. })));
+    assert!(matches!(refused, Some(SenderViolation::Scattered { .. })));
 }
 
 #[test]
@@ -373,7 +373,7 @@ fn a_data_stream_sends_data_then_done() {
     assert_eq!(s.route(FrameType::Busy), Ok(Route::Alive));
     assert!(matches!(
         s.route(FrameType::DirDone),
-        Err(Violation::OutOfOrder {
+        Err(SenderViolation::OutOfOrder {
             stream: 1,
             when: "while data flows",
             ..
@@ -396,7 +396,7 @@ fn stream_zero_closes_with_directories_then_finish() {
     assert_eq!(s.route(FrameType::Offer), Ok(Route::Offer));
     assert!(matches!(
         s.route(FrameType::Block),
-        Err(Violation::OutOfOrder {
+        Err(SenderViolation::OutOfOrder {
             when: "after Done",
             ..
         })
@@ -412,11 +412,11 @@ fn announces_and_resume_checks_need_their_capability() {
     let mut s = StreamRules::new(0, false, false);
     assert_eq!(
         s.route(FrameType::BlockAnnounce),
-        Err(Violation::NotNegotiated(FrameType::BlockAnnounce))
+        Err(SenderViolation::NotNegotiated(FrameType::BlockAnnounce))
     );
     assert_eq!(
         s.route(FrameType::ResumeCheck),
-        Err(Violation::NotNegotiated(FrameType::ResumeCheck))
+        Err(SenderViolation::NotNegotiated(FrameType::ResumeCheck))
     );
     // Frames only a receiver sends are out of order from a sender.
     assert!(s.route(FrameType::Want).is_err());
@@ -436,11 +436,11 @@ fn listings_and_attributes_are_checked() {
     assert_eq!(check_xattrs(&p("f"), &[x(b"user.a", 4)], 100), Ok(10));
     assert!(matches!(
         check_xattrs(&p("f"), &[x(b"security.capability", 4)], 100),
-        Err(Violation::XattrName { .. })
+        Err(SenderViolation::XattrName { .. })
     ));
     assert!(matches!(
         check_xattrs(&p("f"), &[x(b"user.a", 95)], 100),
-        Err(Violation::XattrSize { total: 101, .. })
+        Err(SenderViolation::XattrSize { total: 101, .. })
     ));
     assert!(check_link_target(&p("l"), b"../t").is_ok());
     for bad in [&b""[..], b"a\0b"] {

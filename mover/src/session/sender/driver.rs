@@ -1,0 +1,868 @@
+//! The sender's driver: per stream an offer task, an answer task (the receiver's replies, checked
+//! by [`Replies`]), block readers and a writer behind the bandwidth limiter; stream 0 then sends
+//! hard links, directory metadata and Finish and reads the Summary.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ferry_proto::wire::v1 as pb;
+use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::cas::dedup::DedupSender;
+use crate::digest::{self, DirList, Hash, HashPool, LinkList, TreeBuilder};
+use crate::kind::ErrorKind;
+use crate::limiter::Limiter;
+use crate::progress::{Phase, Progress};
+use crate::report::changes;
+use crate::session::OFFER_WINDOW;
+use crate::session::compress::CodecPolicy;
+use crate::session::framed::{FrameReader, FrameWriter, FramedError};
+use crate::session::handshake::send_hello;
+use crate::session::scan::{self};
+use crate::session::{
+    Abort, PEER_GRACE, Reason, Summary, anyhow_chain, pending_peer_error, tell_peer,
+};
+use crate::tree::split_source;
+use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
+
+use super::effects::*;
+use super::state::{Announced, ReceiverViolation, Replies, Wanted, plan_large};
+use super::*;
+
+type Reader<S> = FrameReader<ReadHalf<S>>;
+type Writer<S> = FrameWriter<WriteHalf<S>>;
+
+/// Runs a whole transfer over `streams` (already connected, e.g. TLS); stream i gets index i.
+pub async fn send_session<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    progress: Arc<Progress>,
+) -> Result<Summary, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let r = run(cfg, streams, progress.clone()).await;
+    match &r {
+        Ok(summary) => summary.set_outcome(&progress),
+        Err(e) => {
+            progress.set_failure(e.kind(), &anyhow_chain(e));
+            progress.set_phase(Phase::Failed);
+        }
+    }
+    r
+}
+
+/// Which of two failures of one session to report: the receiver's own reason first, then a
+/// failure seen here, then a broken connection, and never "another stream failed".
+fn more_telling(a: SendError, b: SendError) -> SendError {
+    let rank = |e: &SendError| match e {
+        SendError::Remote { .. } => 0,
+        SendError::Aborted => 3,
+        e if e.kind().is_transport() || matches!(e, SendError::Channel) => 2,
+        _ => 1,
+    };
+    if rank(&b) < rank(&a) { b } else { a }
+}
+
+/// Tells the receiver why the session fails, on every stream (best effort), unless the
+/// receiver is the one that said it.
+async fn tell_receiver<S>(ends: &mut [(Reader<S>, Writer<S>)], e: &SendError)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    if matches!(e, SendError::Remote { .. }) {
+        return;
+    }
+    let message = anyhow_chain(e);
+    let tells = ends
+        .iter_mut()
+        .map(|(_, w)| tell_peer(w, e.kind(), &message));
+    futures::future::join_all(tells).await;
+}
+
+async fn run<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    progress: Arc<Progress>,
+) -> Result<Summary, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let n = streams.len() as u32;
+    let session_id: [u8; 16] = rand::random();
+    // Dedup is always requested: a receiver offers it only when it has a block store.
+    // Dedup and xattrs are always requested: a receiver grants them only with a block store /
+    // when it keeps xattrs.
+    let mut want_caps = caps::ZSTD
+        | caps::LZ4
+        | caps::VERIFY
+        | caps::DEDUP
+        | caps::RESUME
+        | caps::PROGRESS
+        | caps::XATTRS;
+    if cfg.delete {
+        want_caps |= caps::DELETE;
+    }
+    if cfg.checksum {
+        want_caps |= caps::CHECKSUM;
+    }
+    if cfg.sync {
+        want_caps |= caps::SYNC;
+    }
+    if !cfg.filter.is_empty() {
+        want_caps |= caps::FILTER;
+    }
+    if cfg.dry_run {
+        want_caps |= caps::DRY_RUN;
+    }
+    let wire = progress.wire_bytes.clone();
+    let mut halves = Vec::new();
+    let mut negotiated = want_caps;
+    for (i, s) in streams.into_iter().enumerate() {
+        let (r, w) = tokio::io::split(s);
+        let mut reader = FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
+        let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire.clone());
+        let hello = pb::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: want_caps,
+            transfer_id: cfg.transfer_id.clone(),
+            session_id: session_id.to_vec(),
+            stream_index: i as u32,
+            stream_count: n,
+            block_size: BLOCK_SIZE as u32,
+            filter_rules: if i == 0 {
+                cfg.filter.to_wire()
+            } else {
+                Vec::new()
+            },
+        };
+        let fut = send_hello(&mut reader, &mut writer, hello);
+        let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
+            .await
+            .map_err(|_| FramedError::IdleTimeout {
+                stream: i as u32,
+                secs: cfg.timeouts.handshake.as_secs(),
+            })??;
+        negotiated &= got;
+        reader.set_stream(i as u32, cfg.timeouts.idle);
+        writer.set_stream(i as u32, cfg.timeouts.idle);
+        // Proofs on a stream are keyed by that stream's nonce.
+        let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
+        halves.push((reader, writer, dedup));
+    }
+    // A receiver that does not know the rules would delete what they leave out.
+    if cfg.delete && !cfg.filter.is_empty() && negotiated & caps::FILTER == 0 {
+        return Err(SendError::FilterUnsupported);
+    }
+    // A receiver that does not know dry runs would write.
+    if cfg.dry_run && negotiated & caps::DRY_RUN == 0 {
+        return Err(SendError::DryRunUnsupported);
+    }
+    let started = Instant::now();
+    progress.set_phase(Phase::Transferring);
+
+    let (work_tx, work_rx) = mpsc::channel(2 * n as usize);
+    let (block_tx, block_rx) = mpsc::channel(n as usize);
+    // A single file is sent as its directory holding just that name.
+    let (root_dir, only) = split_source(&cfg.root);
+    let src = std::fs::File::open(&root_dir).map_err(|source| SendError::Read {
+        path: root_dir.clone(),
+        source,
+    })?;
+    let checksum = cfg.checksum && negotiated & caps::CHECKSUM != 0;
+    let tree = Arc::new(std::sync::Mutex::new(TreeBuilder::new()));
+    let pool = Arc::new(HashPool::per_core());
+    let _cancel = CancelOnDrop(pool.clone());
+    let ctx = Arc::new(Ctx {
+        root: root_dir.clone(),
+        src: Arc::new(src.into()),
+        policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
+        limiter: cfg.bandwidth_limit.map(Limiter::new),
+        progress: progress.clone(),
+        work: Mutex::new(work_rx),
+        blocks: Mutex::new(block_rx),
+        next_offer: AtomicU64::new(1),
+        abort: Abort::default(),
+        tree: tree.clone(),
+        pool,
+        content_in_scan: checksum,
+        resume_check: negotiated & caps::RESUME != 0,
+        busy: negotiated & caps::PROGRESS != 0,
+        progress_timeout: cfg.timeouts.progress,
+        dry_run: cfg.dry_run,
+    });
+    let p = progress.clone();
+    let filter = cfg.filter.clone();
+    let xattrs = negotiated & caps::XATTRS != 0;
+    let scanner = tokio::task::spawn_blocking(move || {
+        scan::scan(
+            &root_dir,
+            only.as_deref(),
+            &filter,
+            scan::Collect { checksum, xattrs },
+            work_tx,
+            p,
+            &tree,
+        )
+    });
+
+    let mut futs = Vec::new();
+    for (reader, writer, dedup) in halves {
+        futs.push(run_stream(
+            ctx.clone(),
+            reader,
+            writer,
+            block_tx.clone(),
+            dedup,
+        ));
+    }
+    drop(block_tx);
+    // Every stream runs to its end: one that fails stops the others (each tells the receiver
+    // why), and the most telling failure is reported.
+    let mut ends = Vec::new();
+    let mut failure: Option<SendError> = None;
+    for r in futures::future::join_all(futs).await {
+        match r {
+            Ok(end) => ends.push(end),
+            Err(e) => {
+                failure = Some(match failure {
+                    None => e,
+                    Some(f) => more_telling(f, e),
+                });
+            }
+        }
+    }
+    if let Some(e) = failure {
+        // Streams that had finished their data hear it too.
+        tell_receiver(&mut ends, &e).await;
+        return Err(e);
+    }
+    let tail = async {
+        // The walk must have succeeded before we tell the receiver the tree is complete.
+        let hardlinks = scanner.await??;
+        let (reader, writer) = ends.first_mut().ok_or(SendError::Channel)?;
+        let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
+        let mut work = 0;
+        let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
+            Ok(Message::Summary(s)) => s,
+            Ok(Message::Error(e)) => {
+                return Err(SendError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    message: crate::session::escape_text(&e.message),
+                });
+            }
+            Ok(other) => {
+                return Err(ReceiverViolation::Unexpected {
+                    stream: 0,
+                    kind: other.frame_type(),
+                    expected: "Summary",
+                }
+                .into());
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((summary, dirs, links))
+    };
+    let (summary, dirs, links) = match tail.await {
+        Ok(t) => t,
+        Err(e) => {
+            tell_receiver(&mut ends, &e).await;
+            return Err(e);
+        }
+    };
+    for (_, w) in &mut ends {
+        w.shutdown().await;
+    }
+    // A dry run moved nothing, so there is no transferred tree to agree on.
+    let hex = if ctx.dry_run {
+        String::new()
+    } else {
+        let ours = sender_digest(&ctx, &dirs, &links).await?;
+        let hex = digest::hex(&ours);
+        // Shown with a mismatch too: it is what the source held.
+        progress.set_digest(&hex);
+        // With entries left out the digests differ by construction; the failures say why.
+        if summary.failed == 0 {
+            check_peer_digest(&ours, &summary.digest)?;
+        }
+        hex
+    };
+    progress.files_done.store(summary.files, Ordering::Relaxed);
+    progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
+    progress.skipped.store(summary.skipped, Ordering::Relaxed);
+    progress
+        .resumed_bytes
+        .store(summary.resumed_bytes, Ordering::Relaxed);
+    progress.failed.store(summary.failed, Ordering::Relaxed);
+    Ok(Summary {
+        dry_run: ctx.dry_run,
+        files: summary.files,
+        bytes: summary.bytes,
+        wire_bytes: wire.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+        streams: n,
+        skipped: summary.skipped,
+        resumed_bytes: summary.resumed_bytes,
+        dedup_blocks: summary.dedup_blocks,
+        dedup_bytes: summary.dedup_bytes,
+        deleted: summary.deleted,
+        failed: summary.failed,
+        digest: hex,
+        dropped_special_bits: summary.dropped_special_bits,
+        dropped_xattrs: summary.dropped_xattrs,
+        dropped_owners: summary.dropped_owners,
+        // Shown to the user; a receiver is trusted with no more than a few lines of it.
+        failures: summary
+            .failures
+            .iter()
+            .take(crate::session::MAX_REPORTED_FAILURES)
+            .map(|f| crate::session::escape_text(f))
+            .collect(),
+    })
+}
+
+/// The sender's digest once every file was hashed: the walk's tree, and the directory and hard
+/// link lists as they were sent.
+async fn sender_digest(ctx: &Arc<Ctx>, dirs: &Hash, links: &Hash) -> Result<Hash, SendError> {
+    let pool = ctx.pool.clone();
+    tokio::task::spawn_blocking(move || pool.finish()).await??;
+    let root = ctx
+        .tree
+        .lock()
+        .ok()
+        .and_then(|t| t.root())
+        .ok_or(SendError::DigestIncomplete)?;
+    Ok(digest::transfer_digest(&root, dirs, links))
+}
+
+/// Compares the receiver's digest (from its Summary) with ours.
+pub(super) fn check_peer_digest(ours: &Hash, theirs: &[u8]) -> Result<(), SendError> {
+    if theirs.is_empty() {
+        return Err(SendError::NoPeerDigest);
+    }
+    let theirs: Hash = theirs
+        .try_into()
+        .map_err(|_| SendError::BadPeerDigest(theirs.len()))?;
+    if &theirs != ours {
+        return Err(SendError::DigestMismatch {
+            sender: digest::hex(ours),
+            receiver: digest::hex(&theirs),
+        });
+    }
+    Ok(())
+}
+
+/// Final phase on stream 0: hard links (in path order), directory metadata (and delete
+/// listings), Finish. Returns the digest's `dirs` and `links` parts as sent.
+async fn finish<S>(
+    cfg: &SenderConfig,
+    ctx: &Ctx,
+    reader: &mut Reader<S>,
+    writer: &mut Writer<S>,
+    mut hardlinks: Vec<pb::Entry>,
+    negotiated: u64,
+) -> Result<(Hash, Hash), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    ctx.progress.set_phase(Phase::Finishing);
+    hardlinks.sort_by(|a, b| digest::path_order(&a.path, &b.path));
+    let mut links = LinkList::default();
+    for h in &hardlinks {
+        links.add(&h.path, &h.target, h.mode, (h.mtime_sec, h.mtime_nsec));
+    }
+    let mut replies = Replies::new(0, ctx.dry_run);
+    for chunk in hardlinks.chunks(crate::session::MAX_OFFER_ENTRIES) {
+        let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
+        replies.offered(offer_id, chunk.to_vec());
+        writer
+            .send(&Message::Offer(pb::Offer {
+                offer_id,
+                entries: chunk.to_vec(),
+            }))
+            .await?;
+        writer.flush().await?;
+        read_want(reader, &mut replies, ctx.progress_timeout).await?;
+    }
+    let (tx, mut rx) = mpsc::channel(16);
+    let root = cfg.root.clone();
+    let with_names = cfg.delete && negotiated & caps::DELETE != 0;
+    let xattrs = negotiated & caps::XATTRS != 0;
+    let filter = cfg.filter.clone();
+    let walker = tokio::task::spawn_blocking(move || {
+        // A single file has no directory of its own to finish (nor siblings to delete).
+        if split_source(&root).1.is_some() {
+            return Ok(());
+        }
+        scan::walk_dirs(&root, &filter, with_names, xattrs, tx)
+    });
+    let mut dirs = DirList::default();
+    while let Some(d) = rx.recv().await {
+        if let Some(dir) = &d.dir
+            && !dir.path.is_empty()
+        {
+            dirs.add(&dir.path, dir.mode, (dir.mtime_sec, dir.mtime_nsec));
+        }
+        writer.send(&Message::DirDone(d)).await?;
+    }
+    walker.await??;
+    writer.send(&Message::Finish).await?;
+    writer.flush().await?;
+    Ok((dirs.finish(), links.finish()))
+}
+
+/// The receiver's next reply on this stream, past Keepalive and Busy frames. Fails when the
+/// receiver makes no progress for `limit`: no reply, and no Busy frame whose work counter grew
+/// (keepalives and trickled bytes do not count).
+async fn next_reply<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    limit: Duration,
+    last_work: &mut u64,
+) -> Result<Message, SendError> {
+    let mut deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let msg = tokio::time::timeout_at(deadline, reader.expect())
+            .await
+            .map_err(|_| SendError::NoProgress {
+                stream: reader.stream(),
+                secs: limit.as_secs(),
+            })??;
+        match msg {
+            Message::Keepalive => {}
+            Message::Busy(b) => {
+                if b.work > *last_work {
+                    *last_work = b.work;
+                    deadline = tokio::time::Instant::now() + limit;
+                }
+            }
+            m => return Ok(m),
+        }
+    }
+}
+
+/// The Want `replies` owes for the offer just sent (hard links: nothing more to send).
+async fn read_want<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    replies: &mut Replies<()>,
+    limit: Duration,
+) -> Result<(), SendError> {
+    let mut work = 0;
+    match next_reply(reader, limit, &mut work).await? {
+        Message::Want(w) => {
+            replies.on_want(w)?;
+            Ok(())
+        }
+        Message::Error(e) => Err(SendError::Remote {
+            kind: ErrorKind::from_pb(e.kind),
+            message: crate::session::escape_text(&e.message),
+        }),
+        other => Err(replies.unexpected(other.frame_type()).into()),
+    }
+}
+
+async fn run_stream<S>(
+    ctx: Arc<Ctx>,
+    mut reader: Reader<S>,
+    mut writer: Writer<S>,
+    block_tx: mpsc::Sender<BlockJob>,
+    dedup: Option<Arc<DedupSender>>,
+) -> Result<(Reader<S>, Writer<S>), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let r = {
+        let (out_tx, out_rx) = mpsc::channel::<Message>(1);
+        let (pending_tx, pending_rx) = mpsc::channel(OFFER_WINDOW);
+        let offers = offer_task(ctx.clone(), out_tx.clone(), pending_tx);
+        let answers = answer_task(
+            ctx.clone(),
+            &mut reader,
+            out_tx.clone(),
+            pending_rx,
+            block_tx,
+            dedup,
+        );
+        let blocks = block_task(ctx.clone(), out_tx);
+        let write = writer_task(ctx.clone(), &mut writer, out_rx);
+        let work = async { tokio::try_join!(offers, answers, blocks, write).map(|_| ()) };
+        tokio::select! {
+            r = work => r,
+            () = ctx.abort.wait() => Err(SendError::Aborted),
+        }
+    };
+    match r {
+        Ok(()) => Ok((reader, writer)),
+        Err(e) => Err(fail_stream(&ctx, &mut reader, &mut writer, e).await),
+    }
+}
+
+/// A stream failed with `e`. A broken connection may hide the receiver's reason: read its
+/// pending Error frame for a moment. The first failure stops the other streams; the receiver
+/// hears ours on this stream (not its own back).
+async fn fail_stream<S>(
+    ctx: &Ctx,
+    reader: &mut Reader<S>,
+    writer: &mut Writer<S>,
+    e: SendError,
+) -> SendError
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let e = if e.kind().is_transport() || matches!(e, SendError::Channel) {
+        match pending_peer_error(reader, PEER_GRACE).await {
+            Some((kind, message)) => SendError::Remote { kind, message },
+            None => e,
+        }
+    } else {
+        e
+    };
+    let reason = match &e {
+        SendError::Aborted => ctx.abort.reason(),
+        SendError::Remote { kind, message } => {
+            ctx.abort.set(Reason {
+                kind: *kind,
+                message: message.clone(),
+                from_peer: true,
+            });
+            None
+        }
+        e => {
+            let reason = Reason {
+                kind: e.kind(),
+                message: anyhow_chain(e),
+                from_peer: false,
+            };
+            ctx.abort.set(reason.clone());
+            Some(reason)
+        }
+    };
+    if let Some(r) = reason.filter(|r| !r.from_peer) {
+        tell_peer(writer, r.kind, &r.message).await;
+    }
+    e
+}
+
+async fn offer_task(
+    ctx: Arc<Ctx>,
+    out: mpsc::Sender<Message>,
+    pending: mpsc::Sender<(u64, Vec<pb::Entry>)>,
+) -> Result<(), SendError> {
+    loop {
+        let group = { ctx.work.lock().await.recv().await };
+        let Some(entries) = group else {
+            return Ok(());
+        };
+        let offer_id = ctx.next_offer.fetch_add(1, Ordering::Relaxed);
+        // The window: at most OFFER_WINDOW offers wait for their Want.
+        pending
+            .send((offer_id, entries.clone()))
+            .await
+            .map_err(|_| SendError::Channel)?;
+        out.send(Message::Offer(pb::Offer { offer_id, entries }))
+            .await
+            .map_err(|_| SendError::Channel)?;
+    }
+}
+
+/// A source file opened for its wanted blocks: what its block jobs and announces read.
+#[derive(Clone)]
+struct Opened {
+    file: Arc<std::fs::File>,
+    path: Arc<PathBuf>,
+    digest: Option<Arc<FileDigest>>,
+}
+
+impl Opened {
+    fn job(&self, file_id: u64, index: u64, len: u64) -> BlockJob {
+        BlockJob {
+            file_id,
+            file: self.file.clone(),
+            path: self.path.clone(),
+            index,
+            len,
+            digest: self.digest.clone(),
+        }
+    }
+}
+
+/// Reads this stream's replies in order: a Want for each Offer, a NeedBlocks for each
+/// BlockAnnounce or ResumeCheck. Ends when every offer is answered and no announce is
+/// outstanding.
+async fn answer_task<S>(
+    ctx: Arc<Ctx>,
+    reader: &mut Reader<S>,
+    out: mpsc::Sender<Message>,
+    mut pending: mpsc::Receiver<(u64, Vec<pb::Entry>)>,
+    block_tx: mpsc::Sender<BlockJob>,
+    dedup: Option<Arc<DedupSender>>,
+) -> Result<(), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let mut replies: Replies<Opened> = Replies::new(reader.stream(), ctx.dry_run);
+    let mut offers_open = true;
+    let mut last_work = 0;
+    loop {
+        if replies.settled() {
+            match pending.recv().await {
+                Some((id, entries)) => replies.offered(id, entries),
+                None => break,
+            }
+        }
+        let msg = next_reply(reader, ctx.progress_timeout, &mut last_work).await?;
+        match msg {
+            Message::Want(want) => {
+                if !replies.owes_want() && offers_open {
+                    // Offers are queued before they are written, so this one is there already.
+                    match pending.recv().await {
+                        Some((id, entries)) => replies.offered(id, entries),
+                        None => offers_open = false,
+                    }
+                }
+                let wanted = replies.on_want(want)?;
+                handle_want(&ctx, &out, &block_tx, dedup.as_ref(), wanted, &mut replies).await?;
+            }
+            Message::NeedBlocks(nb) => {
+                let needed = replies.on_need_blocks(&nb)?;
+                let a = needed.announced;
+                for index in needed.send {
+                    let job = a.file.job(a.file_id, index, block_len(a.size, index));
+                    block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                }
+                // Taken from the receiver's block store, or confirmed as resumed.
+                ctx.progress
+                    .add(&ctx.progress.bytes_done, needed.taken_bytes);
+            }
+            Message::Error(e) => {
+                return Err(SendError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    message: crate::session::escape_text(&e.message),
+                });
+            }
+            other => return Err(replies.unexpected(other.frame_type()).into()),
+        }
+    }
+    Ok(())
+}
+
+/// Acts on one Want: small files go out in batches; of each large file, the blocks
+/// [`plan_large`] puts on the wire are queued for the block tasks, full blocks under dedup are
+/// announced first, and blocks the receiver holds are confirmed (or read for the digest).
+async fn handle_want(
+    ctx: &Arc<Ctx>,
+    out: &mpsc::Sender<Message>,
+    block_tx: &mpsc::Sender<BlockJob>,
+    dedup: Option<&Arc<DedupSender>>,
+    wanted: Vec<Wanted>,
+    replies: &mut Replies<Opened>,
+) -> Result<(), SendError> {
+    let mut small = Vec::new();
+    // Files the receiver did not ask for are still part of the digest: read them off the
+    // critical path.
+    let mut unchanged = UnchangedFiles::default();
+    for w in wanted {
+        let (file_id, e, need) = match w {
+            Wanted::Unchanged(e) => {
+                if !ctx.content_in_scan && !ctx.dry_run {
+                    unchanged.push(ctx, e).await?;
+                }
+                continue;
+            }
+            Wanted::Small { file_id, entry } => {
+                changes::report_sent(&entry.path);
+                small.push((file_id, entry));
+                continue;
+            }
+            Wanted::Large {
+                file_id,
+                entry,
+                need,
+            } => (file_id, entry, need),
+        };
+        changes::report_sent(&e.path);
+        let path = Arc::new(scan::source_path(&ctx.root, &e.path));
+        let file = {
+            let (c, rel) = (ctx.clone(), e.path.clone());
+            let opened = tokio::task::spawn_blocking(move || open_beneath(&c.src, &rel)).await?;
+            Arc::new(opened.map_err(|source| SendError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?)
+        };
+        let src = Opened {
+            file,
+            path,
+            digest: (!ctx.content_in_scan).then(|| FileDigest::new(&e)),
+        };
+        let plan = plan_large(e.size, &need, dedup.is_some());
+        for index in plan.send.iter() {
+            let job = src.job(file_id, index, block_len(e.size, index));
+            block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+        }
+        let held: Vec<u64> = plan.held.iter().collect();
+        if ctx.resume_check && !held.is_empty() {
+            // The receiver keeps them only if they match the source: send our hashes (they
+            // also feed the digest). Those that differ come back in its NeedBlocks and are sent.
+            for chunk in held.chunks(RESUME_CHUNK) {
+                let (f, p, c) = (src.file.clone(), src.path.clone(), chunk.to_vec());
+                let size = e.size;
+                let hashes =
+                    tokio::task::spawn_blocking(move || hash_blocks(&f, &p, size, &c)).await??;
+                // Work the receiver sees in our Busy frames while we hash.
+                let hashed: u64 = chunk.iter().map(|&i| block_len(e.size, i)).sum();
+                ctx.progress.add(&ctx.progress.hashed_bytes, hashed);
+                if let Some(fd) = &src.digest {
+                    for (&index, hash) in chunk.iter().zip(&hashes) {
+                        ctx.block_digested(fd, index, *hash);
+                    }
+                }
+                replies.announced(Announced {
+                    file_id,
+                    size: e.size,
+                    indexes: chunk.to_vec(),
+                    file: src.clone(),
+                });
+                let check = pb::ResumeCheck {
+                    file_id,
+                    indexes: chunk.to_vec(),
+                    hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+                };
+                out.send(Message::ResumeCheck(check))
+                    .await
+                    .map_err(|_| SendError::Channel)?;
+            }
+        } else if let Some(fd) = &src.digest
+            && !held.is_empty()
+        {
+            let (c, fd, f, p) = (ctx.clone(), fd.clone(), src.file.clone(), src.path.clone());
+            ctx.pool
+                .submit(move || hash_source_blocks(&c, &fd, &f, &p, &held))
+                .await?;
+        }
+        if let Some(dedup) = dedup {
+            let to_announce: Vec<u64> = plan.announce.iter().collect();
+            for chunk in to_announce.chunks(ANNOUNCE_CHUNK) {
+                let (f, p, d, c) = (
+                    src.file.clone(),
+                    src.path.clone(),
+                    dedup.clone(),
+                    chunk.to_vec(),
+                );
+                let AnnounceChunk {
+                    msg,
+                    indexes,
+                    zeros,
+                    hashes,
+                } = tokio::task::spawn_blocking(move || build_announce(&f, &p, &d, file_id, c))
+                    .await??;
+                if let Some(fd) = &src.digest {
+                    for (index, hash) in hashes {
+                        ctx.block_digested(fd, index, hash);
+                    }
+                }
+                // All-zero blocks cost nothing on the wire: send them, do not announce them.
+                for index in zeros {
+                    let job = src.job(file_id, index, BLOCK_SIZE as u64);
+                    block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                }
+                if let Some(msg) = msg {
+                    replies.announced(Announced {
+                        file_id,
+                        size: e.size,
+                        indexes,
+                        file: src.clone(),
+                    });
+                    out.send(msg).await.map_err(|_| SendError::Channel)?;
+                }
+            }
+        }
+    }
+    unchanged.flush(ctx).await?;
+    if !small.is_empty() {
+        let c = ctx.clone();
+        let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
+        for b in batches {
+            out.send(b).await.map_err(|_| SendError::Channel)?;
+        }
+    }
+    Ok(())
+}
+
+async fn block_task(ctx: Arc<Ctx>, out: mpsc::Sender<Message>) -> Result<(), SendError> {
+    loop {
+        let job = { ctx.blocks.lock().await.recv().await };
+        let Some(job) = job else {
+            return Ok(());
+        };
+        let c = ctx.clone();
+        let msg = tokio::task::spawn_blocking(move || read_block(&c, job)).await??;
+        out.send(msg).await.map_err(|_| SendError::Channel)?;
+    }
+}
+
+async fn writer_task<S>(
+    ctx: Arc<Ctx>,
+    writer: &mut Writer<S>,
+    mut rx: mpsc::Receiver<Message>,
+) -> Result<(), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    loop {
+        let msg = match tokio::time::timeout(KEEPALIVE, rx.recv()).await {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(_) => {
+                // Nothing to send: say we are alive and, with the progress capability, how much
+                // work (reading, hashing, listing) we did, so a sender busy hashing is not taken
+                // for a stalled one.
+                let alive = if ctx.busy {
+                    Message::Busy(pb::Busy {
+                        work: ctx.progress.work(),
+                    })
+                } else {
+                    Message::Keepalive
+                };
+                writer.send(&alive).await?;
+                writer.flush().await?;
+                continue;
+            }
+        };
+        let len = frame_len(&msg);
+        let t = Instant::now();
+        if let Some(l) = &ctx.limiter {
+            l.take(len).await;
+        }
+        writer.send(&msg).await?;
+        // Counted once handed to the socket, behind the bandwidth limiter: the bar follows what
+        // left, not what was read ahead into the queue.
+        ctx.progress.add(&ctx.progress.bytes_done, raw_len(&msg));
+        if rx.is_empty() {
+            writer.flush().await?;
+        }
+        ctx.policy
+            .note_write(len as u64, t.elapsed().as_nanos() as u64);
+    }
+    writer.send(&Message::Done(pb::Done::default())).await?;
+    writer.flush().await?;
+    Ok(())
+}
+
+/// The file bytes a data frame stands for (before compression).
+fn raw_len(m: &Message) -> u64 {
+    match m {
+        Message::Block { header, .. } => u64::from(header.raw_len),
+        Message::Batch { header, .. } => header.files.iter().map(|f| u64::from(f.raw_len)).sum(),
+        _ => 0,
+    }
+}
+
+fn frame_len(m: &Message) -> usize {
+    match m {
+        Message::Block { data, .. } | Message::Batch { data, .. } => data.len() + 128,
+        _ => 64,
+    }
+}

@@ -1,0 +1,193 @@
+//! The sending end: walks the tree while streams carry data, pipelines Offers, reads Wants, and
+//! stripes the blocks of large files over all streams.
+
+mod driver;
+mod effects;
+pub mod state;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Timeouts;
+use super::compress::Compress;
+use super::framed::FramedError;
+use super::handshake::HandshakeError;
+use super::scan::ScanError;
+use crate::digest::HashError;
+use crate::kind::ErrorKind;
+use crate::tree::Filter;
+
+/// Keepalive after this much silence on a stream, well below any sane idle timeout.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+/// Bytes of small-file content per Batch frame.
+const BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Blocks per BlockAnnounce (the receiver accepts up to 65 536). Small enough that the receiver
+/// materialises one chunk while the sender hashes the next.
+const ANNOUNCE_CHUNK: usize = 16;
+/// Blocks per ResumeCheck (about 40 KiB of hashes; the receiver accepts up to 65 536).
+const RESUME_CHUNK: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error(transparent)]
+    Framed(#[from] FramedError),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
+    #[error(transparent)]
+    Scan(#[from] ScanError),
+    /// The receiver broke the protocol (seen here).
+    #[error("receiver broke the protocol: {0}")]
+    Peer(#[from] ReceiverViolation),
+    /// The receiver failed and said why (its Error frame).
+    #[error("receiver: {message}")]
+    Remote { kind: ErrorKind, message: String },
+    /// This stream stopped because another one failed (never the reported error when the real
+    /// one is known).
+    #[error("stopped: another stream of the session failed")]
+    Aborted,
+    #[error(
+        "stream {stream}: the receiver made no progress for {secs} s (no answer and no growing \
+         work counter)"
+    )]
+    NoProgress { stream: u32, secs: u64 },
+    #[error("failed to read source file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("source file {0} changed size during the transfer")]
+    Changed(PathBuf),
+    #[error(transparent)]
+    Digest(#[from] HashError),
+    #[error(
+        "transfer digests differ: sender {sender}, receiver {receiver}; the destination does not \
+         hold what the source holds (a destination file changed without changing its size and \
+         mtime, or the source changed during the transfer; rerun, with --checksum for the former)"
+    )]
+    DigestMismatch { sender: String, receiver: String },
+    #[error(
+        "the receiver sent no transfer digest (it is older than this sender), so the transfer cannot be verified"
+    )]
+    NoPeerDigest,
+    #[error("the receiver sent a malformed transfer digest ({0} bytes)")]
+    BadPeerDigest(usize),
+    #[error("internal error: the transfer digest is incomplete")]
+    DigestIncomplete,
+    #[error(
+        "the receiver does not support --exclude/--include with --delete (it would delete the \
+         excluded entries); upgrade it or leave out --delete"
+    )]
+    FilterUnsupported,
+    #[error("the receiver does not support --dry-run (it would write); upgrade it")]
+    DryRunUnsupported,
+    #[error("internal channel closed")]
+    Channel,
+    #[error("a blocking task failed")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// Sender settings.
+#[derive(Debug, Clone)]
+pub struct SenderConfig {
+    pub root: PathBuf,
+    pub transfer_id: String,
+    pub compress: Compress,
+    pub delete: bool,
+    pub checksum: bool,
+    pub sync: bool,
+    pub bandwidth_limit: Option<u64>,
+    pub timeouts: Timeouts,
+    /// `--exclude` / `--include`: left out of the walk, and (sent to the receiver) kept from
+    /// `--delete`.
+    pub filter: Arc<Filter>,
+    /// Ask the receiver what it would write and delete; send no data, change nothing.
+    pub dry_run: bool,
+}
+
+pub use driver::send_session;
+pub use state::ReceiverViolation;
+
+#[cfg(test)]
+mod tests {
+    use super::driver::check_peer_digest;
+    use super::effects::*;
+    use super::*;
+    use crate::digest;
+    use crate::tree::DirFd;
+
+    #[test]
+    fn the_receivers_digest_must_match_ours() {
+        let ours = [1u8; 32];
+        assert!(check_peer_digest(&ours, &ours).is_ok());
+        let err = check_peer_digest(&ours, &[2u8; 32]).expect_err("mismatch");
+        assert!(matches!(err, SendError::DigestMismatch { .. }));
+        let msg = err.to_string();
+        assert!(msg.contains(&digest::hex(&ours)), "{msg}");
+        assert!(msg.contains(&digest::hex(&[2u8; 32])), "{msg}");
+        assert!(matches!(
+            check_peer_digest(&ours, &[]),
+            Err(SendError::NoPeerDigest)
+        ));
+        assert!(matches!(
+            check_peer_digest(&ours, &[1u8; 31]),
+            Err(SendError::BadPeerDigest(31))
+        ));
+    }
+
+    #[test]
+    fn small_reads_notice_a_size_change_either_way() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("f");
+        std::fs::write(&path, b"0123456789").expect("write");
+        let open = || std::fs::File::open(&path).expect("open");
+        let mut data = b"head".to_vec();
+        assert!(read_small_into(&open(), 10, &mut data).expect("read"));
+        assert_eq!(data, b"head0123456789");
+        for (size, why) in [
+            (9, "file grew"),
+            (11, "file shrank"),
+            (0, "empty file grew"),
+        ] {
+            let mut data = b"head".to_vec();
+            assert!(
+                !read_small_into(&open(), size, &mut data).expect("read"),
+                "{why}"
+            );
+            assert_eq!(data, b"head", "{why}: partial content kept");
+        }
+    }
+
+    #[test]
+    fn source_files_open_beneath_the_root_without_following_symlinks() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("secret"), b"s").expect("write");
+        std::fs::create_dir_all(tmp.path().join("a/b")).expect("mkdir");
+        std::fs::write(tmp.path().join("a/b/f"), b"x").expect("write");
+        std::fs::write(tmp.path().join("top"), b"t").expect("write");
+        // A directory swapped for a symlink after the walk must not redirect the read.
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("a/link")).expect("symlink");
+        std::os::unix::fs::symlink("b/f", tmp.path().join("a/leaf")).expect("symlink");
+        let root: DirFd = Arc::new(std::fs::File::open(tmp.path()).expect("root").into());
+        let mut dirs = SourceDirs::new(&root);
+        let read = |f: std::fs::File| {
+            let mut data = Vec::new();
+            assert!(read_small_into(&f, 1, &mut data).expect("read"));
+            data
+        };
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open")), b"x");
+        assert_eq!(read(dirs.open(b"top").expect("open")), b"t");
+        assert_eq!(read(dirs.open(b"a/b/f").expect("open again")), b"x");
+        assert!(
+            dirs.open(b"a/link/secret").is_err(),
+            "followed a symlinked directory"
+        );
+        assert!(
+            dirs.open(b"a/leaf").is_err(),
+            "followed a symlink at the leaf"
+        );
+        assert!(dirs.open(b"../x").is_err(), "left the root");
+    }
+}
