@@ -14,7 +14,7 @@ use ferry_mover::cas::pop::{Nonce, PopKey};
 use ferry_mover::cas::{BLOCK_SIZE, BlockHash, CasStore};
 use ferry_mover::progress::Progress;
 use ferry_mover::session::{
-    self, Compress, FrameReader, FrameWriter, ReceiverConfig, Summary, accept_stream,
+    self, Compress, FrameReader, FrameWriter, ReceiverConfig, SessionSummary, accept_stream,
     receive_session,
 };
 use ferry_mover::wire::{self, Message, caps};
@@ -28,7 +28,7 @@ async fn round_trip_cas(
     dst: &Path,
     store: &Arc<CasStore>,
     streams: u32,
-) -> (Summary, Summary) {
+) -> (SessionSummary, SessionSummary) {
     let (addr, recv) = start_receiver_with_store(pki, dst, Some(store.clone())).await;
     let o = SendOpts {
         streams,

@@ -26,7 +26,10 @@ fn poke(path: &Path, offset: usize) {
         .unwrap();
 }
 
-fn agreed(s: &ferry_mover::session::Summary, r: &ferry_mover::session::Summary) -> String {
+fn agreed(
+    s: &ferry_mover::session::SessionSummary,
+    r: &ferry_mover::session::SessionSummary,
+) -> String {
     assert_eq!(s.digest.len(), 64, "sender digest {:?}", s.digest);
     assert_eq!(s.digest, r.digest, "sender and receiver digests");
     s.digest.clone()

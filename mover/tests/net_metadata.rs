@@ -9,20 +9,20 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use common::*;
-use ferry_mover::session::{Keep, Summary};
+use ferry_mover::session::{Keep, SessionSummary};
 
 fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 /// The receiver's summary, after checking the sender reports the same drops.
-async fn transfer(pki: &Pki, src: &Path, dst: &Path, keep: Keep) -> Summary {
+async fn transfer(pki: &Pki, src: &Path, dst: &Path, keep: Keep) -> SessionSummary {
     let (addr, recv) = start_receiver_keep(pki, dst, keep).await;
     let sent = send(pki, src, addr, &SendOpts::default())
         .await
         .expect("send");
     let got = recv.await.unwrap().expect("receive");
-    let drops = |s: &Summary| (s.dropped_special_bits, s.dropped_xattrs, s.dropped_owners);
+    let drops = |s: &SessionSummary| (s.dropped_special_bits, s.dropped_xattrs, s.dropped_owners);
     assert_eq!(
         drops(&sent),
         drops(&got),

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use bytes::{Bytes, BytesMut};
 use ferry_mover::session::SMALL_FILE_MAX;
 use ferry_mover::session::receiver::state::{ReceiverState, Route, SenderViolation, StreamRules};
-use ferry_mover::session::relpath::PeerPath;
 use ferry_mover::session::sender::state::{Announced, Replies, Wanted, plan_large};
+use ferry_mover::tree::peer_path::PeerPath;
 use ferry_mover::wire::{
     BLOCK_SIZE, Bitmap, BlockSet, Message, block_count, block_len, decode_frame,
 };

@@ -16,7 +16,7 @@ use std::collections::{BTreeSet, HashMap};
 use ferry_mover::session::receiver::state::{
     MAX_IN_FLIGHT, ReceiverState, Route, StreamRules,
 };
-use ferry_mover::session::relpath::PeerPath;
+use ferry_mover::tree::peer_path::PeerPath;
 use ferry_mover::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
 use ferry_proto::wire::v1 as pb;
 use libfuzzer_sys::fuzz_target;

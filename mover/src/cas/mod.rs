@@ -1,4 +1,4 @@
-//! Per-node content-addressed block store (issue 5).
+//! Per-node content-addressed block store.
 //!
 //! Blocks of up to [`BLOCK_SIZE`] bytes, named by their BLAKE3 hash, in a directory shared by every
 //! receiver on the node (see `docs/cas.md` for the layout, the crash-safety argument, the LRU and

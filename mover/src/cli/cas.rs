@@ -1,4 +1,4 @@
-//! `ferry-mover cas stats|verify|gc|import DIR` (issue 5): operator tools for a node's block store.
+//! `ferry-mover cas stats|verify|gc|import DIR`: operator tools for a node's block store.
 
 use std::fs::File;
 use std::io::{Read, Write};

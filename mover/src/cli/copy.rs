@@ -1,4 +1,4 @@
-//! `ferry-mover copy SRC DST` (issue 2): flags, progress bar, summary, exit status.
+//! `ferry-mover copy SRC DST`: flags, progress bar, summary, exit status.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -86,7 +86,11 @@ pub fn run(args: CopyArgs) -> anyhow::Result<ExitCode> {
     finish(&summary, args.json, false)
 }
 
-fn finish(summary: &crate::report::Summary, json: bool, dry_run: bool) -> anyhow::Result<ExitCode> {
+fn finish(
+    summary: &crate::report::CopySummary,
+    json: bool,
+    dry_run: bool,
+) -> anyhow::Result<ExitCode> {
     if json {
         let mut v = serde_json::to_value(summary)?;
         if dry_run {

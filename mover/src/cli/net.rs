@@ -1,4 +1,4 @@
-//! `ferry-mover certs|send|receive` (issue 4).
+//! `ferry-mover certs|send|receive`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -13,7 +13,27 @@ use crate::kind::ErrorKind;
 use crate::net::{self, Role};
 use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
-use crate::session::{self, Compress, ReceiverConfig, SenderConfig, Summary, Timeouts};
+use crate::session::{self, Compress, ReceiverConfig, SenderConfig, SessionSummary, Timeouts};
+
+/// `--compress`: the library's [`Compress`], as the command line spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompressArg {
+    Auto,
+    Zstd,
+    Lz4,
+    None,
+}
+
+impl From<CompressArg> for Compress {
+    fn from(a: CompressArg) -> Self {
+        match a {
+            CompressArg::Auto => Compress::Auto,
+            CompressArg::Zstd => Compress::Zstd,
+            CompressArg::Lz4 => Compress::Lz4,
+            CompressArg::None => Compress::None,
+        }
+    }
+}
 
 #[derive(clap::Args, Debug)]
 pub struct CertsArgs {
@@ -109,8 +129,8 @@ pub struct SendArgs {
     #[arg(long, default_value_t = 0)]
     pub connect_retry: u64,
     /// Per-block compression.
-    #[arg(long, value_enum, default_value_t = Compress::Auto)]
-    pub compress: Compress,
+    #[arg(long, value_enum, default_value_t = CompressArg::Auto)]
+    pub compress: CompressArg,
     /// Delete destination entries that are not in the source.
     #[arg(long)]
     pub delete: bool,
@@ -218,7 +238,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("failed to start the async runtime")
 }
 
-fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
+fn print_summary(json: bool, role: &str, s: &SessionSummary) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, s)?;
@@ -236,7 +256,7 @@ fn print_summary(json: bool, role: &str, s: &Summary) -> anyhow::Result<()> {
 /// One line for people: what moved (and at what rate), what was already there, and how, in one
 /// unit family (decimal, as the progress bar). The rate counts only bytes that crossed the
 /// network: blocks from the block store and resumed blocks did not.
-pub fn human_summary(s: &Summary) -> String {
+pub fn human_summary(s: &SessionSummary) -> String {
     use crate::report::decimal;
     if s.dry_run {
         return format!(
@@ -285,7 +305,7 @@ pub fn human_summary(s: &Summary) -> String {
 
 /// What a receiver did not apply because it was not asked to, e.g. `3 setuid/setgid/sticky
 /// bits (--special-bits), 12 xattrs (--xattrs)`; `None` when nothing was dropped.
-fn dropped_line(s: &Summary) -> Option<String> {
+fn dropped_line(s: &SessionSummary) -> Option<String> {
     let parts: Vec<String> = [
         (
             s.dropped_special_bits,
@@ -304,7 +324,7 @@ fn dropped_line(s: &Summary) -> Option<String> {
 
 /// The receiver's first few failure messages on the sender's stderr (the receiver logged each
 /// one itself), with how many more there were.
-fn print_failures(role: &str, s: &Summary) {
+fn print_failures(role: &str, s: &SessionSummary) {
     for msg in &s.failures {
         eprintln!("{role}: failed: {}", session::escape_text(msg));
     }
@@ -315,7 +335,7 @@ fn print_failures(role: &str, s: &Summary) {
 }
 
 /// Exit status 1 when entries were left out, though the rest was transferred.
-fn exit_code(s: &Summary) -> ExitCode {
+fn exit_code(s: &SessionSummary) -> ExitCode {
     if s.failed > 0 {
         ExitCode::from(1)
     } else {
@@ -374,7 +394,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let cfg = SenderConfig {
         root: args.root.clone(),
         transfer_id: transfer.clone(),
-        compress: args.compress,
+        compress: args.compress.into(),
         delete: args.delete,
         checksum: args.checksum,
         sync: args.tls.sync,
@@ -523,7 +543,7 @@ mod tests {
 
     #[test]
     fn the_rate_counts_only_what_crossed_the_network() {
-        let s = Summary {
+        let s = SessionSummary {
             files: 3,
             bytes: 20_000_000,
             dedup_bytes: 16_000_000,
@@ -533,7 +553,7 @@ mod tests {
             seconds: 2.0,
             streams: 4,
             skipped: 7,
-            ..Summary::default()
+            ..SessionSummary::default()
         };
         let line = human_summary(&s);
         assert!(
@@ -544,10 +564,10 @@ mod tests {
             ),
             "{line}"
         );
-        let unchanged = Summary {
+        let unchanged = SessionSummary {
             skipped: 16,
             seconds: 0.01,
-            ..Summary::default()
+            ..SessionSummary::default()
         };
         assert!(
             human_summary(&unchanged).starts_with("wrote 0 files, 0 B (0 B sent at 0 B/s) in"),

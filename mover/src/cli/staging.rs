@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use rustix::fs::AtFlags;
 use rustix::io::Errno;
 
-use crate::session::relpath::STAGING_DIR;
 use crate::tree::dest::{list_dir, remove_at};
+use crate::tree::peer_path::STAGING_DIR;
 use crate::tree::{DestRoot, RelPath};
 
 #[derive(clap::Args, Debug)]

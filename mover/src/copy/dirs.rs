@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::tree::relpath::display_opt;
 use crate::tree::{DirFd, Entry, Meta, RelPath, Scanner};
 
-use super::Shared;
+use super::CopyContext;
 
 /// One source directory being copied.
 ///
@@ -32,7 +32,7 @@ pub(crate) struct DirState {
 
 impl DirState {
     pub fn root(
-        shared: &Shared,
+        shared: &CopyContext,
         scanner: &Scanner,
         fresh: bool,
         apply_meta: bool,
@@ -88,7 +88,7 @@ impl DirState {
     }
 
     /// One child (or the scan) finished; finalizes this directory and, in turn, its ancestors.
-    pub fn release(self: &Arc<Self>, shared: &Shared) {
+    pub fn release(self: &Arc<Self>, shared: &CopyContext) {
         let mut current = Some(self.clone());
         while let Some(dir) = current.take() {
             if dir.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
@@ -99,7 +99,7 @@ impl DirState {
         }
     }
 
-    fn finish(&self, shared: &Shared) {
+    fn finish(&self, shared: &CopyContext) {
         let Some(dst) = &self.dst else { return };
         if self.apply_meta
             && let Err(e) = shared.dest.policy().apply_fd(dst.as_fd(), &self.meta, None)

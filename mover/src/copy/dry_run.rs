@@ -14,21 +14,21 @@ use rustix::fs::{Mode, openat, readlinkat};
 
 use super::checksum::same_contents;
 use super::{CopyError, CopyOptions, chain, open_source};
-use crate::report::Summary;
+use crate::report::CopySummary;
 use crate::report::changes::{self, Change};
 use crate::tree::confine::DIR_FLAGS;
 use crate::tree::dest::{dir_is_empty_at, excluded_listing_entry, list_dir, lookup_at};
 use crate::tree::{Entry, Kind, Meta, NonEmptyDir, RelPath, ScanEvent, is_temp_name};
 
 /// Walks `src` against `dst` and reports what a copy with `opts` would do.
-pub fn plan_tree(src: &Path, dst: &Path, opts: &CopyOptions) -> Result<Summary, CopyError> {
+pub fn plan_tree(src: &Path, dst: &Path, opts: &CopyOptions) -> Result<CopySummary, CopyError> {
     let started = Instant::now();
     let (scanner, _, single) = open_source(src, &opts.filter)?;
     let root = openat(rustix::fs::CWD, dst, DIR_FLAGS, Mode::empty()).ok();
     let mut plan = Plan {
         opts,
         dst,
-        summary: Summary::default(),
+        summary: CopySummary::default(),
         buf: Vec::new(),
     };
     // The destination directory of each open source directory (None: it would be created).
@@ -73,7 +73,7 @@ struct Plan<'a> {
     opts: &'a CopyOptions,
     /// The destination as given (messages name whole paths).
     dst: &'a Path,
-    summary: Summary,
+    summary: CopySummary,
     buf: Vec<u8>,
 }
 

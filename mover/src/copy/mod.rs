@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::report::changes::{self, Change};
-use crate::report::{Progress, Summary};
+use crate::report::{CopySummary, Progress};
 use crate::tree::dest::{ensure_dir_at, excluded_listing_entry, list_dir, lookup_at, remove_at};
 use crate::tree::{
     CopyCaps, DestError, DestOptions, DestRoot, Filter, Kind, Placed, RelPath, Replace, Resolve,
@@ -116,7 +116,7 @@ pub(crate) struct Stats {
 }
 
 /// Everything the threads share.
-pub(crate) struct Shared {
+pub(crate) struct CopyContext {
     pub dest: DestRoot,
     /// The source directory (for messages).
     pub src_root: std::path::PathBuf,
@@ -126,7 +126,7 @@ pub(crate) struct Shared {
     pub stats: Stats,
 }
 
-impl Shared {
+impl CopyContext {
     /// `rel` under the destination as given on the command line (messages name whole paths).
     pub fn dst_shown(&self, rel: &(impl std::fmt::Display + ?Sized)) -> String {
         shown_under(self.dest.path(), &rel.to_string())
@@ -174,7 +174,7 @@ pub fn copy_tree(
     dst: &Path,
     opts: &CopyOptions,
     progress: Arc<Progress>,
-) -> Result<Summary, CopyError> {
+) -> Result<CopySummary, CopyError> {
     let started = Instant::now();
     let (scanner, src_dir, single) = open_source(src, &opts.filter)?;
     let dst_existed = dst.symlink_metadata().is_ok();
@@ -211,7 +211,7 @@ pub fn copy_tree(
     {
         caps.set_small_max(n);
     }
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(CopyContext {
         dest,
         src_root: src_dir.clone(),
         opts: CopyOptions {
@@ -389,7 +389,7 @@ pub fn copy_tree(
 
     let p = shared.progress.snapshot();
     let s = &shared.stats;
-    Ok(Summary {
+    Ok(CopySummary {
         files: p.files_done,
         bytes: p.bytes_done,
         skipped: p.skipped,
@@ -453,7 +453,7 @@ fn canonical_prefix(path: &Path) -> Option<std::path::PathBuf> {
 /// An existing destination directory that its owner cannot write to (a read-only directory
 /// copied by an earlier run) gets u+wx until its metadata is applied again at the end; root
 /// needs no such help.
-fn make_writable(shared: &Shared, dir: std::os::fd::BorrowedFd<'_>) {
+fn make_writable(shared: &CopyContext, dir: std::os::fd::BorrowedFd<'_>) {
     if shared.dest.policy().euid == 0 {
         return;
     }
@@ -466,7 +466,7 @@ fn make_writable(shared: &Shared, dir: std::os::fd::BorrowedFd<'_>) {
 }
 
 /// Removes temp files an interrupted earlier run left in a directory that already existed.
-fn clean_temps(shared: &Shared, state: &DirState) {
+fn clean_temps(shared: &CopyContext, state: &DirState) {
     let Some(dst) = &state.dst else { return };
     match DestRoot::clean_temps_in(dst.as_fd()) {
         Ok(n) => {
@@ -482,7 +482,7 @@ fn clean_temps(shared: &Shared, state: &DirState) {
 
 /// `--delete`: removes what the destination directory holds and the source directory does not.
 /// Decided per name against the source directory handle, so nothing is remembered per file.
-fn delete_extras(shared: &Shared, state: &DirState) {
+fn delete_extras(shared: &CopyContext, state: &DirState) {
     let (Some(src), Some(dst)) = (&state.src, &state.dst) else {
         return;
     };

@@ -13,7 +13,7 @@ use crate::tree::{
     CommitError, Entry, Kind, Meta, NonEmptyDir, Placed, RelPath, Replace, StagedFile,
 };
 
-use super::Shared;
+use super::CopyContext;
 use super::checksum::same_contents;
 use super::dirs::{DirState, EntryError};
 use super::xattr::copy_user_xattrs;
@@ -50,7 +50,7 @@ impl Batch {
 
 /// Per-thread state: a reusable buffer and whether O_NOATIME is allowed.
 pub(crate) struct Worker<'a> {
-    shared: &'a Shared,
+    shared: &'a CopyContext,
     buf: Vec<u8>,
     noatime: bool,
 }
@@ -73,7 +73,7 @@ enum Failure {
 }
 
 impl<'a> Worker<'a> {
-    pub fn new(shared: &'a Shared) -> Worker<'a> {
+    pub fn new(shared: &'a CopyContext) -> Worker<'a> {
         Worker {
             shared,
             buf: Vec::new(),

@@ -182,7 +182,7 @@ fn receiver_errors() {
         .kind(),
         ErrorKind::Peer
     );
-    let bad_path = crate::session::relpath::PeerPath::parse(b"../x").expect_err("refused");
+    let bad_path = crate::tree::peer_path::PeerPath::parse(b"../x").expect_err("refused");
     assert_eq!(ReceiveError::Path(bad_path).kind(), ErrorKind::Peer);
     assert_eq!(
         ReceiveError::Framed(FramedError::Closed {

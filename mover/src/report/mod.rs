@@ -164,7 +164,7 @@ fn clock(secs: f64) -> String {
 
 /// The result of a copy, printed as one JSON line with `--json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Summary {
+pub struct CopySummary {
     /// Files copied (data written).
     pub files: u64,
     /// Bytes of file data written.
@@ -186,7 +186,7 @@ pub struct Summary {
     pub temps_cleaned: u64,
 }
 
-impl Summary {
+impl CopySummary {
     /// One human-readable line for stderr.
     pub fn human(&self) -> String {
         format!(
@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn summary_json_has_the_documented_fields() {
-        let s = Summary {
+        let s = CopySummary {
             files: 3,
             bytes: 10,
             skipped: 1,

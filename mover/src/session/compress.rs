@@ -16,7 +16,8 @@ use std::time::Instant;
 
 use crate::wire::{BLOCK_SIZE, codec};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// How the sender compresses blocks and batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compress {
     Auto,
     Zstd,

@@ -27,7 +27,7 @@ use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-use super::Summary;
+use super::SessionSummary;
 use super::receiver::{
     Accepted, ReceiveError, ReceiverConfig, accept_stream, failure_message, receive_session,
 };
@@ -62,7 +62,7 @@ pub async fn serve(
     cfg: ReceiverConfig,
     once: bool,
     progress: Arc<Progress>,
-    mut on_session: impl FnMut(&Result<Summary, ReceiveError>),
+    mut on_session: impl FnMut(&Result<SessionSummary, ReceiveError>),
 ) -> Result<(), ListenError> {
     let (tx, mut rx) = mpsc::channel::<TlsAccepted>(MAX_HANDSHAKES);
     let cfg = Arc::new(cfg);

@@ -8,13 +8,10 @@
 //! (and `--delete` listings), then Finish; the receiver answers with a Summary of what it wrote.
 
 pub mod compress;
-pub mod dest;
-mod dircache;
 mod framed;
 mod handshake;
 mod listen;
 pub mod receiver;
-pub mod relpath;
 mod scan;
 pub mod sender;
 pub mod staging;
@@ -270,7 +267,7 @@ where
 
 /// What a finished session did (both ends report the receiver's counts for files and bytes).
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Summary {
+pub struct SessionSummary {
     /// A dry run: the counts say what the receiver would have written and deleted.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
@@ -302,7 +299,7 @@ pub struct Summary {
     pub digest: String,
 }
 
-impl Summary {
+impl SessionSummary {
     /// Records the outcome in `progress`: entries left out make the session a failure (exit
     /// status 1) even though everything else was transferred.
     pub fn set_outcome(&self, progress: &Progress) {

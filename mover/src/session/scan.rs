@@ -14,9 +14,9 @@ use ferry_proto::wire::v1 as pb;
 use tokio::sync::mpsc;
 
 use super::SMALL_FILE_MAX;
-use super::relpath::STAGING_DIR;
 use crate::digest::{self, TreeBuilder};
 use crate::progress::Progress;
+use crate::tree::peer_path::STAGING_DIR;
 use crate::tree::{self, DirFd, Filter, Kind, Meta, RelPath, Scanner};
 
 /// Entries per Offer and whole-file bytes per group (keeps one group's batches small).

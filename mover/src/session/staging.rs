@@ -25,10 +25,10 @@ use std::os::unix::fs::FileExt;
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags, SeekFrom};
 use rustix::io::Errno;
 
-use super::dest::{DestError, DestRoot};
-use super::relpath::{PeerPath, STAGING_DIR};
 use crate::digest::Hash;
 use crate::tree::DirFd;
+use crate::tree::peer_dest::{DestError, PeerDest};
+use crate::tree::peer_path::{PeerPath, STAGING_DIR};
 use crate::wire::{BLOCK_SIZE, BlockSet, MAX_WANT_RANGES};
 
 pub use crate::wire::{block_count, block_len};
@@ -64,7 +64,7 @@ fn serr<'a>(what: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) ->
 }
 
 /// The staging directory of one transfer.
-pub struct Staging {
+pub struct StagingDir {
     dir: DirFd,
     /// `.ferry-staging/<transfer-id>`, relative to the root.
     pub rel: String,
@@ -80,7 +80,7 @@ fn users() -> std::sync::MutexGuard<'static, Vec<((u64, u64), usize)>> {
     USERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Drop for Staging {
+impl Drop for StagingDir {
     fn drop(&mut self) {
         let mut u = users();
         if let Some(at) = u.iter().position(|(k, _)| *k == self.key) {
@@ -112,13 +112,13 @@ pub struct Opened {
     pub held: BlockSet,
 }
 
-impl Staging {
+impl StagingDir {
     /// The staging directory's handle (the receiver's digest spills its sort runs here).
     pub fn dir(&self) -> &DirFd {
         &self.dir
     }
 
-    pub fn open(dest: &DestRoot, transfer_id: &str) -> Result<Self, StagingError> {
+    pub fn open(dest: &PeerDest, transfer_id: &str) -> Result<Self, StagingError> {
         let rel = format!("{STAGING_DIR}/{transfer_id}");
         let dir = dest.create_dirs(rel.as_bytes())?;
         let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel)(e.into()))?;
@@ -261,7 +261,7 @@ impl Staging {
     /// Removes this transfer's staging directory (after a complete session).
     /// Part files another session of this transfer is writing (locked) are kept, with their
     /// manifests, and so is the directory while another session of this process uses it.
-    pub fn cleanup(&self, dest: &DestRoot) {
+    pub fn cleanup(&self, dest: &PeerDest) {
         if let Ok(mut d) = rustix::fs::Dir::read_from(&self.dir) {
             let mut names = Vec::new();
             while let Some(Ok(e)) = d.read() {

@@ -838,7 +838,7 @@ fn probe_link_mode(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>) -> u8 {
 
 /// Where the data of a [`StagedFile`] lives until commit.
 #[derive(Debug)]
-enum Staging {
+enum StagedAt {
     /// An `O_TMPFILE` inode with no name at all: linked at the final name on commit, and gone
     /// without a trace if the process dies first. One directory operation per file instead of
     /// create + rename, which matters for many small files.
@@ -858,7 +858,7 @@ enum Staging {
 #[derive(Debug)]
 pub struct StagedFile {
     dir: DirFd,
-    staging: Staging,
+    staging: StagedAt,
     name: Box<[u8]>,
     file: OwnedFd,
     perm: u32,
@@ -892,7 +892,7 @@ impl StagedFile {
                 Ok(file) => {
                     return Ok(StagedFile {
                         dir: dir.clone(),
-                        staging: Staging::Anonymous { link_mode },
+                        staging: StagedAt::Anonymous { link_mode },
                         name: name.into(),
                         file,
                         perm,
@@ -919,7 +919,7 @@ impl StagedFile {
         let (temp, file) = create_temp(dir.as_fd(), perm, OFlags::WRONLY)?;
         Ok(StagedFile {
             dir: dir.clone(),
-            staging: Staging::Named(temp),
+            staging: StagedAt::Named(temp),
             name: name.into(),
             file,
             perm,
@@ -935,8 +935,8 @@ impl StagedFile {
     /// The temporary name inside the destination directory, `None` for an anonymous file.
     pub fn temp_name(&self) -> Option<&[u8]> {
         match &self.staging {
-            Staging::Named(n) => Some(n.as_bytes()),
-            Staging::Anonymous { .. } => None,
+            StagedAt::Named(n) => Some(n.as_bytes()),
+            StagedAt::Anonymous { .. } => None,
         }
     }
 
@@ -999,12 +999,12 @@ impl StagedFile {
             rustix::fs::fsync(&self.file).map_err(|e| CommitError::Io("fsync", e.into()))?;
         }
         let placed = match &self.staging {
-            Staging::Named(temp) => {
+            StagedAt::Named(temp) => {
                 let dir = self.dir.as_fd();
                 rename_replacing(dir, temp.as_c_str(), dir, &self.name, replace)
                     .map_err(|e| self.place_error(e))?
             }
-            Staging::Anonymous { link_mode } => self.link_into_place(*link_mode, replace)?,
+            StagedAt::Anonymous { link_mode } => self.link_into_place(*link_mode, replace)?,
         };
         self.committed = true;
         if sync {
@@ -1053,7 +1053,7 @@ impl StagedFile {
 impl Drop for StagedFile {
     fn drop(&mut self) {
         if !self.committed
-            && let Staging::Named(temp) = &self.staging
+            && let StagedAt::Named(temp) = &self.staging
         {
             let _ = unlinkat(self.dir.as_fd(), temp.as_c_str(), AtFlags::empty());
         }

@@ -5,14 +5,19 @@
 //! - [`Meta`]: what is preserved about an entry;
 //! - [`Scanner`]: streaming walk of a source tree, optionally through a [`Filter`];
 //! - [`DestRoot`]: every destination operation, confined beneath one directory handle;
+//! - [`PeerPath`] and [`PeerDest`]: a path from a network peer, and the receiver's destination
+//!   that takes such paths (with a cache of open directories);
 //! - [`StagedFile`]: a file written under a temporary name and renamed into place on commit;
 //! - [`data`]: the data-copy fast paths (reflink, holes, copy_file_range, read/write).
 
 pub mod confine;
 pub mod data;
 pub mod dest;
+mod dircache;
 pub mod filter;
 pub mod meta;
+pub mod peer_dest;
+pub mod peer_path;
 pub mod policy;
 pub mod relpath;
 pub mod scan;
@@ -25,6 +30,8 @@ pub use dest::{
 };
 pub use filter::{Filter, FilterError};
 pub use meta::{Kind, Meta};
+pub use peer_dest::PeerDest;
+pub use peer_path::{PeerPath, PeerPathError};
 pub use policy::{MetaError, MetaPolicy};
 pub use relpath::{PathError, RelPath};
 pub use scan::{Entry, ScanError, ScanEvent, Scanner, split_source};

@@ -32,13 +32,13 @@ pub enum FrameType {
     ResumeCheck = 0x0d,
     /// Liveness with a work counter (progress capability).
     Busy = 0x0e,
-    /// Reserved for the block store (issue 5): sender announces block hashes of a file.
+    /// Block store: the sender announces hashes (and proofs of possession) of full blocks.
     BlockAnnounce = 0x20,
-    /// Reserved for the block store (issue 5): receiver answers which blocks it lacks.
+    /// Block store or resume: the receiver answers which announced blocks must still come.
     NeedBlocks = 0x21,
-    /// Reserved for the block store (issue 5): receiver's proof-of-possession nonce.
+    /// Reserved (a challenge-response proof of possession; proofs now ride in BlockAnnounce).
     PossessionChallenge = 0x22,
-    /// Reserved for the block store (issue 5): sender's keyed hashes over the challenged blocks.
+    /// Reserved, as [`FrameType::PossessionChallenge`].
     PossessionProof = 0x23,
 }
 

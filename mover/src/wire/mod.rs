@@ -32,7 +32,7 @@ pub const BLOCK_SIZE: usize = 4 * 1024 * 1024;
 pub mod caps {
     pub const ZSTD: u64 = 1 << 0;
     pub const LZ4: u64 = 1 << 1;
-    /// Block store dedup (issue 5): a receiver offers it only when it has a store.
+    /// Block store dedup: a receiver offers it only when it has a store.
     pub const DEDUP: u64 = 1 << 2;
     pub const VERIFY: u64 = 1 << 3;
     pub const SYNC: u64 = 1 << 4;
@@ -78,7 +78,7 @@ pub enum WireError {
     UnknownType(u8),
     #[error("frame type {kind:?} announces {len} payload bytes, above its cap of {cap}")]
     TooLarge { kind: FrameType, len: u32, cap: u32 },
-    #[error("frame type {kind:?} is reserved for the block store (issue 5) and not accepted")]
+    #[error("frame type {kind:?} is reserved for the block store and not accepted")]
     Reserved { kind: FrameType },
     #[error("malformed {kind:?} frame: {what}")]
     Malformed { kind: FrameType, what: &'static str },

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferry_mover::net::{self, Role, TlsFiles};
 use ferry_mover::progress::Progress;
 use ferry_mover::session::{
-    self, Compress, ReceiveError, ReceiverConfig, SenderConfig, Summary, Timeouts,
+    self, Compress, ReceiveError, ReceiverConfig, SenderConfig, SessionSummary, Timeouts,
 };
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_ferry-mover");
@@ -225,7 +225,10 @@ pub fn fast_timeouts() -> Timeouts {
 pub async fn start_receiver(
     pki: &Pki,
     root: &Path,
-) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
     start_receiver_with_store(pki, root, None).await
 }
 
@@ -234,7 +237,10 @@ pub async fn start_receiver_with_store(
     pki: &Pki,
     root: &Path,
     cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
-) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
     start_receiver_full(pki, root, cas, Default::default()).await
 }
 
@@ -244,7 +250,10 @@ pub async fn start_receiver_keep(
     pki: &Pki,
     root: &Path,
     keep: ferry_mover::session::Keep,
-) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
     start_receiver_full(pki, root, None, keep).await
 }
 
@@ -253,7 +262,10 @@ async fn start_receiver_full(
     root: &Path,
     cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
     keep: ferry_mover::session::Keep,
-) -> (SocketAddr, tokio::task::JoinHandle<Result<Summary, String>>) {
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
     let files = pki.files(Role::Receiver);
     let server = Arc::new(net::server_config(&files, &[Role::Sender]).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -269,14 +281,14 @@ async fn start_receiver_full(
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
-        let mut result: Option<Result<Summary, String>> = None;
+        let mut result: Option<Result<SessionSummary, String>> = None;
         let r = session::serve(
             listener,
             tokio_rustls::TlsAcceptor::from(server),
             cfg,
             true,
             progress,
-            |r: &Result<Summary, ReceiveError>| {
+            |r: &Result<SessionSummary, ReceiveError>| {
                 result = Some(match r {
                     Ok(s) => Ok(s.clone()),
                     Err(e) => Err(session::anyhow_chain(e)),
@@ -320,7 +332,7 @@ pub async fn send(
     root: &Path,
     addr: SocketAddr,
     o: &SendOpts,
-) -> Result<Summary, String> {
+) -> Result<SessionSummary, String> {
     let progress = Arc::new(Progress::new(&pki.transfer, "sender"));
     send_watched(pki, root, addr, o, progress).await
 }
@@ -332,7 +344,7 @@ pub async fn send_watched(
     addr: SocketAddr,
     o: &SendOpts,
     progress: Arc<Progress>,
-) -> Result<Summary, String> {
+) -> Result<SessionSummary, String> {
     let files = pki.files(Role::Sender);
     let client = Arc::new(net::client_config(&files, &[Role::Receiver]).unwrap());
     let mut streams = Vec::new();
@@ -361,7 +373,12 @@ pub async fn send_watched(
 }
 
 /// One in-process round trip: receiver up, send, both results.
-pub async fn round_trip(pki: &Pki, src: &Path, dst: &Path, o: &SendOpts) -> (Summary, Summary) {
+pub async fn round_trip(
+    pki: &Pki,
+    src: &Path,
+    dst: &Path,
+    o: &SendOpts,
+) -> (SessionSummary, SessionSummary) {
     let (addr, recv) = start_receiver(pki, dst).await;
     let sent = send(pki, src, addr, o).await.expect("send");
     let received = recv.await.unwrap().expect("receive");

@@ -19,10 +19,12 @@ use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, HashPool, LinkList, SortedTree};
 use crate::kind::ErrorKind;
 use crate::progress::{Phase, Progress};
-use crate::session::dest::DestRoot;
 use crate::session::framed::{FrameReader, FrameWriter};
-use crate::session::staging::Staging;
-use crate::session::{Abort, DRAIN, PEER_GRACE, Reason, Summary, pending_peer_error, tell_peer};
+use crate::session::staging::StagingDir;
+use crate::session::{
+    Abort, DRAIN, PEER_GRACE, Reason, SessionSummary, pending_peer_error, tell_peer,
+};
+use crate::tree::peer_dest::PeerDest;
 use crate::tree::{Filter, Replace};
 use crate::wire::{Message, caps};
 
@@ -44,7 +46,7 @@ pub async fn receive_session<S>(
     cfg: &ReceiverConfig,
     streams: Vec<Accepted<S>>,
     progress: Arc<Progress>,
-) -> Result<Summary, ReceiveError>
+) -> Result<SessionSummary, ReceiveError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -60,7 +62,7 @@ async fn run_session<S>(
     cfg: &ReceiverConfig,
     mut streams: Vec<Accepted<S>>,
     progress: Arc<Progress>,
-) -> Result<Summary, ReceiveError>
+) -> Result<SessionSummary, ReceiveError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -116,13 +118,13 @@ where
             } else {
                 scratch.empty.clone()
             };
-            let dest = DestRoot::open(&plan_root, replace, keep.special_bits)?;
-            let staging_root = DestRoot::open(&scratch.staging, replace, false)?;
-            let staging = Staging::open(&staging_root, &tid)?;
+            let dest = PeerDest::open(&plan_root, replace, keep.special_bits)?;
+            let staging_root = PeerDest::open(&scratch.staging, replace, false)?;
+            let staging = StagingDir::open(&staging_root, &tid)?;
             return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
         }
-        let dest = DestRoot::open(&root, replace, keep.special_bits)?;
-        let staging = Staging::open(&dest, &tid)?;
+        let dest = PeerDest::open(&root, replace, keep.special_bits)?;
+        let staging = StagingDir::open(&dest, &tid)?;
         let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
         Ok::<_, ReceiveError>((dest, staging, dedup, None))
     })
@@ -232,7 +234,7 @@ where
                 .as_ref()
                 .map(|d| d.counters())
                 .unwrap_or_default();
-            let summary = Summary {
+            let summary = SessionSummary {
                 dry_run: shared.dry_run,
                 files: p.files_done,
                 bytes: p.bytes_done,

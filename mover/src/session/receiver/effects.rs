@@ -19,10 +19,10 @@ use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTr
 use crate::progress::Progress;
 use crate::report::changes::{self, Change, Listing};
 use crate::session::compress;
-use crate::session::dest::{DestError, DestRoot, Existing, owned};
-use crate::session::relpath::PeerPath;
-use crate::session::staging::{LargeStaging, Staging};
+use crate::session::staging::{LargeStaging, StagingDir};
 use crate::session::{Abort, SMALL_FILE_MAX};
+use crate::tree::peer_dest::{DestError, Existing, PeerDest, owned};
+use crate::tree::peer_path::PeerPath;
 use crate::tree::{CommitError, Filter, Kind, Meta, NonEmptyDir, Placed, Replace};
 use crate::wire::{BLOCK_SIZE, Bitmap, Message, block_count, block_len, caps, codec};
 
@@ -103,8 +103,8 @@ pub(super) struct LargeFile {
 pub(super) type State = ReceiverState<FileMeta, Arc<LargeFile>>;
 
 pub(super) struct Session {
-    pub(super) dest: DestRoot,
-    pub(super) staging: Staging,
+    pub(super) dest: PeerDest,
+    pub(super) staging: StagingDir,
     pub(super) caps: u64,
     pub(super) sync: bool,
     /// The protocol rules: what is in flight, which blocks are claimed. Held only to ask and
@@ -1111,7 +1111,11 @@ pub(super) fn handle_dir_done(sh: &Session, d: pb::DirDone) -> Result<(), Receiv
         let removed = sh
             .dest
             .delete_extraneous(rel.as_ref(), &keep, &sh.protect, sh.dry_run)?;
-        sh.deleted.fetch_add(removed, Ordering::Relaxed);
+        for (path, dir) in &removed {
+            changes::report(&Change::Deleted { dir: *dir }, path);
+        }
+        sh.deleted
+            .fetch_add(removed.len() as u64, Ordering::Relaxed);
     }
     if sh.dry_run {
         return Ok(());

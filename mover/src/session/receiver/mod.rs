@@ -14,10 +14,8 @@ use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite, ReadHalf, WriteHalf};
 
 use super::compress::CodecError;
-use super::dest::DestError;
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
-use super::relpath::RelPathError;
 use super::staging::StagingError;
 use super::{MAX_STREAMS, Timeouts, anyhow_chain};
 use crate::cas::pop::Nonce;
@@ -25,6 +23,8 @@ use crate::cas::{CasError, CasStore};
 use crate::digest::HashError;
 use crate::kind::{ErrorKind, is_no_space};
 use crate::tree::CommitError;
+use crate::tree::peer_dest::DestError;
+use crate::tree::peer_path::PeerPathError;
 use crate::wire::caps;
 
 pub use driver::receive_session;
@@ -45,7 +45,7 @@ pub enum ReceiveError {
     #[error(transparent)]
     Handshake(#[from] HandshakeError),
     #[error(transparent)]
-    Path(#[from] RelPathError),
+    Path(#[from] PeerPathError),
     #[error(transparent)]
     Dest(#[from] DestError),
     #[error(transparent)]

@@ -17,8 +17,8 @@ use ferry_proto::wire::v1 as pb;
 use crate::cas::BlockHash;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::Proof;
-use crate::session::relpath::PeerPath;
 use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
+use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
 
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an

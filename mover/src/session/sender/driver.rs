@@ -23,7 +23,7 @@ use crate::session::framed::{FrameReader, FrameWriter, FramedError};
 use crate::session::handshake::send_hello;
 use crate::session::scan::{self};
 use crate::session::{
-    Abort, PEER_GRACE, Reason, Summary, anyhow_chain, pending_peer_error, tell_peer,
+    Abort, PEER_GRACE, Reason, SessionSummary, anyhow_chain, pending_peer_error, tell_peer,
 };
 use crate::tree::split_source;
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
@@ -40,7 +40,7 @@ pub async fn send_session<S>(
     cfg: &SenderConfig,
     streams: Vec<S>,
     progress: Arc<Progress>,
-) -> Result<Summary, SendError>
+) -> Result<SessionSummary, SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -87,7 +87,7 @@ async fn run<S>(
     cfg: &SenderConfig,
     streams: Vec<S>,
     progress: Arc<Progress>,
-) -> Result<Summary, SendError>
+) -> Result<SessionSummary, SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -297,7 +297,7 @@ where
         .resumed_bytes
         .store(summary.resumed_bytes, Ordering::Relaxed);
     progress.failed.store(summary.failed, Ordering::Relaxed);
-    Ok(Summary {
+    Ok(SessionSummary {
         dry_run: ctx.dry_run,
         files: summary.files,
         bytes: summary.bytes,

@@ -9,8 +9,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use super::dircache::{CachedDir, DirCache};
-use super::relpath::{PeerPath, STAGING_DIR};
-use crate::report::changes;
+use super::peer_path::{PeerPath, STAGING_DIR};
 use crate::tree::{self, DirFd, FileOpen, Kind, Meta, Placed, RelPath, Replace, StagedFile};
 
 pub use crate::tree::DestError;
@@ -32,7 +31,7 @@ pub enum Existing {
 
 /// The destination root, held open for the whole session.
 #[derive(Debug)]
-pub struct DestRoot {
+pub struct PeerDest {
     tree: tree::DestRoot,
     dirs: DirCache,
     /// setuid/setgid/sticky are applied (the receiver asked for them).
@@ -44,7 +43,7 @@ fn rel(s: &[u8]) -> Result<RelPath, DestError> {
     Ok(RelPath::parse(s)?)
 }
 
-impl DestRoot {
+impl PeerDest {
     /// Opens (creating if missing) the root directory; setuid/setgid/sticky applied only with
     /// `special_bits` (the receiver's choice, never the sender's). `replace` says whether a
     /// non-empty directory may give way to a non-directory (only when the sender asked for
@@ -229,7 +228,7 @@ impl DestRoot {
     }
 
     /// Renames a file from our staging area over `path` (parents created first; a directory
-    /// there replaced per [`DestRoot::replace`]).
+    /// there replaced per [`PeerDest::replace`]).
     pub fn publish_from_staging(
         &self,
         staged: &[u8],
@@ -241,7 +240,7 @@ impl DestRoot {
     }
 
     /// Creates an inert symlink at `path` (replacing what was there; a directory per
-    /// [`DestRoot::replace`]).
+    /// [`PeerDest::replace`]).
     pub fn symlink(
         &self,
         path: &PeerPath,
@@ -259,7 +258,7 @@ impl DestRoot {
     }
 
     /// Hard-links `path` to the regular file `target`, both beneath the root (a directory at
-    /// `path` replaced per [`DestRoot::replace`]). `None` when both already are one inode.
+    /// `path` replaced per [`PeerDest::replace`]). `None` when both already are one inode.
     pub fn hardlink(
         &self,
         path: &PeerPath,
@@ -299,21 +298,21 @@ impl DestRoot {
     }
 
     /// Removes every entry of directory `path` whose name is not in `keep` (recursively, never
-    /// following symlinks; the staging directory in the root is kept). Returns how many. With
-    /// `dry_run` nothing is removed: they are only counted and listed (a missing directory
-    /// holds nothing to remove).
+    /// following symlinks; the staging directory in the root is kept). Returns what it removed
+    /// (path below the root, whether a directory). With `dry_run` nothing is removed: what
+    /// would be is returned (a missing directory holds nothing to remove).
     pub fn delete_extraneous(
         &self,
         path: Option<&PeerPath>,
         keep: &std::collections::HashSet<Vec<u8>>,
         protect: &tree::Filter,
         dry_run: bool,
-    ) -> Result<u64, DestError> {
+    ) -> Result<Vec<(Vec<u8>, bool)>, DestError> {
         let shown = path.map_or_else(|| ".".to_owned(), PeerPath::to_string);
         let shown = shown.as_str();
         let dir = match self.open_dir(path.map(PeerPath::as_bytes)) {
             Err(e) if dry_run && matches!(e.errno(), Some(libc::ENOENT | libc::ENOTDIR)) => {
-                return Ok(0);
+                return Ok(Vec::new());
             }
             r => r?,
         };
@@ -351,17 +350,18 @@ impl DestRoot {
             Some(p) => self.dirs.forget_under(p.as_bytes()),
             None => self.dirs.clear(),
         }
-        for (name, is_dir) in &doomed {
+        let mut removed = Vec::with_capacity(doomed.len());
+        for (name, is_dir) in doomed {
             if !dry_run {
-                tree::dest::remove_at(dir.as_fd(), name).map_err(err("delete in"))?;
+                tree::dest::remove_at(dir.as_fd(), &name).map_err(err("delete in"))?;
             }
             let rel = match path {
-                Some(p) => [p.as_bytes(), b"/", name].concat(),
-                None => name.clone(),
+                Some(p) => [p.as_bytes(), b"/", &name].concat(),
+                None => name,
             };
-            changes::report(&changes::Change::Deleted { dir: *is_dir }, &rel);
+            removed.push((rel, is_dir));
         }
-        Ok(doomed.len() as u64)
+        Ok(removed)
     }
 }
 

@@ -9,7 +9,7 @@ pub const STAGING_DIR: &str = ".ferry-staging";
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid path {shown:?} from peer: {why}")]
-pub struct RelPathError {
+pub struct PeerPathError {
     shown: String,
     why: String,
 }
@@ -21,8 +21,8 @@ pub struct RelPathError {
 pub struct PeerPath(RelPath);
 
 impl PeerPath {
-    pub fn parse(bytes: &[u8]) -> Result<Self, RelPathError> {
-        let err = |why: String| RelPathError {
+    pub fn parse(bytes: &[u8]) -> Result<Self, PeerPathError> {
+        let err = |why: String| PeerPathError {
             shown: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
             why,
         };
