@@ -77,10 +77,11 @@ bench-net-ferry: release
 # Benchmarks (tests/bench/bench.py; method and tables in docs/benchmarks.md). Knobs, as make variables
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench
 # WRITE_DOCS=1 (rewrite the tables in docs/benchmarks.md) FERRY_BIN=path FERRY_REV=source-label
-# FERRY_BUILD=0 (skip the release build; also skipped when FERRY_BIN is set).
+# FERRY_BUILD=0 (skip the release build; also skipped when FERRY_BIN is set), FERRY_BASELINE=path (bench-net:
+# an older ferry-mover beside this one, same data and run; prints this build / baseline per dataset).
 FERRY_BUILD ?= 1
 BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE,$(if $($(v)),$(v)=$($(v)))))
-export ROUNDS DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
+export ROUNDS DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV FERRY_BASELINE TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
 
 bench-build:
 ifeq ($(FERRY_BUILD)$(FERRY_BIN),1)

@@ -264,6 +264,8 @@ impl SendError {
             // The destination does not hold what the source holds.
             SendError::DigestMismatch { .. } => ErrorKind::Destination,
             SendError::NoProgress { .. } => ErrorKind::Timeout,
+            // The peer may retry; a rerun resumes.
+            SendError::ShutDown(_) => ErrorKind::Network,
             SendError::DigestIncomplete
             | SendError::Channel
             | SendError::Join(_)
@@ -283,6 +285,8 @@ impl ReceiveError {
             | ReceiveError::Codec { .. }
             | ReceiveError::HashMismatch { .. } => ErrorKind::Peer,
             ReceiveError::NoProgress { .. } => ErrorKind::Timeout,
+            // The peer may retry; a rerun resumes.
+            ReceiveError::ShutDown(_) => ErrorKind::Network,
             ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_kind(e),
             ReceiveError::Staging(StagingError::Dest(e)) => dest_kind(e),
             ReceiveError::Staging(StagingError::Busy(_)) => ErrorKind::Peer,
@@ -307,6 +311,7 @@ impl ListenError {
         match self {
             ListenError::Accept(_) => ErrorKind::Network,
             ListenError::Session(e) => e.kind(),
+            ListenError::ShutDown(_) => ErrorKind::Network,
         }
     }
 }

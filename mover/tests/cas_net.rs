@@ -255,6 +255,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         cas: Some(store.clone()),
         identity: None,
         keep: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));

@@ -50,6 +50,7 @@ async fn connect_with(
         cas: None,
         identity: None,
         keep: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let receiver = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
@@ -488,6 +489,7 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         timeouts: stall_timeouts(),
         filter: Default::default(),
         dry_run: false,
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let started = std::time::Instant::now();
     let progress = Arc::new(Progress::new("stall", "sender"));

@@ -91,6 +91,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         cas: None,
         identity: None,
         keep: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let recv = tokio::spawn(async move {
         let progress = Arc::new(Progress::new("evil", "receiver"));
@@ -530,6 +531,7 @@ where
         cas: None,
         identity: None,
         keep: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let started = std::time::Instant::now();
     let recv = tokio::spawn(async move {

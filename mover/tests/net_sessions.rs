@@ -35,6 +35,7 @@ async fn each_session_of_a_long_running_receiver_reports_its_own_counts() {
         cas: None,
         identity: Some(files.identity.clone()),
         keep: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let progress = Arc::new(Progress::new(&pki.transfer, "receiver"));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();

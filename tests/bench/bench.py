@@ -222,6 +222,11 @@ def run_suite(args: argparse.Namespace, workdir: Path, tmpfs: bool, daemons: pro
             avail = net_probe_transfer(bin_path, avail, certs, scratch, probe_dir)
             suite.log(f"ferry send/receive probe: {avail.label()}")
         ferry_cs = net.ferry_contenders(bin_path, avail, certs, scratch)
+        baseline = os.environ.get("FERRY_BASELINE")
+        if baseline:
+            base_avail = ferry.probe_net(Path(baseline), probe_dir / "baseline")
+            suite.log(f"baseline ferry ({baseline}): {base_avail.label()}")
+            ferry_cs += net.baseline_contenders(Path(baseline), base_avail, certs, scratch)
         setup_errors: dict[str, str] = {}
         ssh = tls = None
         peer_keys = ("rsync-ssh", "scp", "rsync-tls")

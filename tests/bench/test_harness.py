@@ -247,6 +247,18 @@ class ReportTests(unittest.TestCase):
         self.assertIn("(ferry --streams 2)", t[0].text)
         self.assertIn("| small | rsync -a over ssh | 2.200 |", report.table([net_small], net=True))
 
+    def test_a_baseline_build_is_compared_not_counted_as_ferry(self) -> None:
+        names = {"ferry --streams 4": 1.02, "ferry (baseline) --streams 4": 1.0,
+                 "ferry --streams 2": 1.1, "ferry (baseline) --streams 2": 0.5}
+        g = synthetic("small", {**names, "tar over socat (plain TCP)": 2.0}, set(names))
+        # The best ferry is this build's, never the baseline's (which is faster here).
+        self.assertEqual(report.best_ferry(g)[0], "ferry --streams 4")
+        t = {x.text: x for x in report.baseline_targets([g])}
+        self.assertEqual(t["small --streams 4: this build / baseline <= 1.03"].verdict, "met")      # 1.02
+        self.assertEqual(t["small --streams 2: this build / baseline <= 1.03"].verdict, "MISSED")   # 2.2
+        self.assertEqual(t["small --streams 2: this build / baseline <= 1.03"].value, "2.200")
+        self.assertEqual(len(t), 2)   # no baseline for --streams 1: no target
+
     def test_block_is_replaced_in_place_or_appended(self) -> None:
         doc = "# B\n\nintro\n"
         once = report.replace_block(doc, "k", "table 1")

@@ -391,7 +391,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let files = load_tls(&args.tls, &transfer, Role::Sender)?;
     let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
     let timeouts = args.tls.timeouts();
-    let cfg = SenderConfig {
+    let mut cfg = SenderConfig {
         root: args.root.clone(),
         transfer_id: transfer.clone(),
         compress: args.compress.into(),
@@ -402,6 +402,8 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         timeouts,
         filter: args.filter.compile()?,
         dry_run: args.dry_run,
+        // Set to the process's signals inside the runtime.
+        shutdown: session::Shutdown::never(),
     };
     if let Err(e) = std::fs::metadata(&args.root) {
         anyhow::bail!("cannot read the source {}: {e}", args.root.display());
@@ -409,6 +411,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let progress = Arc::new(Progress::new(&transfer, "sender"));
     let rt = runtime()?;
     let outcome = rt.block_on(async {
+        cfg.shutdown = session::Shutdown::on_signals()?;
         let connect = super::addr::resolve(&args.connect, "localhost").await?;
         start_progress_service(&args.tls, &files, progress.clone()).await?;
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
@@ -467,7 +470,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         )),
         None => None,
     };
-    let cfg = ReceiverConfig {
+    let mut cfg = ReceiverConfig {
         root: args.root.clone(),
         transfer_id: transfer.clone(),
         timeouts: args.tls.timeouts(),
@@ -479,6 +482,8 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
             special_bits: args.special_bits,
             xattrs: args.xattrs,
         },
+        // Set to the process's signals inside the runtime.
+        shutdown: session::Shutdown::never(),
     };
     let progress = Arc::new(Progress::new(&transfer, "receiver"));
     let rt = runtime()?;
@@ -486,6 +491,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let failed = std::cell::Cell::new(false);
     let transfer_id = transfer.clone();
     let served = rt.block_on(async {
+        cfg.shutdown = session::Shutdown::on_signals()?;
         let listen = super::addr::resolve(&args.listen, "0.0.0.0").await?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await

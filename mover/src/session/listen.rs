@@ -52,6 +52,8 @@ pub enum ListenError {
     Accept(#[source] std::io::Error),
     #[error(transparent)]
     Session(#[from] ReceiveError),
+    #[error("stopped: the receiver is shutting down ({0})")]
+    ShutDown(&'static str),
 }
 
 /// Serves sessions until one completes (`once`) or forever; returns the summaries.
@@ -119,6 +121,22 @@ pub async fn serve(
                     start(&mut running, next);
                 }
                 continue;
+            }
+            why = cfg.shutdown.wait() => {
+                // Running sessions stop on the same signal, each telling its sender why; give
+                // them the time that takes, then report their results.
+                acceptor_task.abort();
+                let drained = tokio::time::timeout(super::PEER_GRACE * 2, async {
+                    while running.join_next().await.is_some() {}
+                });
+                let _ = drained.await;
+                while let Ok(r) = result_rx.try_recv() {
+                    on_session(&r);
+                    if once {
+                        break;
+                    }
+                }
+                break Err(ListenError::ShutDown(why));
             }
             _ = tick.tick() => {
                 // Drop half-assembled sessions whose other streams never came.

@@ -14,6 +14,7 @@ mod listen;
 pub mod receiver;
 mod scan;
 pub mod sender;
+mod shutdown;
 pub mod staging;
 
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub use receiver::{
 };
 pub use scan::ScanError;
 pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session};
+pub use shutdown::{Shutdown, ShutdownTrigger};
 
 /// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.
 pub const SMALL_FILE_MAX: u64 = 1024 * 1024;

@@ -278,6 +278,7 @@ async fn start_receiver_full(
         cas,
         identity: Some(files.identity.clone()),
         keep,
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     let h = tokio::spawn(async move {
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
@@ -366,6 +367,7 @@ pub async fn send_watched(
         timeouts: fast_timeouts(),
         filter: o.filter.clone(),
         dry_run: false,
+        shutdown: ferry_mover::session::Shutdown::never(),
     };
     session::send_session(&cfg, streams, progress)
         .await

@@ -194,6 +194,13 @@ def ferry_contenders(bin_path: Path, availability: ferry.Availability, certs: fe
     return [FerryNet(bin_path, availability, certs, scratch, n) for n in (1, 2, 4)]
 
 
+def baseline_contenders(bin_path: Path, availability: ferry.Availability, certs: ferry.Certs | None,
+                        scratch: proc.Scratch) -> list:
+    """An older ferry-mover build (FERRY_BASELINE) beside this one, on the same data in the same run."""
+    return [FerryNet(bin_path, availability, certs, scratch, n, name=f"ferry (baseline) --streams {n}",
+                     slug=f"base-s{n}") for n in (1, 2, 4)]
+
+
 def peer_contenders(ssh: peers.Ssh | None, tls: peers.RsyncTls | None, scratch: proc.Scratch,
                     setup_errors: dict[str, str]) -> list:
     out: list = []

@@ -28,10 +28,13 @@ def _mib(kib: int | None) -> str:
     return "-" if not kib else f"{kib / 1024:.0f}"
 
 
+BASELINE = "ferry (baseline)"
+
+
 def best_ferry(g: GroupResult) -> tuple[str | None, float | None]:
     best: tuple[str | None, float | None] = (None, None)
     for name in g.order:
-        if name in g.ferry:
+        if name in g.ferry and not name.startswith(BASELINE):
             m = g.median(name)
             if m is not None and (best[1] is None or m < best[1]):
                 best = (name, m)
@@ -185,14 +188,31 @@ def net_targets(groups: list[GroupResult]) -> list[Target]:
         out.append(_check(f"{g.label}: zstd >= 2x faster than --compress none", r, None if r is None else r >= 2,
                           "{:.2f}x", "no ferry medians"))
     for g in groups:
-        peaks: dict[str, int] = {}
-        for name in g.order:
-            if name in g.ferry:
-                for role, v in g.peak_rss(name).items():
-                    peaks[role] = max(peaks.get(role, 0), v)
-        if peaks:
-            out.append(Target(f"{g.label}: ferry peak RSS, any stream count (send / recv)",
-                              " / ".join(f"{_mib(v)} MiB" for v in peaks.values()), "measured"))
+        for label, baseline in (("ferry", False), (BASELINE, True)):
+            peaks: dict[str, int] = {}
+            for name in g.order:
+                if name in g.ferry and name.startswith(BASELINE) == baseline:
+                    for role, v in g.peak_rss(name).items():
+                        peaks[role] = max(peaks.get(role, 0), v)
+            if peaks:
+                out.append(Target(f"{g.label}: {label} peak RSS, any stream count (send / recv)",
+                                  " / ".join(f"{_mib(v)} MiB" for v in peaks.values()), "measured"))
+    out += baseline_targets(groups)
+    return out
+
+
+def baseline_targets(groups: list[GroupResult], slack: float = 1.03) -> list[Target]:
+    """This build against an older one (FERRY_BASELINE) run beside it: no dataset and stream count
+    more than `slack` slower."""
+    out: list[Target] = []
+    for g in groups:
+        for n in (1, 2, 4):
+            new, old = _find(g, f"ferry --streams {n}"), _find(g, f"{BASELINE} --streams {n}")
+            if old is None:
+                continue
+            r = new / old if new else None
+            out.append(_check(f"{g.label} --streams {n}: this build / baseline <= {slack:.2f}", r,
+                              None if r is None else r <= slack, "{:.3f}", "no median for this build"))
     return out
 
 

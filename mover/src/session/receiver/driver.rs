@@ -200,9 +200,19 @@ where
             }
         }
     };
+    let shutdown = async {
+        let e = ReceiveError::ShutDown(cfg.shutdown.wait().await);
+        shared.abort.set(Reason {
+            kind: e.kind(),
+            message: e.to_string(),
+            from_peer: false,
+        });
+        e
+    };
     let (results, stalled) = tokio::select! {
         r = &mut all => (r, None),
         e = watchdog => (all.await, Some(e)),
+        e = shutdown => (all.await, Some(e)),
     };
     let mut failure: Option<ReceiveError> = stalled;
     for r in results {

@@ -107,6 +107,9 @@ pub enum ReceiveError {
     Poisoned,
     #[error("internal error: {0}")]
     Internal(&'static str),
+    /// The receiver was asked to stop (a signal).
+    #[error("stopped: the receiver is shutting down ({0}); a rerun resumes")]
+    ShutDown(&'static str),
     /// This stream stopped because another one failed (never the reported error when the real
     /// one is known).
     #[error("stopped: another stream of the session failed")]
@@ -155,6 +158,8 @@ pub struct ReceiverConfig {
     pub identity: Option<crate::net::Identity>,
     /// Metadata beyond permission bits and times that this receiver applies.
     pub keep: Keep,
+    /// Stops accepting and ends running sessions, each telling its sender why.
+    pub shutdown: super::Shutdown,
 }
 
 /// What a receiver keeps of the metadata every sender sends beyond permission bits and times.

@@ -222,9 +222,24 @@ where
     drop(block_tx);
     // Every stream runs to its end: one that fails stops the others (each tells the receiver
     // why), and the most telling failure is reported.
+    // A shutdown stops every stream the same way, and is the reason reported.
+    let all = futures::future::join_all(futs);
+    tokio::pin!(all);
+    let shutdown = async {
+        let e = SendError::ShutDown(cfg.shutdown.wait().await);
+        ctx.abort.set(Reason {
+            kind: e.kind(),
+            message: e.to_string(),
+            from_peer: false,
+        });
+        e
+    };
+    let (results, mut failure) = tokio::select! {
+        r = &mut all => (r, None),
+        e = shutdown => (all.await, Some(e)),
+    };
     let mut ends = Vec::new();
-    let mut failure: Option<SendError> = None;
-    for r in futures::future::join_all(futs).await {
+    for r in results {
         match r {
             Ok(end) => ends.push(end),
             Err(e) => {

@@ -42,6 +42,9 @@ pub enum SendError {
     /// The receiver failed and said why (its Error frame).
     #[error("receiver: {message}")]
     Remote { kind: ErrorKind, message: String },
+    /// The sender was asked to stop (a signal).
+    #[error("stopped: the sender is shutting down ({0}); a rerun resumes")]
+    ShutDown(&'static str),
     /// This stream stopped because another one failed (never the reported error when the real
     /// one is known).
     #[error("stopped: another stream of the session failed")]
@@ -104,6 +107,8 @@ pub struct SenderConfig {
     pub filter: Arc<Filter>,
     /// Ask the receiver what it would write and delete; send no data, change nothing.
     pub dry_run: bool,
+    /// Ends the session, telling the receiver why.
+    pub shutdown: crate::session::Shutdown,
 }
 
 pub use driver::send_session;

@@ -1,0 +1,174 @@
+//! SIGTERM (what the kubelet sends a pod it deletes) to either end of a running transfer: that
+//! end stops its session, tells the other why with the kind `network`, both exit with the
+//! network status, and a rerun resumes what was written.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const NETWORK_EXIT: i32 = 13;
+const MIB: usize = 1 << 20;
+
+/// Collects a child's stderr in the background (so it never blocks on a full pipe).
+fn stderr_of(child: &mut Child) -> std::thread::JoinHandle<String> {
+    let mut err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    })
+}
+
+fn spawn_sender(pki: &Pki, src: &Path, addr: &str, flags: &[&str]) -> Child {
+    Command::new(BIN)
+        .args([
+            "send",
+            "--connect",
+            addr,
+            "--streams",
+            "1",
+            "--compress",
+            "none",
+        ])
+        .args(flags)
+        .arg("--root")
+        .arg(src)
+        .args(pki.args("sender"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits (up to a minute) until the receiver's staging holds at least one whole block.
+fn wait_for_staged_block(dst: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let staged = walk(&dst.join(".ferry-staging"))
+            .iter()
+            .any(|f| f.metadata().is_ok_and(|m| m.len() >= 4 * MIB as u64));
+        if staged {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no block was staged");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn sigterm(child: &Child) {
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+/// The child's exit code, waiting at most `secs`.
+fn exit_within(child: &mut Child, secs: u64) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().expect("exited, not killed");
+        }
+        assert!(Instant::now() < deadline, "still running after {secs} s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A 24 MiB file at 4 MB/s: about 6 s, long enough to be stopped in the middle.
+fn slow_source(root: &Path) -> std::path::PathBuf {
+    let src = root.join("src");
+    write(&src.join("data.bin"), &random_bytes(24 * MIB, 7));
+    src
+}
+
+fn resume_and_check(pki: &Pki, src: &Path, dst: &Path) {
+    let (mut receiver, addr, _out) = spawn_receiver(pki, dst, &[]);
+    let out = run_sender(pki, src, &addr, &["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(receiver.wait().unwrap().success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json["resumed_bytes"].as_u64().unwrap() >= 4 * MIB as u64,
+        "nothing resumed: {json}"
+    );
+    assert_same_tree(src, dst);
+}
+
+#[test]
+fn a_receiver_told_to_stop_tells_the_sender_and_a_rerun_resumes() {
+    let pki = pki("shutdown-r");
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (slow_source(tmp.path()), tmp.path().join("dst"));
+    let (mut receiver, addr, _out) = spawn_receiver(&pki, &dst, &[]);
+    let receiver_err = stderr_of(&mut receiver);
+    let mut sender = spawn_sender(&pki, &src, &addr, &["--bandwidth-limit", "4M"]);
+    let sender_err = stderr_of(&mut sender);
+    wait_for_staged_block(&dst);
+
+    sigterm(&receiver);
+    assert_eq!(exit_within(&mut receiver, 15), NETWORK_EXIT);
+    assert_eq!(exit_within(&mut sender, 15), NETWORK_EXIT);
+    let (r, s) = (receiver_err.join().unwrap(), sender_err.join().unwrap());
+    assert!(
+        r.contains("the receiver is shutting down (SIGTERM)"),
+        "receiver: {r}"
+    );
+    assert!(
+        s.contains("error (network): receiver: stopped: the receiver is shutting down (SIGTERM)"),
+        "sender: {s}"
+    );
+    resume_and_check(&pki, &src, &dst);
+}
+
+#[test]
+fn a_sender_told_to_stop_tells_the_receiver_and_a_rerun_resumes() {
+    let pki = pki("shutdown-s");
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (slow_source(tmp.path()), tmp.path().join("dst"));
+    let (mut receiver, addr, _out) = spawn_receiver(&pki, &dst, &[]);
+    let receiver_err = stderr_of(&mut receiver);
+    let mut sender = spawn_sender(&pki, &src, &addr, &["--bandwidth-limit", "4M"]);
+    let sender_err = stderr_of(&mut sender);
+    wait_for_staged_block(&dst);
+
+    sigterm(&sender);
+    assert_eq!(exit_within(&mut sender, 15), NETWORK_EXIT);
+    assert_eq!(exit_within(&mut receiver, 15), NETWORK_EXIT);
+    let (r, s) = (receiver_err.join().unwrap(), sender_err.join().unwrap());
+    assert!(
+        s.contains("error (network): stopped: the sender is shutting down (SIGTERM)"),
+        "sender: {s}"
+    );
+    assert!(
+        r.contains("sender: stopped: the sender is shutting down (SIGTERM)"),
+        "receiver: {r}"
+    );
+    resume_and_check(&pki, &src, &dst);
+}
