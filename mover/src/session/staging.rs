@@ -27,6 +27,7 @@ use rustix::io::Errno;
 
 use crate::digest::Hash;
 use crate::tree::DirFd;
+use crate::tree::RelPath;
 use crate::tree::peer_dest::{DestError, PeerDest};
 use crate::tree::peer_path::{PeerPath, STAGING_DIR};
 use crate::wire::{BLOCK_SIZE, BlockSet, MAX_WANT_RANGES};
@@ -67,7 +68,7 @@ fn serr<'a>(what: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) ->
 pub struct StagingDir {
     dir: DirFd,
     /// `.ferry-staging/<transfer-id>`, relative to the root.
-    pub rel: String,
+    pub rel: RelPath,
     /// This directory's (device, inode): sessions of this process that use it are counted
     /// under it, so cleanup keeps the directory while another one runs.
     key: (u64, u64),
@@ -119,9 +120,11 @@ impl StagingDir {
     }
 
     pub fn open(dest: &PeerDest, transfer_id: &str) -> Result<Self, StagingError> {
-        let rel = format!("{STAGING_DIR}/{transfer_id}");
-        let dir = dest.create_dirs(rel.as_bytes())?;
-        let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel)(e.into()))?;
+        // A transfer id is one plain name (its certificate's rules), checked here again.
+        let rel = RelPath::parse(format!("{STAGING_DIR}/{transfer_id}").as_bytes())
+            .map_err(DestError::from)?;
+        let dir = dest.create_dirs(&rel)?;
+        let st = rustix::fs::fstat(&dir).map_err(|e| serr("open", &rel.to_string())(e.into()))?;
         let key = (st.st_dev, st.st_ino);
         let mut u = users();
         match u.iter_mut().find(|(k, _)| *k == key) {
@@ -285,10 +288,8 @@ impl StagingDir {
         if self.shared() {
             return;
         }
-        if let Ok(parent) = dest.open_dir(Some(STAGING_DIR.as_bytes())) {
-            if let Some(leaf) = self.rel.rsplit('/').next() {
-                let _ = rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR);
-            }
+        if let Ok(parent) = dest.open_dir(self.rel.parent().as_ref()) {
+            let _ = rustix::fs::unlinkat(&parent, self.rel.file_name(), AtFlags::REMOVEDIR);
             if let Ok(root) = dest.open_dir(None) {
                 match rustix::fs::unlinkat(&root, STAGING_DIR, AtFlags::REMOVEDIR) {
                     Ok(()) | Err(Errno::NOTEMPTY) | Err(_) => {}

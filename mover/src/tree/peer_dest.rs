@@ -38,11 +38,6 @@ pub struct PeerDest {
     special_bits: bool,
 }
 
-fn rel(s: &[u8]) -> Result<RelPath, DestError> {
-    // Peer paths were validated by `PeerPath`; staging paths are ours. The engine validates again.
-    Ok(RelPath::parse(s)?)
-}
-
 impl PeerDest {
     /// Opens (creating if missing) the root directory; setuid/setgid/sticky applied only with
     /// `special_bits` (the receiver's choice, never the sender's). `replace` says whether a
@@ -85,19 +80,16 @@ impl PeerDest {
     }
 
     /// Opens a directory beneath the root (None is the root itself).
-    pub fn open_dir(&self, path: Option<&[u8]>) -> Result<DirFd, DestError> {
-        match path {
-            None => self.tree.open_dir(None),
-            Some(p) => self.tree.open_dir(Some(&rel(p)?)),
-        }
+    pub fn open_dir(&self, path: Option<&RelPath>) -> Result<DirFd, DestError> {
+        self.tree.open_dir(path)
     }
 
     /// Creates every missing directory of `path` (a non-directory in the way is replaced) and
     /// remembers its handle for the files that follow.
-    pub fn create_dirs(&self, path: &[u8]) -> Result<DirFd, DestError> {
-        let (fd, created) = self.tree.ensure_dir_all(&rel(path)?, 0o755)?;
+    pub fn create_dirs(&self, path: &RelPath) -> Result<DirFd, DestError> {
+        let (fd, created) = self.tree.ensure_dir_all(path, 0o755)?;
         self.dirs.insert(
-            path,
+            path.as_bytes(),
             CachedDir {
                 fd: fd.clone(),
                 fresh: created,
@@ -110,8 +102,9 @@ impl PeerDest {
     pub fn ensure_parent(&self, path: &PeerPath) -> Result<(), DestError> {
         if let Some(p) = path.split_parent().0
             && self.dirs.get(p).is_none()
+            && let Some(parent) = path.rel().parent()
         {
-            self.create_dirs(p)?;
+            self.create_dirs(&parent)?;
         }
         Ok(())
     }
@@ -129,7 +122,7 @@ impl PeerDest {
             (Some(dir), name) => match self.dirs.get(dir) {
                 Some(cached) => Ok((cached, name)),
                 None => {
-                    let fd = self.tree.open_dir(Some(&rel(dir)?))?;
+                    let fd = self.tree.open_dir(path.rel().parent().as_ref())?;
                     let cached = CachedDir { fd, fresh: false };
                     self.dirs.insert(dir, cached.clone());
                     Ok((cached, name))
@@ -180,13 +173,13 @@ impl PeerDest {
     }
 
     /// Opens an existing regular file beneath the root (no symlinks followed).
-    pub fn open_file(&self, path: &[u8]) -> Result<File, DestError> {
-        self.tree.open_file(&rel(path)?, FileOpen::Existing)
+    pub fn open_file(&self, path: &RelPath) -> Result<File, DestError> {
+        self.tree.open_file(path, FileOpen::Existing)
     }
 
     /// Opens an existing regular file beneath the root for reading only.
-    pub fn open_read(&self, path: &[u8]) -> Result<File, DestError> {
-        self.tree.open_file(&rel(path)?, FileOpen::Read)
+    pub fn open_read(&self, path: &RelPath) -> Result<File, DestError> {
+        self.tree.open_file(path, FileOpen::Read)
     }
 
     /// `lstat` of `path` beneath the root; `None` if nothing is there.
@@ -209,8 +202,8 @@ impl PeerDest {
     }
 
     /// Applies mode and mtime to an open file at `path`.
-    pub fn apply_meta(&self, f: &File, path: &[u8], meta: &Meta) -> Result<(), DestError> {
-        self.tree.apply_meta(f.as_fd(), &rel(path)?, meta)
+    pub fn apply_meta(&self, f: &File, path: &RelPath, meta: &Meta) -> Result<(), DestError> {
+        self.tree.apply_meta(f.as_fd(), path, meta)
     }
 
     /// A temporary file next to `path`, published by [`StagedFile::commit`]. The parent must
@@ -231,12 +224,12 @@ impl PeerDest {
     /// there replaced per [`PeerDest::replace`]).
     pub fn publish_from_staging(
         &self,
-        staged: &[u8],
+        staged: &RelPath,
         path: &PeerPath,
     ) -> Result<Placed, DestError> {
         self.ensure_parent(path)?;
         self.dirs.forget_under(path.as_bytes());
-        self.tree.rename(&rel(staged)?, path.rel())
+        self.tree.rename(staged, path.rel())
     }
 
     /// Creates an inert symlink at `path` (replacing what was there; a directory per
@@ -310,7 +303,7 @@ impl PeerDest {
     ) -> Result<Vec<(Vec<u8>, bool)>, DestError> {
         let shown = path.map_or_else(|| ".".to_owned(), PeerPath::to_string);
         let shown = shown.as_str();
-        let dir = match self.open_dir(path.map(PeerPath::as_bytes)) {
+        let dir = match self.open_dir(path.map(PeerPath::rel)) {
             Err(e) if dry_run && matches!(e.errno(), Some(libc::ENOENT | libc::ENOTDIR)) => {
                 return Ok(Vec::new());
             }

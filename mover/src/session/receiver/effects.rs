@@ -282,14 +282,14 @@ fn record_unchanged(
     content: Option<Hash>,
 ) -> Result<(), ReceiveError> {
     if let Some(content) = content {
-        let f = sh.dest.open_read(path.as_bytes())?;
+        let f = sh.dest.open_read(path.rel())?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(path.to_string(), e))?;
         return sh.record_file(path, &meta, &content);
     }
     let (s, p) = (sh.clone(), path.clone());
     sh.pool.blocking_submit(move || {
         let shown = || p.to_string();
-        let mut f = s.dest.open_read(p.as_bytes()).map_err(|e| {
+        let mut f = s.dest.open_read(p.rel()).map_err(|e| {
             HashError::new(
                 shown(),
                 std::io::Error::other(crate::session::anyhow_chain(&e)),
@@ -434,7 +434,7 @@ fn handle_entry(
         pb::EntryKind::Dir => {
             let listed = changes::listing() != Listing::Off
                 && !matches!(sh.dest.existing(&path)?, Existing::Dir);
-            sh.dest.create_dirs(path.as_bytes())?;
+            sh.dest.create_dirs(path.rel())?;
             if listed {
                 changes::report(&Change::Dir, path.as_bytes());
             }
@@ -665,12 +665,12 @@ fn offer_file(
             // applied, so the destination matches what the digest describes.
             if mtime != meta.mtime || mode != meta.mode & 0o777 {
                 // Read-only is enough for fchmod/futimens, and works on a read-only file.
-                let f = sh.dest.open_read(path.as_bytes())?;
+                let f = sh.dest.open_read(path.rel())?;
                 let m = owned(
                     sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
                     meta.kept.owner,
                 );
-                sh.dest.apply_meta(&f, path.as_bytes(), &m)?;
+                sh.dest.apply_meta(&f, path.rel(), &m)?;
             }
             sh.progress.add(&sh.progress.skipped, 1);
             record_unchanged(sh, &path, content)?;
@@ -716,7 +716,7 @@ fn offer_file(
 /// Reads a destination file once for `--checksum`: its whole-file BLAKE3 and its digest
 /// content hash.
 fn hash_existing(sh: &Session, path: &PeerPath) -> Result<digest::ReadHashes, ReceiveError> {
-    let mut f = sh.dest.open_read(path.as_bytes())?;
+    let mut f = sh.dest.open_read(path.rel())?;
     let mut counted = digest::CountingReader {
         inner: &mut f,
         count: &sh.progress.hashed_bytes,
@@ -1028,7 +1028,11 @@ fn commit_large(sh: &Session, lf: &LargeFile) -> Result<bool, ReceiveError> {
     let st = &lf.staging;
     let path = lf.meta.path.to_string();
     let path = path.as_str();
-    let staged = format!("{}/{}", sh.staging.rel, st.part_name);
+    let staged = sh
+        .staging
+        .rel
+        .join(st.part_name.as_bytes())
+        .map_err(DestError::from)?;
     let m = owned(
         sh.dest
             .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime),
@@ -1050,19 +1054,14 @@ fn commit_large(sh: &Session, lf: &LargeFile) -> Result<bool, ReceiveError> {
             path: path.to_owned(),
             source,
         })?;
-    sh.dest
-        .apply_meta(&st.data, staged.as_bytes(), &m)
-        .map_err(publish)?;
+    sh.dest.apply_meta(&st.data, &staged, &m).map_err(publish)?;
     if sh.sync {
         st.data.sync_all().map_err(|source| ReceiveError::Write {
             path: path.to_owned(),
             source,
         })?;
     }
-    let published = match sh
-        .dest
-        .publish_from_staging(staged.as_bytes(), &lf.meta.path)
-    {
+    let published = match sh.dest.publish_from_staging(&staged, &lf.meta.path) {
         Err(e) if !matches!(e, DestError::NonEmptyDir(_)) => return Err(publish(e)),
         r => r,
     };
@@ -1127,7 +1126,7 @@ pub(super) fn handle_dir_done(sh: &Session, d: pb::DirDone) -> Result<(), Receiv
             sh.dest
                 .set_dir_meta(Some(&p), dir.mode, mtime, kept.owner)?;
             if !kept.xattrs.is_empty() {
-                let fd = sh.dest.open_dir(Some(p.as_bytes()))?;
+                let fd = sh.dest.open_dir(Some(p.rel()))?;
                 kept.set_xattrs(std::os::fd::AsFd::as_fd(&*fd), &p)?;
             }
             // The digest's `dirs` list, read back, in the order DirDone frames come.
