@@ -57,27 +57,12 @@ fn spawn_sender(pki: &Pki, src: &Path, addr: &str, limit: Option<u64>) -> Child 
 fn staged_bytes(dst: &Path) -> u64 {
     let dir = dst.join(".ferry-staging");
     let mut total = 0;
-    for e in walk(&dir) {
+    for e in files_under(&dir) {
         if e.extension().is_some_and(|x| x == "manifest") {
             total += std::fs::metadata(&e).unwrap().len().saturating_sub(64) / 40 * 4 * 1024 * 1024;
         }
     }
     total
-}
-
-fn walk(d: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(d) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 /// Waits until at least `bytes` of verified blocks are recorded in staging.

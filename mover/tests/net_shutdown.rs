@@ -50,7 +50,7 @@ fn spawn_sender(pki: &Pki, src: &Path, addr: &str, flags: &[&str]) -> Child {
 fn wait_for_staged_block(dst: &Path) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let staged = walk(&dst.join(".ferry-staging"))
+        let staged = files_under(&dst.join(".ferry-staging"))
             .iter()
             .any(|f| f.metadata().is_ok_and(|m| m.len() >= 4 * MIB as u64));
         if staged {
@@ -59,21 +59,6 @@ fn wait_for_staged_block(dst: &Path) {
         assert!(Instant::now() < deadline, "no block was staged");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                out.extend(walk(&p));
-            } else {
-                out.push(p);
-            }
-        }
-    }
-    out
 }
 
 fn sigterm(child: &Child) {
@@ -121,9 +106,17 @@ fn resume_and_check(pki: &Pki, src: &Path, dst: &Path) {
     assert_same_tree(src, dst);
 }
 
-#[test]
-fn a_receiver_told_to_stop_tells_the_sender_and_a_rerun_resumes() {
-    let pki = pki("shutdown-r");
+#[derive(Clone, Copy, PartialEq)]
+enum End {
+    Sender,
+    Receiver,
+}
+
+/// Starts a 6 s transfer, sends SIGTERM to `stopped` once a block is staged, checks both ends
+/// exit with the network status within 15 s, and returns (sender's, receiver's) stderr; then a
+/// rerun resumes.
+fn stop_mid_transfer(transfer: &str, stopped: End) -> (String, String) {
+    let pki = pki(transfer);
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (slow_source(tmp.path()), tmp.path().join("dst"));
     let (mut receiver, addr, _out) = spawn_receiver(&pki, &dst, &[]);
@@ -132,10 +125,21 @@ fn a_receiver_told_to_stop_tells_the_sender_and_a_rerun_resumes() {
     let sender_err = stderr_of(&mut sender);
     wait_for_staged_block(&dst);
 
-    sigterm(&receiver);
-    assert_eq!(exit_within(&mut receiver, 15), NETWORK_EXIT);
-    assert_eq!(exit_within(&mut sender, 15), NETWORK_EXIT);
-    let (r, s) = (receiver_err.join().unwrap(), sender_err.join().unwrap());
+    let (first, second) = match stopped {
+        End::Receiver => (&mut receiver, &mut sender),
+        End::Sender => (&mut sender, &mut receiver),
+    };
+    sigterm(first);
+    assert_eq!(exit_within(first, 15), NETWORK_EXIT);
+    assert_eq!(exit_within(second, 15), NETWORK_EXIT);
+    let errs = (sender_err.join().unwrap(), receiver_err.join().unwrap());
+    resume_and_check(&pki, &src, &dst);
+    errs
+}
+
+#[test]
+fn a_receiver_told_to_stop_tells_the_sender_and_a_rerun_resumes() {
+    let (s, r) = stop_mid_transfer("shutdown-r", End::Receiver);
     assert!(
         r.contains("the receiver is shutting down (SIGTERM)"),
         "receiver: {r}"
@@ -144,24 +148,11 @@ fn a_receiver_told_to_stop_tells_the_sender_and_a_rerun_resumes() {
         s.contains("error (network): receiver: stopped: the receiver is shutting down (SIGTERM)"),
         "sender: {s}"
     );
-    resume_and_check(&pki, &src, &dst);
 }
 
 #[test]
 fn a_sender_told_to_stop_tells_the_receiver_and_a_rerun_resumes() {
-    let pki = pki("shutdown-s");
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, dst) = (slow_source(tmp.path()), tmp.path().join("dst"));
-    let (mut receiver, addr, _out) = spawn_receiver(&pki, &dst, &[]);
-    let receiver_err = stderr_of(&mut receiver);
-    let mut sender = spawn_sender(&pki, &src, &addr, &["--bandwidth-limit", "4M"]);
-    let sender_err = stderr_of(&mut sender);
-    wait_for_staged_block(&dst);
-
-    sigterm(&sender);
-    assert_eq!(exit_within(&mut sender, 15), NETWORK_EXIT);
-    assert_eq!(exit_within(&mut receiver, 15), NETWORK_EXIT);
-    let (r, s) = (receiver_err.join().unwrap(), sender_err.join().unwrap());
+    let (s, r) = stop_mid_transfer("shutdown-s", End::Sender);
     assert!(
         s.contains("error (network): stopped: the sender is shutting down (SIGTERM)"),
         "sender: {s}"
@@ -170,5 +161,4 @@ fn a_sender_told_to_stop_tells_the_receiver_and_a_rerun_resumes() {
         r.contains("sender: stopped: the sender is shutting down (SIGTERM)"),
         "receiver: {r}"
     );
-    resume_and_check(&pki, &src, &dst);
 }

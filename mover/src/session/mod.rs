@@ -66,6 +66,16 @@ pub(crate) struct Reason {
     pub from_peer: bool,
 }
 
+/// How one stream of a session failed.
+pub(crate) enum StreamFailure<'a> {
+    /// Another stream failed first.
+    Aborted,
+    /// The peer said why (its Error frame).
+    Peer { kind: ErrorKind, message: &'a str },
+    /// This end failed.
+    Local { kind: ErrorKind, message: String },
+}
+
 #[derive(Default)]
 pub(crate) struct Abort {
     reason: std::sync::Mutex<Option<Reason>>,
@@ -85,6 +95,31 @@ impl Abort {
 
     pub fn reason(&self) -> Option<Reason> {
         self.reason.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// A stream failed: records why (the first failure of the session wins) and returns what
+    /// this stream must tell its peer, if anything (never the peer's own reason back).
+    pub fn stream_failed(&self, failure: StreamFailure<'_>) -> Option<Reason> {
+        match failure {
+            StreamFailure::Aborted => self.reason().filter(|r| !r.from_peer),
+            StreamFailure::Peer { kind, message } => {
+                self.set(Reason {
+                    kind,
+                    message: message.to_owned(),
+                    from_peer: true,
+                });
+                None
+            }
+            StreamFailure::Local { kind, message } => {
+                let reason = Reason {
+                    kind,
+                    message,
+                    from_peer: false,
+                };
+                self.set(reason.clone());
+                Some(reason)
+            }
+        }
     }
 
     /// Returns once a failure was recorded.

@@ -388,6 +388,22 @@ pub async fn round_trip(
 }
 
 /// Total size of the regular files under `root`.
+/// Every regular file under `dir` (none if it does not exist), recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(files_under(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 pub fn tree_bytes(root: &Path) -> u64 {
     describe(root)
         .values()

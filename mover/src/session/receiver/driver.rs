@@ -22,7 +22,7 @@ use crate::progress::{Phase, Progress};
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::session::staging::StagingDir;
 use crate::session::{
-    Abort, DRAIN, PEER_GRACE, Reason, SessionSummary, pending_peer_error, tell_peer,
+    Abort, DRAIN, PEER_GRACE, Reason, SessionSummary, StreamFailure, pending_peer_error, tell_peer,
 };
 use crate::tree::peer_dest::PeerDest;
 use crate::tree::{Filter, Replace};
@@ -328,27 +328,18 @@ where
     } else {
         e
     };
-    let reason = match &e {
-        ReceiveError::Aborted => shared.abort.reason(),
-        ReceiveError::Remote { kind, message } => {
-            shared.abort.set(Reason {
-                kind: *kind,
-                message: message.clone(),
-                from_peer: true,
-            });
-            None
-        }
-        e => {
-            let reason = Reason {
-                kind: e.kind(),
-                message: failure_message(e, &shared.transfer_id),
-                from_peer: false,
-            };
-            shared.abort.set(reason.clone());
-            Some(reason)
-        }
-    };
-    if let Some(r) = reason.filter(|r| !r.from_peer) {
+    let reason = shared.abort.stream_failed(match &e {
+        ReceiveError::Aborted => StreamFailure::Aborted,
+        ReceiveError::Remote { kind, message } => StreamFailure::Peer {
+            kind: *kind,
+            message,
+        },
+        e => StreamFailure::Local {
+            kind: e.kind(),
+            message: failure_message(e, &shared.transfer_id),
+        },
+    });
+    if let Some(r) = reason {
         tell_peer(writer, r.kind, &r.message).await;
         // Read what the sender still had in flight, so closing does not reset the connection
         // under the Error frame.

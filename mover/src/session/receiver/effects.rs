@@ -942,29 +942,18 @@ pub(super) fn handle_announce(
     let lf = claimed.file;
     // Reads, verifies and writes without holding the state's lock.
     let needed = dedup.materialize_announced(key, &lf.staging, &announced)?;
-    let mut bitmap = Bitmap::with_len(announced.len());
-    let mut taken_blocks = 0u64;
-    for (i, (b, need)) in announced.iter().zip(&needed).enumerate() {
-        if *need {
-            bitmap.set(i);
-        } else {
-            // The store verified the bytes it wrote against this hash.
-            lf.staging
-                .record(b.index, b.hash.as_bytes())
-                .map_err(|source| ReceiveError::Write {
-                    path: lf.meta.path.to_string(),
-                    source,
-                })?;
-            taken_blocks += 1;
-        }
+    for (b, _) in announced.iter().zip(&needed).filter(|(_, need)| !**need) {
+        // The store verified the bytes it wrote against this hash.
+        lf.staging
+            .record(b.index, b.hash.as_bytes())
+            .map_err(|source| ReceiveError::Write {
+                path: lf.meta.path.to_string(),
+                source,
+            })?;
     }
-    // Blocks the store could not give are requested again (they come as Block frames).
-    let again = announced
-        .iter()
-        .zip(&needed)
-        .filter(|(_, need)| **need)
-        .map(|(b, _)| b.index);
-    sh.state()?.need_again(a.file_id, again)?;
+    let indexes: Vec<u64> = announced.iter().map(|b| b.index).collect();
+    let (answer, taken) = answer_needed(sh, a.file_id, &indexes, &needed)?;
+    let taken_blocks = taken.len() as u64;
     // Only full blocks are announced.
     let taken = taken_blocks * BLOCK_SIZE as u64;
     sh.progress.add(&sh.progress.bytes_done, taken);
@@ -974,10 +963,35 @@ pub(super) fn handle_announce(
     if taken_blocks > 0 {
         blocks_written(sh, a.file_id, taken_blocks)?;
     }
-    Ok(pb::NeedBlocks {
-        file_id: a.file_id,
+    Ok(answer)
+}
+
+/// The NeedBlocks answer to an announce or a resume check of `indexes`, where `needed[i]` says
+/// block `indexes[i]` must still come over the wire: those are requested again. Returns the
+/// answer and the blocks that need not come.
+fn answer_needed(
+    sh: &Session,
+    file_id: u64,
+    indexes: &[u64],
+    needed: &[bool],
+) -> Result<(pb::NeedBlocks, Vec<u64>), ReceiveError> {
+    let mut bitmap = Bitmap::with_len(indexes.len());
+    let mut again = Vec::new();
+    let mut taken = Vec::new();
+    for (i, (&index, &need)) in indexes.iter().zip(needed).enumerate() {
+        if need {
+            bitmap.set(i);
+            again.push(index);
+        } else {
+            taken.push(index);
+        }
+    }
+    sh.state()?.need_again(file_id, again)?;
+    let answer = pb::NeedBlocks {
+        file_id,
         need_blocks: bitmap.into_bytes(),
-    })
+    };
+    Ok((answer, taken))
 }
 
 /// One ResumeCheck: the sender's hashes of blocks this receiver holds from an earlier run. Each
@@ -994,32 +1008,13 @@ pub(super) fn handle_resume_check(
         .verify_held(claimed.size, &c.indexes, &claimed.hashes);
     let checked: u64 = c.indexes.iter().map(|&i| block_len(claimed.size, i)).sum();
     sh.progress.add(&sh.progress.hashed_bytes, checked);
-    let mut bitmap = Bitmap::with_len(c.indexes.len());
-    let mut kept = 0u64;
-    let mut kept_bytes = 0u64;
-    for (i, (&index, need)) in c.indexes.iter().zip(&needed).enumerate() {
-        if *need {
-            bitmap.set(i);
-        } else {
-            kept += 1;
-            kept_bytes += block_len(claimed.size, index);
-        }
-    }
-    let again = c
-        .indexes
-        .iter()
-        .zip(&needed)
-        .filter(|(_, need)| **need)
-        .map(|(&index, _)| index);
-    sh.state()?.need_again(c.file_id, again)?;
+    let (answer, kept) = answer_needed(sh, c.file_id, &c.indexes, &needed)?;
+    let kept_bytes = kept.iter().map(|&i| block_len(claimed.size, i)).sum();
     sh.progress.add(&sh.progress.resumed_bytes, kept_bytes);
-    if kept > 0 {
-        blocks_written(sh, c.file_id, kept)?;
+    if !kept.is_empty() {
+        blocks_written(sh, c.file_id, kept.len() as u64)?;
     }
-    Ok(pb::NeedBlocks {
-        file_id: c.file_id,
-        need_blocks: bitmap.into_bytes(),
-    })
+    Ok(answer)
 }
 
 /// Publishes a verified large file; false when it was left out (a non-empty directory filled

@@ -23,7 +23,8 @@ use crate::session::framed::{FrameReader, FrameWriter, FramedError};
 use crate::session::handshake::send_hello;
 use crate::session::scan::{self};
 use crate::session::{
-    Abort, PEER_GRACE, Reason, SessionSummary, anyhow_chain, pending_peer_error, tell_peer,
+    Abort, PEER_GRACE, Reason, SessionSummary, StreamFailure, anyhow_chain, pending_peer_error,
+    tell_peer,
 };
 use crate::tree::split_source;
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
@@ -534,27 +535,18 @@ where
     } else {
         e
     };
-    let reason = match &e {
-        SendError::Aborted => ctx.abort.reason(),
-        SendError::Remote { kind, message } => {
-            ctx.abort.set(Reason {
-                kind: *kind,
-                message: message.clone(),
-                from_peer: true,
-            });
-            None
-        }
-        e => {
-            let reason = Reason {
-                kind: e.kind(),
-                message: anyhow_chain(e),
-                from_peer: false,
-            };
-            ctx.abort.set(reason.clone());
-            Some(reason)
-        }
-    };
-    if let Some(r) = reason.filter(|r| !r.from_peer) {
+    let reason = ctx.abort.stream_failed(match &e {
+        SendError::Aborted => StreamFailure::Aborted,
+        SendError::Remote { kind, message } => StreamFailure::Peer {
+            kind: *kind,
+            message,
+        },
+        e => StreamFailure::Local {
+            kind: e.kind(),
+            message: anyhow_chain(e),
+        },
+    });
+    if let Some(r) = reason {
         tell_peer(writer, r.kind, &r.message).await;
     }
     e
