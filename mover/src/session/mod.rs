@@ -7,6 +7,7 @@
 //! written at their offsets. After every stream said Done, stream 0 carries directory metadata
 //! (and `--delete` listings), then Finish; the receiver answers with a Summary of what it wrote.
 
+mod blocking;
 pub mod compress;
 mod framed;
 mod handshake;

@@ -19,6 +19,7 @@ use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, HashPool, LinkList, SortedTree};
 use crate::kind::ErrorKind;
 use crate::progress::{Phase, Progress};
+use crate::session::blocking::BlockingPool;
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::session::staging::StagingDir;
 use crate::session::{
@@ -108,29 +109,31 @@ where
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
     let keep = cfg.keep;
     let dry_run = caps & caps::DRY_RUN != 0;
-    let setup = tokio::task::spawn_blocking(move || {
-        if dry_run {
-            // Nothing may be created in the destination, not even the staging directory: a
-            // missing root is planned as an empty one, staging lives in a scratch directory.
-            let scratch = Scratch::create()?;
-            let plan_root = if root.is_dir() {
-                root
-            } else {
-                scratch.empty.clone()
-            };
-            let dest = PeerDest::open(&plan_root, replace, keep.special_bits)?;
-            let staging_root = PeerDest::open(&scratch.staging, replace, false)?;
-            let staging = StagingDir::open(&staging_root, &tid)?;
-            return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
-        }
-        let dest = PeerDest::open(&root, replace, keep.special_bits)?;
-        let staging = StagingDir::open(&dest, &tid)?;
-        let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
-        Ok::<_, ReceiveError>((dest, staging, dedup, None))
-    })
-    .await
-    .map_err(ReceiveError::from)
-    .and_then(|r| r);
+    let blocking = BlockingPool::for_streams(n);
+    let setup = blocking
+        .run(move || {
+            if dry_run {
+                // Nothing may be created in the destination, not even the staging directory: a
+                // missing root is planned as an empty one, staging lives in a scratch directory.
+                let scratch = Scratch::create()?;
+                let plan_root = if root.is_dir() {
+                    root
+                } else {
+                    scratch.empty.clone()
+                };
+                let dest = PeerDest::open(&plan_root, replace, keep.special_bits)?;
+                let staging_root = PeerDest::open(&scratch.staging, replace, false)?;
+                let staging = StagingDir::open(&staging_root, &tid)?;
+                return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
+            }
+            let dest = PeerDest::open(&root, replace, keep.special_bits)?;
+            let staging = StagingDir::open(&dest, &tid)?;
+            let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
+            Ok::<_, ReceiveError>((dest, staging, dedup, None))
+        })
+        .await
+        .map_err(ReceiveError::from)
+        .and_then(|r| r);
     let (dest, staging, dedup, scratch) = match setup {
         Ok(v) => v,
         Err(e) => {
@@ -144,6 +147,7 @@ where
     let spill: digest::SpillFn =
         Box::new(move || digest::anonymous_file_in(std::os::fd::AsFd::as_fd(&*spill_dir)));
     let shared = Arc::new(Session {
+        blocking,
         dest,
         staging,
         caps,
@@ -226,18 +230,20 @@ where
     match failure {
         None => {
             let sh = shared.clone();
-            tokio::task::spawn_blocking(move || {
-                if sh.dry_run {
-                    return Ok(());
-                }
-                sh.staging.cleanup(&sh.dest);
-                let meta = sh.root_meta.lock().ok().and_then(|m| *m);
-                if let Some((mode, mtime)) = meta {
-                    sh.dest.set_dir_meta(None, mode, mtime, None)?;
-                }
-                Ok::<(), ReceiveError>(())
-            })
-            .await??;
+            shared
+                .blocking
+                .run(move || {
+                    if sh.dry_run {
+                        return Ok(());
+                    }
+                    sh.staging.cleanup(&sh.dest);
+                    let meta = sh.root_meta.lock().ok().and_then(|m| *m);
+                    if let Some((mode, mtime)) = meta {
+                        sh.dest.set_dir_meta(None, mode, mtime, None)?;
+                    }
+                    Ok::<(), ReceiveError>(())
+                })
+                .await??;
             let p = progress.snapshot();
             let d = shared
                 .dedup
@@ -365,6 +371,7 @@ where
     // Data frames go to a per-stream blocking worker through a 2-slot channel, so decrypting the
     // next frame overlaps with hashing and writing this one (memory: 3 frames).
     let (work_tx, mut work_rx) = tokio::sync::mpsc::channel::<Message>(2);
+    // Lives as long as the stream, so it has a thread of its own (see `session::blocking`).
     let sh = shared.clone();
     let worker = tokio::task::spawn_blocking(move || {
         while let Some(m) = work_rx.blocking_recv() {
@@ -386,7 +393,7 @@ where
             match (rules.route(msg.frame_type())?, msg) {
                 (Route::Offer, Message::Offer(o)) => {
                     let sh = shared.clone();
-                    let task = tokio::task::spawn_blocking(move || effects::handle_offer(&sh, o));
+                    let task = shared.blocking.run(move || effects::handle_offer(&sh, o));
                     let want = super::super::while_busy(writer, busy, &work, task).await???;
                     writer.send(&Message::Want(want)).await?;
                     writer.flush().await?;
@@ -409,16 +416,18 @@ where
                         return Err(ReceiveError::Internal("an announce routed without a key"));
                     };
                     let sh = shared.clone();
-                    let task =
-                        tokio::task::spawn_blocking(move || effects::handle_announce(&sh, &key, a));
+                    let task = shared
+                        .blocking
+                        .run(move || effects::handle_announce(&sh, &key, a));
                     let need = super::super::while_busy(writer, busy, &work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;
                 }
                 (Route::ResumeCheck, Message::ResumeCheck(c)) => {
                     let sh = shared.clone();
-                    let task =
-                        tokio::task::spawn_blocking(move || effects::handle_resume_check(&sh, c));
+                    let task = shared
+                        .blocking
+                        .run(move || effects::handle_resume_check(&sh, c));
                     let need = super::super::while_busy(writer, busy, &work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;
@@ -444,8 +453,9 @@ where
                 }
                 (Route::DirDone, Message::DirDone(d)) => {
                     let sh = shared.clone();
-                    let task =
-                        tokio::task::spawn_blocking(move || effects::handle_dir_done(&sh, d));
+                    let task = shared
+                        .blocking
+                        .run(move || effects::handle_dir_done(&sh, d));
                     super::super::while_busy(writer, busy, &work, task).await???;
                 }
                 (Route::Finish, _) => return finish(shared, writer, busy, &work).await,
@@ -495,7 +505,7 @@ where
     let digest = if shared.dry_run {
         Vec::new()
     } else {
-        let task = tokio::task::spawn_blocking(move || sh.compute_digest());
+        let task = shared.blocking.run(move || sh.compute_digest());
         super::super::while_busy(writer, busy, work, task)
             .await???
             .to_vec()

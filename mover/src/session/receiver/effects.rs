@@ -110,6 +110,8 @@ pub(super) struct Session {
     /// The protocol rules: what is in flight, which blocks are claimed. Held only to ask and
     /// record, never across I/O.
     pub(super) state: Mutex<State>,
+    /// The session's blocking calls (see `session::blocking`).
+    pub(super) blocking: crate::session::blocking::BlockingPool,
     pub(super) progress: Arc<Progress>,
     /// Block store side of dedup (with a store and the dedup capability).
     pub(super) dedup: Option<DedupReceiver>,

@@ -179,6 +179,7 @@ where
     let _cancel = CancelOnDrop(pool.clone());
     let ctx = Arc::new(Ctx {
         root: root_dir.clone(),
+        blocking: crate::session::blocking::BlockingPool::for_streams(n),
         src: Arc::new(src.into()),
         policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
         limiter: cfg.bandwidth_limit.map(Limiter::new),
@@ -198,6 +199,7 @@ where
     let p = progress.clone();
     let filter = cfg.filter.clone();
     let xattrs = negotiated & caps::XATTRS != 0;
+    // The walk lives as long as the session: a thread of its own (see `session::blocking`).
     let scanner = tokio::task::spawn_blocking(move || {
         scan::scan(
             &root_dir,
@@ -344,7 +346,7 @@ where
 /// link lists as they were sent.
 async fn sender_digest(ctx: &Arc<Ctx>, dirs: &Hash, links: &Hash) -> Result<Hash, SendError> {
     let pool = ctx.pool.clone();
-    tokio::task::spawn_blocking(move || pool.finish()).await??;
+    ctx.blocking.run(move || pool.finish()).await??;
     let root = ctx
         .tree
         .lock()
@@ -408,6 +410,7 @@ where
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
     let xattrs = negotiated & caps::XATTRS != 0;
     let filter = cfg.filter.clone();
+    // As long as the directories take: a thread of its own (see `session::blocking`).
     let walker = tokio::task::spawn_blocking(move || {
         // A single file has no directory of its own to finish (nor siblings to delete).
         if split_source(&root).1.is_some() {
@@ -693,7 +696,7 @@ async fn handle_want(
         let path = Arc::new(scan::source_path(&ctx.root, &e.path));
         let file = {
             let (c, rel) = (ctx.clone(), e.path.clone());
-            let opened = tokio::task::spawn_blocking(move || open_beneath(&c.src, &rel)).await?;
+            let opened = ctx.blocking.run(move || open_beneath(&c.src, &rel)).await?;
             Arc::new(opened.map_err(|source| SendError::Read {
                 path: path.to_path_buf(),
                 source,
@@ -716,8 +719,10 @@ async fn handle_want(
             for chunk in held.chunks(RESUME_CHUNK) {
                 let (f, p, c) = (src.file.clone(), src.path.clone(), chunk.to_vec());
                 let size = e.size;
-                let hashes =
-                    tokio::task::spawn_blocking(move || hash_blocks(&f, &p, size, &c)).await??;
+                let hashes = ctx
+                    .blocking
+                    .run(move || hash_blocks(&f, &p, size, &c))
+                    .await??;
                 // Work the receiver sees in our Busy frames while we hash.
                 let hashed: u64 = chunk.iter().map(|&i| block_len(e.size, i)).sum();
                 ctx.progress.add(&ctx.progress.hashed_bytes, hashed);
@@ -763,7 +768,9 @@ async fn handle_want(
                     indexes,
                     zeros,
                     hashes,
-                } = tokio::task::spawn_blocking(move || build_announce(&f, &p, &d, file_id, c))
+                } = ctx
+                    .blocking
+                    .run(move || build_announce(&f, &p, &d, file_id, c))
                     .await??;
                 if let Some(fd) = &src.digest {
                     for (index, hash) in hashes {
@@ -790,7 +797,7 @@ async fn handle_want(
     unchanged.flush(ctx).await?;
     if !small.is_empty() {
         let c = ctx.clone();
-        let batches = tokio::task::spawn_blocking(move || build_batches(&c, small)).await??;
+        let batches = ctx.blocking.run(move || build_batches(&c, small)).await??;
         for b in batches {
             out.send(b).await.map_err(|_| SendError::Channel)?;
         }
@@ -805,7 +812,7 @@ async fn block_task(ctx: Arc<Ctx>, out: mpsc::Sender<Message>) -> Result<(), Sen
             return Ok(());
         };
         let c = ctx.clone();
-        let msg = tokio::task::spawn_blocking(move || read_block(&c, job)).await??;
+        let msg = ctx.blocking.run(move || read_block(&c, job)).await??;
         out.send(msg).await.map_err(|_| SendError::Channel)?;
     }
 }

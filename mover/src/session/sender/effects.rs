@@ -70,6 +70,8 @@ pub(super) fn digest_entry(e: &pb::Entry) -> pb::Entry {
 
 pub(super) struct Ctx {
     pub(super) root: PathBuf,
+    /// The session's blocking calls (see `session::blocking`).
+    pub(super) blocking: crate::session::blocking::BlockingPool,
     /// The source root's handle; small files are opened beneath it.
     pub(super) src: DirFd,
     pub(super) policy: CodecPolicy,
