@@ -3,13 +3,13 @@
 # TLS (4 streams, no compression) of one 1 GiB file and of 20 000 x 4 KiB files, in tmpfs, rounds
 # interleaved (old, new, old, new, ...). Prints each side's median and new/old.
 #
-#   tests/scripts/ab-mover.sh OLD_BIN NEW_BIN [ROUNDS]      (ROUNDS default 5)
+#   [STREAMS=4] [COMPRESS=none] tests/scripts/ab-mover.sh OLD_BIN NEW_BIN [ROUNDS]   (ROUNDS default 5)
 #
 # For a change's cost, build its parent and itself with `cargo build --release -p ferry-mover`
 # into two target directories (CARGO_TARGET_DIR) and pass both binaries.
 set -euo pipefail
 [[ $# -ge 2 ]] || { echo "usage: $0 OLD_BIN NEW_BIN [ROUNDS]" >&2; exit 2; }
-OLD=$1 NEW=$2 ROUNDS=${3:-5}
+OLD=$1 NEW=$2 ROUNDS=${3:-5} STREAMS=${STREAMS:-4} COMPRESS=${COMPRESS:-none}
 w=$(mktemp -d /dev/shm/ab.XXXX)
 trap 'rm -rf "$w"' EXIT
 mkdir -p "$w/big" "$w/small"
@@ -29,7 +29,7 @@ run() { # bin data -> seconds
   local rp=$!
   until [ -s "$w/addr" ]; do sleep 0.05; done
   local t0=$EPOCHREALTIME
-  "$bin" send --connect "$(head -1 "$w/addr")" --root "$w/$data" --streams 4 --compress none --transfer ab --ca "$w/pki/ca.crt" --cert "$w/pki/sender.crt" --key "$w/pki/sender.key" >/dev/null 2>&1
+  "$bin" send --connect "$(head -1 "$w/addr")" --root "$w/$data" --streams "$STREAMS" --compress "$COMPRESS" --transfer ab --ca "$w/pki/ca.crt" --cert "$w/pki/sender.crt" --key "$w/pki/sender.key" >/dev/null 2>&1
   wait $rp
   local t1=$EPOCHREALTIME
   rm -f "$w/addr"

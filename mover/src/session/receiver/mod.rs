@@ -1,6 +1,10 @@
 //! The receiving end: validates every name and every block, writes beneath the destination root
 //! only, publishes each file by one rename after all of its content verified, and keeps resume
 //! state in the staging directory.
+//!
+//! - [`state`]: the protocol rules, without I/O (unit-tested and fuzzed on their own);
+//! - `effects`: the filesystem work those rules ask for;
+//! - `driver`: the async loop over a session's streams.
 
 mod driver;
 mod effects;

@@ -1,5 +1,9 @@
 //! The sending end: walks the tree while streams carry data, pipelines Offers, reads Wants, and
 //! stripes the blocks of large files over all streams.
+//!
+//! - [`state`]: the replies a stream is owed and what each asks for, without I/O;
+//! - `effects`: reading, hashing and encoding the source;
+//! - `driver`: the tasks of each stream and the session's end.
 
 mod driver;
 mod effects;
