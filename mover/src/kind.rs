@@ -49,7 +49,7 @@ Exit status (receive: 10-15 only with --once):
   11  source: the source could not be read
   12  destination: the destination could not be written (permission, disk full), or the
       transfer digests differ
-  13  network: the connection failed
+  13  network: the connection failed, or either end was stopped (SIGTERM, SIGINT)
   14  timeout: a handshake, idle or write deadline passed
   15  internal: a bug in the mover
 A failure is printed as `ferry-mover: error (<kind>): <message>`; a failure the receiver
