@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # System calls per small file of two ferry-mover builds, each end counted by `strace -f -c`: one
 # send/receive of 5 000 x 4 KiB files over loopback mutual TLS (1 stream, no compression) into an
-# empty tmpfs destination. Counts, unlike times, do not depend on how busy the machine is.
+# empty tmpfs destination. Filesystem calls are fixed per file; epoll and futex calls follow
+# scheduling and move the totals by a few hundredths.
 #
 #   tests/scripts/ab-syscalls.sh OLD_BIN NEW_BIN
 set -euo pipefail

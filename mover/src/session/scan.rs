@@ -4,7 +4,6 @@
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -283,67 +282,43 @@ pub fn open_in(dir: &DirFd, name: &[u8]) -> std::io::Result<File> {
 const MAX_LISTING_BYTES: usize = 12 * 1024 * 1024;
 
 /// Walks the directories again (after the data) and sends each one's final metadata and, for
-/// `--delete`, the names it holds. Root first is fine: every DirDone deletes then sets metadata.
-/// Subdirectories are visited in name order, so the DirDone frames travel in path order (the
-/// digest's `dirs` list is hashed in that order on both ends).
+/// `--delete`, the names it holds (the tree layer's directories-only walk: fd-relative, no
+/// symlink followed, nothing but directories stat-ed). Root first is fine: every DirDone deletes
+/// then sets metadata. Subdirectories are visited in name order, so the DirDone frames travel in
+/// path order (the digest's `dirs` list is hashed in that order on both ends).
 pub fn walk_dirs(
     root: &Path,
-    filter: &Filter,
+    filter: &Arc<Filter>,
     with_names: bool,
     xattrs: bool,
     tx: mpsc::Sender<pb::DirDone>,
 ) -> Result<(), ScanError> {
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let abs = root.join(&rel);
-        let md = std::fs::symlink_metadata(&abs).map_err(io(&abs))?;
-        let mut names = Vec::new();
-        let mut subdirs = Vec::new();
-        let mut listing_bytes = 0usize;
-        for ent in std::fs::read_dir(&abs).map_err(io(&abs))? {
-            let ent = ent.map_err(io(&abs))?;
-            let name = ent.file_name();
-            if rel.as_os_str().is_empty() && name == STAGING_DIR {
-                continue;
-            }
-            let ft = ent.file_type().map_err(io(&abs))?;
-            if !filter.is_empty()
-                && filter.excludes(rel.join(&name).as_os_str().as_bytes(), ft.is_dir())
-            {
-                continue;
-            }
-            if ft.is_dir() {
-                subdirs.push(name.clone());
-            }
-            if with_names && listing_bytes <= MAX_LISTING_BYTES {
-                let n = name.as_bytes().to_vec();
-                listing_bytes += n.len() + 4;
-                names.push(n);
-            }
-        }
-        // Popped last first: pushed in reverse name order, visited in name order.
-        subdirs.sort_by(|a, b| b.as_bytes().cmp(a.as_bytes()));
-        stack.extend(subdirs.into_iter().map(|n| rel.join(n)));
-        let complete = with_names && listing_bytes <= MAX_LISTING_BYTES;
-        if !complete {
-            names.clear();
-        }
-        let nsec = md.mtime_nsec().clamp(0, 999_999_999) as u32;
-        let mut dir_meta = Meta::new(Kind::Dir, md.mode(), 0, md.mtime(), nsec);
-        (dir_meta.uid, dir_meta.gid) = (md.uid(), md.gid());
-        let mut dir = entry_of(
-            rel.as_os_str().as_bytes().to_vec(),
-            &dir_meta,
-            pb::EntryKind::Dir,
-        );
+    let walk_err = |source| ScanError::Walk {
+        root: root.to_owned(),
+        source,
+    };
+    let walk = tree::DirWalk::open(
+        root,
+        filter.clone(),
+        with_names.then_some(MAX_LISTING_BYTES),
+    )
+    .map_err(walk_err)?
+    .exclude_at_root(STAGING_DIR.as_bytes());
+    for visit in walk {
+        let v = visit.map_err(walk_err)?;
+        let rel = v.rel.as_ref().map_or(&[][..], RelPath::as_bytes);
+        let mut dir = entry_of(rel.to_vec(), &v.meta, pb::EntryKind::Dir);
         // A directory's xattrs travel with its final metadata, here.
         if xattrs {
-            dir.xattrs = user_xattrs(&abs);
+            dir.xattrs = match &v.parent {
+                Some((parent, name)) => user_xattrs(&beneath(parent, name)),
+                None => user_xattrs(root),
+            };
         }
         tx.blocking_send(pb::DirDone {
             dir: Some(dir),
-            complete_listing: complete,
-            names,
+            complete_listing: v.complete,
+            names: v.names,
         })
         .map_err(|_| ScanError::Closed)?;
     }

@@ -4,6 +4,7 @@
 //! - [`RelPath`]: a validated relative path (from a user or a peer);
 //! - [`Meta`]: what is preserved about an entry;
 //! - [`Scanner`]: streaming walk of a source tree, optionally through a [`Filter`];
+//! - [`DirWalk`]: its directories only, with their listings (the sender's final metadata pass);
 //! - [`DestRoot`]: every destination operation, confined beneath one directory handle;
 //! - [`PeerPath`] and [`PeerDest`]: a path from a network peer, and the receiver's destination
 //!   that takes such paths (with a cache of open directories);
@@ -14,6 +15,7 @@ pub mod confine;
 pub mod data;
 pub mod dest;
 mod dircache;
+pub mod dirwalk;
 pub mod filter;
 pub mod meta;
 pub mod peer_dest;
@@ -28,6 +30,7 @@ pub use dest::{
     CommitError, DestError, DestOptions, DestRoot, DirFd, FileOpen, NonEmptyDir, Placed, Replace,
     StagedFile, TEMP_PREFIX, is_temp_name,
 };
+pub use dirwalk::{DirVisit, DirWalk};
 pub use filter::{Filter, FilterError};
 pub use meta::{Kind, Meta};
 pub use peer_dest::PeerDest;
