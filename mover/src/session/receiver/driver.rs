@@ -495,11 +495,7 @@ where
     W: AsyncWrite + Unpin,
     F: Fn() -> u64,
 {
-    shared
-        .state
-        .lock()
-        .map_err(|_| ReceiveError::Poisoned)?
-        .check_finished()?;
+    shared.state()?.check_finished()?;
     let sh = shared.clone();
     // A dry run wrote nothing: there is no transferred tree to describe.
     let digest = if shared.dry_run {

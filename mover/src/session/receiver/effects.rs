@@ -158,7 +158,7 @@ pub(super) struct Session {
 
 impl Session {
     /// The protocol state, to ask or record (never held across I/O).
-    fn state(&self) -> Result<MutexGuard<'_, State>, ReceiveError> {
+    pub(super) fn state(&self) -> Result<MutexGuard<'_, State>, ReceiveError> {
         self.state.lock().map_err(|_| ReceiveError::Poisoned)
     }
 

@@ -2,7 +2,6 @@
 //! by [`Replies`]), block readers and a writer behind the bandwidth limiter; stream 0 then sends
 //! hard links, directory metadata and Finish and reads the Summary.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -574,27 +573,6 @@ async fn offer_task(
         out.send(Message::Offer(pb::Offer { offer_id, entries }))
             .await
             .map_err(|_| SendError::Channel)?;
-    }
-}
-
-/// A source file opened for its wanted blocks: what its block jobs and announces read.
-#[derive(Clone)]
-struct Opened {
-    file: Arc<std::fs::File>,
-    path: Arc<PathBuf>,
-    digest: Option<Arc<FileDigest>>,
-}
-
-impl Opened {
-    fn job(&self, file_id: u64, index: u64, len: u64) -> BlockJob {
-        BlockJob {
-            file_id,
-            file: self.file.clone(),
-            path: self.path.clone(),
-            index,
-            len,
-            digest: self.digest.clone(),
-        }
     }
 }
 

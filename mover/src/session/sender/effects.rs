@@ -26,17 +26,35 @@ use crate::wire::{BLOCK_SIZE, Message, block_len, codec};
 
 use super::*;
 
-pub(super) struct BlockJob {
-    pub(super) file_id: u64,
-    /// The file, opened once beneath the source root: every block is read from this handle, so
-    /// a directory swapped for a symlink during the transfer redirects nothing.
+/// A source file opened for its wanted blocks: what its block jobs and announces read.
+#[derive(Clone)]
+pub(super) struct Opened {
+    /// Opened once beneath the source root: every block is read from this handle, so a
+    /// directory swapped for a symlink during the transfer redirects nothing.
     pub(super) file: Arc<std::fs::File>,
     /// For messages only.
     pub(super) path: Arc<PathBuf>,
-    pub(super) index: u64,
-    pub(super) len: u64,
     /// The file's digest state (absent when the walk hashed the file already).
     pub(super) digest: Option<Arc<FileDigest>>,
+}
+
+impl Opened {
+    pub(super) fn job(&self, file_id: u64, index: u64, len: u64) -> BlockJob {
+        BlockJob {
+            file_id,
+            src: self.clone(),
+            index,
+            len,
+        }
+    }
+}
+
+/// One block to read and send.
+pub(super) struct BlockJob {
+    pub(super) file_id: u64,
+    pub(super) src: Opened,
+    pub(super) index: u64,
+    pub(super) len: u64,
 }
 
 /// A large file's block hashes, collected for the digest from every block as it is read (sent,
@@ -469,7 +487,7 @@ pub(super) fn read_small_into(
 }
 
 pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError> {
-    let path: &Path = &job.path;
+    let path: &Path = &job.src.path;
     let rerr = |source| SendError::Read {
         path: path.to_owned(),
         source,
@@ -477,9 +495,9 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
     let len = job.len as usize;
     let off = job.index * BLOCK_SIZE as u64;
     // A hole of a sparse file: zeros, neither read nor hashed.
-    if len == BLOCK_SIZE && digest::is_hole(&job.file, off, job.len) {
+    if len == BLOCK_SIZE && digest::is_hole(&job.src.file, off, job.len) {
         let hash = crate::wire::zero_block_hash();
-        if let Some(fd) = &job.digest {
+        if let Some(fd) = &job.src.digest {
             ctx.block_digested(fd, job.index, hash);
         }
         return Ok(Message::Block {
@@ -494,11 +512,12 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
         });
     }
     // A block that is partly a hole: only its data ranges are read, the rest stays zeros.
-    if let Some(ranges) = partial_data_ranges(&job.file, off, job.len) {
+    if let Some(ranges) = partial_data_ranges(&job.src.file, off, job.len) {
         let mut buf = vec![0u8; len];
         for (start, end) in ranges {
             let at = (start - off) as usize..(end - off) as usize;
-            job.file
+            job.src
+                .file
                 .read_exact_at(&mut buf[at], start)
                 .map_err(|e| match e.kind() {
                     std::io::ErrorKind::UnexpectedEof => SendError::Changed(path.to_owned()),
@@ -506,7 +525,7 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
                 })?;
         }
         // A file cut short since the walk would read as a zero tail here, not as a short read.
-        if job.file.metadata().map_err(rerr)?.len() < off + job.len {
+        if job.src.file.metadata().map_err(rerr)?.len() < off + job.len {
             return Err(SendError::Changed(path.to_owned()));
         }
         return Ok(block_message(ctx, &job, buf));
@@ -515,7 +534,7 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
     let mut buf = Vec::with_capacity(len);
     while buf.len() < len {
         let at = off + buf.len() as u64;
-        match rustix::io::pread(&*job.file, rustix::buffer::spare_capacity(&mut buf), at) {
+        match rustix::io::pread(&*job.src.file, rustix::buffer::spare_capacity(&mut buf), at) {
             Ok(0) => break,
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => {}
@@ -574,7 +593,7 @@ pub(super) fn partial_data_ranges(
 /// The Block frame of a block read in full into `buf`.
 pub(super) fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message {
     let hash = blake3::hash(&buf);
-    if let Some(fd) = &job.digest {
+    if let Some(fd) = &job.src.digest {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
     let (codec_id, data) = if crate::tree::data::is_zero(&buf) {

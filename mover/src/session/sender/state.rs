@@ -227,22 +227,17 @@ pub struct LargePlan {
 /// store (`dedup`), every full block is announced first; the rest it holds.
 pub fn plan_large(size: u64, need: &BlockSet, dedup: bool) -> LargePlan {
     let count = block_count(size);
-    let mut send = need.clone();
-    let mut announce = BlockSet::new();
-    if dedup {
+    let (send, announce) = if dedup {
         // Only full blocks are in a store; a short last block always travels.
-        let full = if block_len(size, count.saturating_sub(1)) == BLOCK_SIZE as u64 {
-            count
-        } else {
-            count.saturating_sub(1)
-        };
-        announce = need.clone();
-        send = BlockSet::new();
-        if full < count && need.contains(full) {
-            announce.remove(full);
-            send.insert(full);
+        let (mut announce, mut send) = (need.clone(), BlockSet::new());
+        let last = count.saturating_sub(1);
+        if block_len(size, last) < BLOCK_SIZE as u64 && announce.remove(last) {
+            send.insert(last);
         }
-    }
+        (send, announce)
+    } else {
+        (need.clone(), BlockSet::new())
+    };
     LargePlan {
         send,
         announce,
