@@ -9,11 +9,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PostParams};
 
 use crate::operator::{OperatorProcess, install_crd_and_rbac_in, kubectl_in, prepare_nodes_in};
-use crate::transfers::MOVER_UID;
-use crate::{Cluster, wait_until};
+use crate::transfers::{MOVER_UID, make_tree};
+use crate::{Cluster, TestNamespace, wait_until};
 
 pub const HOST_ROOT: &str = "/ferry-xc";
 pub const WEST: Cluster = Cluster::Main;
@@ -191,6 +191,65 @@ pub fn halves(
         },
     }))?;
     Ok((source, destination))
+}
+
+/// Creates both halves of `name`, the destination first: west's host directory `src` into
+/// east's `dst`, with `source_extra` merged into the source half's spec.
+pub async fn create_halves(
+    west: &TestNamespace,
+    east: &TestNamespace,
+    name: &str,
+    src: &str,
+    dst: &str,
+    source_extra: serde_json::Value,
+) -> anyhow::Result<()> {
+    let (source, destination) = halves(
+        name,
+        &west.name,
+        &east.name,
+        src,
+        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
+        source_extra,
+    )?;
+    east.api::<Transfer>()
+        .create(&PostParams::default(), &destination)
+        .await?;
+    west.api::<Transfer>()
+        .create(&PostParams::default(), &source)
+        .await?;
+    Ok(())
+}
+
+/// A running cross-cluster Transfer of a generated tree: its namespaces and the source and
+/// destination directories as seen from the host.
+pub struct Crossing {
+    pub west: TestNamespace,
+    pub east: TestNamespace,
+    pub src_host: PathBuf,
+    pub dst_host: PathBuf,
+}
+
+/// Namespaces `prefix-*` in both clusters, `small` files and `large_mib` MiB under west's node,
+/// and Transfer `name` of them into east's node (see [`create_halves`]).
+pub async fn start_crossing(
+    prefix: &str,
+    name: &str,
+    small: usize,
+    large_mib: usize,
+    source_extra: serde_json::Value,
+) -> anyhow::Result<Crossing> {
+    let west = TestNamespace::create_in(WEST, prefix).await?;
+    let east = TestNamespace::create_in(EAST, prefix).await?;
+    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
+    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
+    make_tree(&src_host, small, large_mib, &west.name)?;
+    create_halves(&west, &east, name, &src, &dst, source_extra).await?;
+    Ok(Crossing {
+        west,
+        east,
+        src_host,
+        dst_host,
+    })
 }
 
 /// Waits until Transfer `name` is `want`; fails early when it failed.

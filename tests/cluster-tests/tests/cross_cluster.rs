@@ -32,24 +32,13 @@ async fn pair() -> anyhow::Result<&'static Pair> {
 #[tokio::test]
 async fn a_dataset_crosses_clusters_through_the_receivers_node_port() -> anyhow::Result<()> {
     let p = pair().await?;
-    let west = TestNamespace::create_in(WEST, "xc-data").await?;
-    let east = TestNamespace::create_in(EAST, "xc-data").await?;
-    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
-    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
-    make_tree(&src_host, 300, 24, &west.name)?;
-    let (source, destination) = halves(
-        "data",
-        &west.name,
-        &east.name,
-        &src,
-        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
-        serde_json::json!({}),
-    )?;
+    let Crossing {
+        west,
+        east,
+        src_host,
+        dst_host,
+    } = start_crossing("xc-data", "data", 300, 24, serde_json::json!({})).await?;
     let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
-    east_api
-        .create(&PostParams::default(), &destination)
-        .await?;
-    west_api.create(&PostParams::default(), &source).await?;
 
     // While it runs: the sender connects to a node address of east and the Service's NodePort,
     // never to the receiver pod, whose address west cannot reach at all.
@@ -317,26 +306,9 @@ async fn refused_or_unpaired_halves_wait_with_a_reason_and_move_nothing() -> any
 async fn limited_pair(
     prefix: &str,
 ) -> anyhow::Result<(TestNamespace, TestNamespace, PathBuf, PathBuf)> {
-    let west = TestNamespace::create_in(WEST, prefix).await?;
-    let east = TestNamespace::create_in(EAST, prefix).await?;
-    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
-    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
-    make_tree(&src_host, 20, 48, &west.name)?;
-    let (source, destination) = halves(
-        "limited",
-        &west.name,
-        &east.name,
-        &src,
-        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
-        serde_json::json!({"bandwidthLimit": "8Mi", "compression": "none"}),
-    )?;
-    east.api::<Transfer>()
-        .create(&PostParams::default(), &destination)
-        .await?;
-    west.api::<Transfer>()
-        .create(&PostParams::default(), &source)
-        .await?;
-    Ok((west, east, src_host, dst_host))
+    let extra = serde_json::json!({"bandwidthLimit": "8Mi", "compression": "none"});
+    let c = start_crossing(prefix, "limited", 20, 48, extra).await?;
+    Ok((c.west, c.east, c.src_host, c.dst_host))
 }
 
 /// Waits until east's half has written more than `bytes`.
@@ -433,18 +405,7 @@ async fn a_repeated_dataset_reports_block_store_hits_on_both_sides() -> anyhow::
     let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
     for name in ["first", "again"] {
         let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, name)?;
-        let (source, destination) = halves(
-            name,
-            &west.name,
-            &east.name,
-            &src,
-            serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
-            serde_json::json!({}),
-        )?;
-        east_api
-            .create(&PostParams::default(), &destination)
-            .await?;
-        west_api.create(&PostParams::default(), &source).await?;
+        create_halves(&west, &east, name, &src, &dst, serde_json::json!({})).await?;
         wait_phase(&east_api, name, Phase::Succeeded).await?;
         wait_phase(&west_api, name, Phase::Succeeded).await?;
         assert_same_tree(&src_host, &dst_host)?;

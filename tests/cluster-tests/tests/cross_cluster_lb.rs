@@ -6,34 +6,22 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ferry_cluster_tests::TestNamespace;
 use ferry_cluster_tests::cross::*;
-use ferry_cluster_tests::transfers::{assert_same_tree, make_tree};
+use ferry_cluster_tests::transfers::assert_same_tree;
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 
 #[tokio::test]
 async fn a_dataset_crosses_clusters_through_the_receivers_load_balancer() -> anyhow::Result<()> {
     let _operators = setup("xclb", &["--peering-service-type", "LoadBalancer"]).await?;
-    let west = TestNamespace::create_in(WEST, "xc-lb").await?;
-    let east = TestNamespace::create_in(EAST, "xc-lb").await?;
-    let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;
-    let (dst, dst_host) = node_dir(EAST, EAST_NODE, &east.name, "dst")?;
-    make_tree(&src_host, 50, 8, &west.name)?;
-    let (source, destination) = halves(
-        "lb",
-        &west.name,
-        &east.name,
-        &src,
-        serde_json::json!({"hostPath": {"node": EAST_NODE, "path": dst}}),
-        serde_json::json!({}),
-    )?;
+    let Crossing {
+        west,
+        east,
+        src_host,
+        dst_host,
+    } = start_crossing("xc-lb", "lb", 50, 8, serde_json::json!({})).await?;
     let (west_api, east_api): (Api<Transfer>, Api<Transfer>) = (west.api(), east.api());
-    east_api
-        .create(&PostParams::default(), &destination)
-        .await?;
-    west_api.create(&PostParams::default(), &source).await?;
 
     // The sender's address is the load balancer's ingress and the data port.
     let (west_pods, services): (Api<Pod>, Api<Service>) = (west.api(), east.api());
