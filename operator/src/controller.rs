@@ -178,8 +178,11 @@ fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
 }
 
 /// One reconcile of one Transfer.
-pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconcile();
+    let Some(t) = current(&cached, &ctx).await? else {
+        return Ok(Requeue::await_change());
+    };
     if t.metadata.deletion_timestamp.is_some() {
         return cleanup(&t, &ctx).await;
     }
@@ -192,7 +195,13 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
     let plan = plan::plan(&t, &obs);
     log_failure(&t, &obs, &plan.status);
     apply(&t, &ctx, &obs, &plan).await?;
-    let deferred = write_status(&t, &ctx, &plan.status).await?;
+    let deferred = match write_status(&t, &ctx, &plan.status).await? {
+        Written::Now => None,
+        Written::Later(wait) => Some(wait),
+        // Planned from a version that changed meanwhile: plan again from the new one, and
+        // announce nothing of a status that did not land.
+        Written::Stale => return Ok(Requeue::requeue(Duration::ZERO)),
+    };
     record(&t, &ctx, &plan.notes).await;
     ctx.metrics.observe(&t, &plan.status);
     let requeue = match (plan.requeue, deferred) {
@@ -203,6 +212,20 @@ pub async fn reconcile(t: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, E
         Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
         None => Requeue::await_change(),
     })
+}
+
+/// The Transfer as the API server holds it now, or None once it is gone (or was recreated).
+/// The controller's cache can lag behind the status this operator wrote a moment ago: its watch
+/// event may not have arrived when the deletion of the pods that status retired triggers the
+/// next reconcile. A plan from that older status would take its decision a second time, e.g.
+/// retry an attempt already found failed for good, now that its pods are gone.
+async fn current(cached: &Transfer, ctx: &Context) -> Result<Option<Transfer>, Error> {
+    let ns = cached.namespace().ok_or(Error::Malformed("namespace"))?;
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    Ok(api
+        .get_opt(&cached.name_any())
+        .await?
+        .filter(|t| t.uid() == cached.uid()))
 }
 
 /// An attempt that just failed, with what each mover pod showed: the operator's log is where an
@@ -724,33 +747,52 @@ struct RemoteIds {
 
 /// Server-side apply of the status subresource when it changed; a change of progress alone waits
 /// for the limiter (returns how long).
+/// What became of a planned status.
+enum Written {
+    /// Written (or already current).
+    Now,
+    /// Only progress changed, and the patch rate limit defers it this long.
+    Later(Duration),
+    /// The Transfer changed after it was read (its resourceVersion moved on): not written.
+    Stale,
+}
+
 async fn write_status(
     t: &Transfer,
     ctx: &Context,
     status: &crate::api::TransferStatus,
-) -> Result<Option<Duration>, Error> {
+) -> Result<Written, Error> {
     let old = t.status.clone().unwrap_or_default();
     if t.status.as_ref() == Some(status) {
-        return Ok(None);
+        return Ok(Written::Now);
     }
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
     let now = std::time::Instant::now();
     let progress_only = crate::status::progress_only(&old, status);
     if let Some(wait) = ctx.limiter.defer(&uid, progress_only, now) {
-        return Ok(Some(wait));
+        return Ok(Written::Later(wait));
     }
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
     let patch = serde_json::json!({
         "apiVersion": Transfer::api_version(&()),
         "kind": Transfer::kind(&()),
+        // A precondition: the status was planned from this version of the Transfer, and must
+        // not land on another (a concurrent edit, or a second operator during a handover).
+        "metadata": {"resourceVersion": t.resource_version()},
         "status": status,
     });
-    api.patch_status(&t.name_any(), &ssa(), &Patch::Apply(&patch))
-        .await?;
+    match api
+        .patch_status(&t.name_any(), &ssa(), &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Written::Stale),
+        Err(e) => return Err(e.into()),
+    }
     ctx.limiter.patched(&uid, now);
     ctx.metrics.status_patch(progress_only);
-    Ok(None)
+    Ok(Written::Now)
 }
 
 async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {

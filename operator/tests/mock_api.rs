@@ -51,10 +51,35 @@ fn not_found() -> (StatusCode, Value) {
     )
 }
 
+/// What the fake apiserver holds besides its fixed nodes and namespace.
+#[derive(Clone, Default)]
+struct Held {
+    /// The Transfer `ml/t` as a read returns it now (None: not found).
+    transfer: Option<Value>,
+    /// Status patches fail with 409 Conflict, as when the Transfer changed after it was read.
+    status_conflict: bool,
+}
+
+fn conflict() -> (StatusCode, Value) {
+    (
+        StatusCode::CONFLICT,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+    )
+}
+
 /// The fake apiserver's answers: the objects this test's cluster holds.
-fn route(method: &str, path: &str, body: &Value) -> (StatusCode, Value) {
+fn route(method: &str, path: &str, body: &Value, held: &Held) -> (StatusCode, Value) {
     let list = |kind: &str| json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": []});
     match (method, path) {
+        ("GET", "/apis/ferry.dev/v1alpha1/namespaces/ml/transfers/t") => match &held.transfer {
+            Some(t) => (StatusCode::OK, t.clone()),
+            None => not_found(),
+        },
+        ("PATCH", "/apis/ferry.dev/v1alpha1/namespaces/ml/transfers/t/status")
+            if held.status_conflict =>
+        {
+            conflict()
+        }
         ("GET", "/api/v1/namespaces/ml/pods") => (StatusCode::OK, list("PodList")),
         ("GET", p) if p.starts_with("/api/v1/namespaces/ml/secrets/") => not_found(),
         ("GET", "/api/v1/nodes/node-a" | "/api/v1/nodes/node-b") => {
@@ -80,9 +105,10 @@ fn route(method: &str, path: &str, body: &Value) -> (StatusCode, Value) {
     }
 }
 
-fn fake_client(log: Log) -> kube::Client {
+fn fake_client(log: Log, held: Held) -> kube::Client {
     let service = tower::service_fn(move |req: Request<kube::client::Body>| {
         let log = log.clone();
+        let held = held.clone();
         async move {
             let (parts, body) = req.into_parts();
             let bytes = body
@@ -92,7 +118,7 @@ fn fake_client(log: Log) -> kube::Client {
                 .unwrap_or_default();
             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let (method, path) = (parts.method.to_string(), parts.uri.path().to_owned());
-            let (status, answer) = route(&method, &path, &body);
+            let (status, answer) = route(&method, &path, &body, &held);
             log.lock().unwrap().push(Seen {
                 method,
                 path,
@@ -141,12 +167,39 @@ fn granted() -> Config {
     }
 }
 
+/// One reconcile of a Transfer the apiserver holds as it is in the controller's cache.
 async fn run(t: Value, config: Config) -> Vec<Seen> {
+    let held = Held {
+        transfer: Some(t.clone()),
+        ..Held::default()
+    };
+    run_against(t, held, config).await
+}
+
+/// One reconcile of `cached` (the controller's copy) against an apiserver holding `held`.
+async fn run_against(cached: Value, held: Held, config: Config) -> Vec<Seen> {
     let log: Log = Arc::default();
-    let ctx = context(fake_client(log.clone()), config);
-    let t: Transfer = serde_json::from_value(t).unwrap();
+    let ctx = context(fake_client(log.clone(), held), config);
+    let t: Transfer = serde_json::from_value(cached).unwrap();
     reconcile(Arc::new(t), ctx).await.unwrap();
     log.lock().unwrap().clone()
+}
+
+/// `transfer(true)` at resourceVersion `rv` with `status` (and `spec` merged in).
+fn transfer_at(rv: &str, spec: Value, status: Value) -> Value {
+    let mut t = transfer(true);
+    t["metadata"]["resourceVersion"] = json!(rv);
+    for (k, v) in spec.as_object().unwrap() {
+        t["spec"][k] = v.clone();
+    }
+    t["status"] = status;
+    t
+}
+
+fn status_patches(seen: &[Seen]) -> Vec<&Seen> {
+    seen.iter()
+        .filter(|s| s.method == "PATCH" && s.path.ends_with("/transfers/t/status"))
+        .collect()
 }
 
 fn writes(seen: &[Seen]) -> Vec<&Seen> {
@@ -251,7 +304,7 @@ async fn an_admitted_transfer_applies_its_secret_then_its_receiver() {
 async fn the_leader_labels_its_pod_for_the_peering_service_and_a_new_replica_clears_it() {
     use ferry_operator::peering::leader::{LABEL, mark_pod};
     let log: Log = Arc::default();
-    let client = fake_client(log.clone());
+    let client = fake_client(log.clone(), Held::default());
     mark_pod(&client, "ferry-system", "ferry-operator-0", true).await;
     mark_pod(&client, "ferry-system", "ferry-operator-0", false).await;
     let seen = log.lock().unwrap().clone();
@@ -269,4 +322,87 @@ async fn the_leader_labels_its_pod_for_the_peering_service_and_a_new_replica_cle
         seen[1].body["metadata"]["labels"].get(LABEL).is_some(),
         "null removes the label"
     );
+}
+
+/// The status of attempt 1 after its receiver was found failed for good (or, `running`, while
+/// it still ran), its pods named as the operator names them.
+fn attempt_one(phase: &str, failures: u32) -> Value {
+    use ferry_operator::names::{MoverRole, pod_name};
+    json!({
+        "phase": phase, "run": 1, "attempts": 1, "failures": failures,
+        "startTime": "2026-11-26T01:57:12Z",
+        "receiver": {"pod": pod_name(UID, 1, 1, MoverRole::Receiver), "node": "node-b"},
+        "sender": {"pod": pod_name(UID, 1, 1, MoverRole::Sender), "node": "node-a"},
+    })
+}
+
+#[tokio::test]
+async fn a_lagging_cache_does_not_take_a_decision_twice() {
+    // The cache still shows attempt 1 running; the apiserver already holds it failed for good,
+    // and its pods are gone. Planning from the cache would call them lost and retry.
+    let cached = transfer_at("7", json!({}), attempt_one("Running", 0));
+    let held = Held {
+        transfer: Some(transfer_at("9", json!({}), attempt_one("Failed", 1))),
+        ..Held::default()
+    };
+    let seen = run_against(cached, held, granted()).await;
+    let w = writes(&seen);
+    assert!(
+        !w.iter()
+            .any(|s| s.path.contains("/pods") || s.path.contains("/secrets")),
+        "{w:#?}"
+    );
+    for p in status_patches(&seen) {
+        assert_eq!(p.body["status"]["phase"], "Failed", "{p:#?}");
+        assert_eq!(p.body["status"]["attempts"], 1, "{p:#?}");
+    }
+}
+
+#[tokio::test]
+async fn the_status_is_planned_from_the_current_transfer_and_written_on_its_version() {
+    // Suspended after the cache's copy was taken.
+    let cached = transfer_at("7", json!({}), json!(null));
+    let held = Held {
+        transfer: Some(transfer_at("9", json!({"suspend": true}), json!(null))),
+        ..Held::default()
+    };
+    let seen = run_against(cached, held, granted()).await;
+    let patches = status_patches(&seen);
+    let last = patches.last().expect("a status patch");
+    assert_eq!(last.body["status"]["phase"], "Suspended", "{last:#?}");
+    assert_eq!(last.body["metadata"]["resourceVersion"], "9");
+    assert!(
+        !writes(&seen).iter().any(|s| s.path.contains("/pods/")),
+        "a suspended Transfer gets no movers"
+    );
+}
+
+#[tokio::test]
+async fn a_status_that_conflicts_is_not_announced_and_is_planned_again() {
+    let t = transfer(true);
+    let held = Held {
+        transfer: Some(t.clone()),
+        status_conflict: true,
+    };
+    let log: Log = Arc::default();
+    let ctx = context(fake_client(log.clone(), held), granted());
+    let requeue = reconcile(Arc::new(serde_json::from_value(t).unwrap()), ctx)
+        .await
+        .unwrap();
+    assert_eq!(
+        requeue,
+        kube::runtime::controller::Action::requeue(std::time::Duration::ZERO)
+    );
+    let seen = log.lock().unwrap().clone();
+    assert_eq!(status_patches(&seen).len(), 1, "{seen:#?}");
+    assert!(
+        !seen.iter().any(|s| s.path.contains("/events")),
+        "no Event for a status that did not land: {seen:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_transfer_gone_since_the_cache_saw_it_is_left_alone() {
+    let seen = run_against(transfer(true), Held::default(), granted()).await;
+    assert!(writes(&seen).is_empty(), "{seen:#?}");
 }
