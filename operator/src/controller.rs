@@ -745,8 +745,6 @@ struct RemoteIds {
     transfer_id: String,
 }
 
-/// Server-side apply of the status subresource when it changed; a change of progress alone waits
-/// for the limiter (returns how long).
 /// What became of a planned status.
 enum Written {
     /// Written (or already current).
@@ -757,6 +755,8 @@ enum Written {
     Stale,
 }
 
+/// Server-side apply of the status subresource when it changed, on the version `t` was read
+/// at; a change of progress alone waits for the limiter.
 async fn write_status(
     t: &Transfer,
     ctx: &Context,
