@@ -4,8 +4,9 @@
 1. Fixed overhead: apply-to-Succeeded of a one-file Transfer (scheduling, readiness, certificates,
    status), median of ROUNDS.
 2. A large file through the operator against the bare `ferry-mover send`/`receive` pair on the
-   same machine and the same disk, interleaved rounds: the data phase (the receiver's own
-   `seconds`) and apply-to-Succeeded against the bare pair's wall time.
+   same machine and the same disk, on the host's loopback and across the cluster's node network
+   (node-a's network namespace to node-b's), interleaved rounds, each on a synced disk: the data
+   phase (the receiver's own `seconds`) and apply-to-Succeeded against the bare pairs' wall time.
 3. COUNT Transfers at once: all must succeed; the operator's peak RSS (VmHWM) and its status
    patches per running Transfer per second (from its /metrics).
 4. The same large file across clusters (the `ferry` cluster's node-a to the `peer` cluster's
