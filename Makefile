@@ -2,13 +2,30 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: build release test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
+.PHONY: build release images push chart-push test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
 	test-cluster clusters-up clusters-down node-stop node-start demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
 build:
 	$(CARGO) build --workspace
 
 release:
 	$(CARGO) build --workspace --release
+
+# ferry's two images (deploy/Dockerfile, FROM scratch, non-root, no shell), built with buildah
+# from the release binaries as localhost/ferry/NAME:TAG (TAG defaults to the workspace version);
+# debug info is kept apart in target/images/debug. `make push REGISTRY=host:port/prefix [TAG=...]`
+# pushes them (PLAIN_HTTP=1 for a registry without TLS); `make chart-push REGISTRY=...` pushes
+# the Helm chart there as an OCI artifact (oci://REGISTRY/charts/ferry).
+images: deps
+	$(CARGO) build --release -p ferry-operator -p ferry-mover
+	TAG="$(TAG)" deploy/images.sh build
+
+push: images
+	@[[ -n "$(REGISTRY)" ]] || { echo "usage: make push REGISTRY=host:port/prefix [TAG=...]" >&2; exit 2; }
+	TAG="$(TAG)" PLAIN_HTTP="$(PLAIN_HTTP)" deploy/images.sh push "$(REGISTRY)"
+
+chart-push: k8s-bin
+	@[[ -n "$(REGISTRY)" ]] || { echo "usage: make chart-push REGISTRY=host:port/prefix" >&2; exit 2; }
+	PLAIN_HTTP="$(PLAIN_HTTP)" deploy/chart-push.sh "$(REGISTRY)"
 
 # The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
 # every test with the two local clusters up (`ferry` and `peer`, side by side). The clusters go down
@@ -109,8 +126,8 @@ bench-selftest:
 	python3 -m unittest discover -s tests/bench -p 'test_*.py'
 
 # --- the local Kubernetes cluster (tests/README.md) ---------------------------------------------
-# kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, etcd, helm and
-# CoreDNS, built once into ~/.cache/ferry/k8s-<version>/bin (about 12 minutes cold; then a no-op).
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, etcd, helm,
+# CoreDNS and MetalLB, built once into ~/.cache/ferry/k8s-<version>/bin (about 12 minutes cold; then a no-op).
 # FERRY_CLUSTER=peer selects the second cluster for cluster-up, cluster-down, cluster-env,
 # cluster-logs and node-stop/node-start.
 k8s-bin:
@@ -133,7 +150,8 @@ clusters-up:
 clusters-down:
 	tests/cluster/down-pair.sh
 
-# make node-stop NODE=node-x: the node loses power (its processes die, its Lease stops);
+# make node-stop NODE=node-x: the node loses power (kubelet, containerd and every container die at
+# once, its Lease stops);
 # make node-start NODE=node-x brings it back.
 node-stop:
 	tests/cluster/node.sh stop "$(NODE)"

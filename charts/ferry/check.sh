@@ -30,15 +30,21 @@ run() { step=$((step + 1)); echo "---- [$step] $*"; }
 have_yaml=0
 if [[ -z ${CHECK_NO_PYYAML:-} ]] && python3 -c 'import yaml' 2>/dev/null; then have_yaml=1; fi
 
+# ferry publishes no images: every render names a registry (imageRegistry); `noreg CMD...` runs a
+# render or expect_reject without it.
+registry=10.0.0.5:5000/ferry
+reg=(--set "imageRegistry=$registry")
+noreg() { local reg=(); "$@"; }
+
 render() { # render OUT [helm template args...]
   local out=$1; shift
-  "$HELM" template ferry "$chart" --namespace ferry-system "$@" >"$out" 2>"$out.err" \
+  "$HELM" template ferry "$chart" --namespace ferry-system "${reg[@]}" "$@" >"$out" 2>"$out.err" \
     || { cat "$out.err" >&2; fail "helm template $* did not render"; }
 }
 
 expect_reject() { # expect_reject WHAT PATTERN [helm template args...]: must fail, stderr matching PATTERN
   local what=$1 pattern=$2; shift 2
-  if "$HELM" template ferry "$chart" --namespace ferry-system "$@" >/dev/null 2>"$work/reject.err"; then
+  if "$HELM" template ferry "$chart" --namespace ferry-system "${reg[@]}" "$@" >/dev/null 2>"$work/reject.err"; then
     fail "$what: helm template accepted it"
   fi
   grep -Eq -- "$pattern" "$work/reject.err" \
@@ -52,7 +58,7 @@ run "the CRD templates are in sync with crds/ (${crd_names[*]})"
 "$chart/sync-crd.sh" --check
 
 run "helm lint --strict (default values, ci/full-values.yaml)"
-"$HELM" lint --strict "$chart" || fail "helm lint --strict"
+"$HELM" lint --strict "$chart" "${reg[@]}" || fail "helm lint --strict"
 "$HELM" lint --strict "$chart" -f "$chart/ci/full-values.yaml" || fail "helm lint --strict -f ci/full-values.yaml"
 ok "lint clean"
 
@@ -99,6 +105,50 @@ expect_reject "a nodePort with type LoadBalancer and --skip-schema-validation (t
   --skip-schema-validation --set crossCluster.service.type=LoadBalancer,crossCluster.service.nodePort=30743
 expect_reject "crossCluster.port equal to metrics.port" "crossCluster.port and metrics.port must differ" \
   --set crossCluster.enabled=true,crossCluster.port=8080
+
+run "images: imageRegistry prefixes both repositories, refused without one; digests; pull secrets"
+noreg expect_reject "no imageRegistry (the default values)" \
+  'imageRegistry is not set and image.repository \("ferry-operator"\) names no registry.*make push REGISTRY='
+noreg expect_reject "no imageRegistry, image.repository a full reference" \
+  'imageRegistry is not set and moverImage.repository \("ferry-mover"\) names no registry' \
+  --set image.repository=10.0.0.5:5000/ferry/ferry-operator
+noreg expect_reject "no imageRegistry with --skip-schema-validation (template guard)" "imageRegistry is not set" \
+  --skip-schema-validation
+expect_reject "imageRegistry with a scheme" "/imageRegistry.*does not match pattern" --set imageRegistry=https://10.0.0.5:5000
+expect_reject "imageRegistry with a space" "/imageRegistry.*does not match pattern" --set 'imageRegistry=10.0.0.5:5000/fer ry'
+images() { # images FILE: every container image, then "mover" and the --mover-image value
+  { grep -E '^ +image: ' "$1" | sed -E 's/^ +image: "?([^"]*)"?$/\1/'
+    grep -E -- '- "?--mover-image=' "$1" | sed -E 's/^.*--mover-image=([^"]*)"?$/mover \1/'; } | paste -sd' '
+}
+expect_images() { # expect_images WHAT FILE WANT
+  [[ $(images "$2") == "$3" ]] || fail "$1: images '$(images "$2")', want '$3'"
+  ok "$1: $3"
+}
+# Each render has two operator images (the Deployment's, the pre-delete hook's) and the movers'.
+render "$work/img.yaml"
+expect_images "imageRegistry=$registry" "$work/img.yaml" \
+  "$registry/ferry-operator:0.1.0 $registry/ferry-operator:0.1.0 mover $registry/ferry-mover:0.1.0"
+render "$work/img-slash.yaml" --set "imageRegistry=$registry/,image.tag=1.2.3,moverImage.tag=1.2.4"
+expect_images "imageRegistry with a trailing '/', tags set" "$work/img-slash.yaml" \
+  "$registry/ferry-operator:1.2.3 $registry/ferry-operator:1.2.3 mover $registry/ferry-mover:1.2.4"
+noreg render "$work/img-full.yaml" --set image.repository=10.0.0.6/x/op,moverImage.repository=10.0.0.6/x/mv
+expect_images "no imageRegistry, both repositories full references" "$work/img-full.yaml" \
+  "10.0.0.6/x/op:0.1.0 10.0.0.6/x/op:0.1.0 mover 10.0.0.6/x/mv:0.1.0"
+d1=sha256:1111111111111111111111111111111111111111111111111111111111111111
+d2=sha256:2222222222222222222222222222222222222222222222222222222222222222
+render "$work/img-digest.yaml" --set "image.tag=9.9.9,image.digest=$d1,moverImage.tag=9.9.9,moverImage.digest=$d2"
+expect_images "digests pin both images (over the tags)" "$work/img-digest.yaml" \
+  "$registry/ferry-operator@$d1 $registry/ferry-operator@$d1 mover $registry/ferry-mover@$d2"
+grep -Fq -- '--mover-image-pull-secret' "$work/img.yaml" && fail "default: --mover-image-pull-secret without imagePullSecrets"
+grep -q 'imagePullSecrets:' "$work/img.yaml" && fail "default: imagePullSecrets rendered without any"
+render "$work/img-secrets.yaml" --set 'imagePullSecrets[0].name=regcred,imagePullSecrets[1].name=other'
+[[ $(grep -E -- '- "?--mover-image-pull-secret=' "$work/img-secrets.yaml" | sed -E 's/^.*=([^"]*)"?$/\1/' | paste -sd' ') \
+  == "regcred other" ]] || fail "imagePullSecrets: not one --mover-image-pull-secret per entry, in order"
+[[ $(grep -A2 '^      imagePullSecrets:' "$work/img-secrets.yaml" | grep -cE -- '- name: (regcred|other)$') == 4 ]] \
+  || fail "imagePullSecrets: the operator's and the hook's pods do not both carry them"
+expect_reject "extraArgs repeating --mover-image" "extraArgs: --mover-image is already rendered" \
+  --set 'extraArgs[0]=--mover-image=10.0.0.5:5000/ferry/ferry-mover:x'
+ok "imagePullSecrets: on the operator's and the hook's pods, and --mover-image-pull-secret=regcred, =other"
 
 run "the rendered RBAC rules equal deploy/rbac.yaml's"
 if [[ $have_yaml == 1 ]]; then
@@ -176,7 +226,7 @@ for crd in "${crd_names[@]}"; do
   grep -Fqx "  name: $crd.ferry.dev" "$work/default.yaml" || fail "default: the CRD $crd.ferry.dev is not rendered"
   ok "$crd: crds.keep=false renders crds/ferry.dev_$crd.yaml byte for byte; crds.keep=true adds the annotation"
 done
-if "$HELM" template ferry "$chart" --set crds.install=false | grep -q '^kind: CustomResourceDefinition'; then
+if "$HELM" template ferry "$chart" "${reg[@]}" --set crds.install=false | grep -q '^kind: CustomResourceDefinition'; then
   fail "crds.install=false still renders a CRD"
 fi
 ok "crds.install=false renders no CRD"
@@ -186,7 +236,8 @@ expect_arg() {
   grep -Fq -- "- $1" "$work/full.yaml" || fail "full: argument $1 not rendered"
 }
 for a in --cluster-name=prod-eu-1 \
-  --mover-image=registry.example.com/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
+  --mover-image=10.0.0.5:5000/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
+  --mover-image-pull-secret=regcred --mover-image-pull-secret=mirror-cred \
   --mover-uid=10001 --allow-root-movers --host-root=ml=/data --host-root=ml=/scratch/ \
   '--host-root=*=/srv/shared' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
   --max-active=20 --max-active-per-node=2 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
@@ -226,7 +277,8 @@ res = json.loads(flag(args, "--mover-resources")[0])
 # Every quantity a string (the operator's Quantity type), big integers not in float notation.
 if res != {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1", "memory": "1073741824"}}:
     sys.exit(f"FAIL full: --mover-resources {res}")
-names = [x.split("=", 1)[0] for x in args if not x.startswith(("--host-root", "--mover-label"))]
+names = [x.split("=", 1)[0] for x in args
+         if not x.startswith(("--host-root", "--mover-label", "--mover-image-pull-secret"))]
 if len(names) != len(set(names)):
     sys.exit(f"FAIL full: a flag is repeated: {names}")
 print("ok   full: --mover-tolerations and --mover-resources are the values as JSON (quantities strings); no flag repeated")
@@ -329,22 +381,25 @@ grep -Fq 'verbs: ["list"]' "$work/hook.yaml" || fail "default: the hook may do m
 grep -Fq -- '--delete-transfers' "$work/hook.yaml" && fail "default: the hook deletes Transfers"
 grep -Fq 'verbs: ["list", "delete"]' "$work/hook-delete.yaml" || fail "deleteTransfers: the hook cannot delete"
 grep -Fq -- '- --delete-transfers' "$work/hook-delete.yaml" || fail "deleteTransfers: no --delete-transfers"
-if "$HELM" template ferry "$chart" --set uninstall.hook=false | grep -q 'helm.sh/hook'; then
+if "$HELM" template ferry "$chart" "${reg[@]}" --set uninstall.hook=false | grep -q 'helm.sh/hook'; then
   fail "uninstall.hook=false still renders a hook"
 fi
 expect_reject "uninstall.timeoutSeconds=5" "/uninstall/timeoutSeconds.*minimum" --set uninstall.timeoutSeconds=5
 ok "hook: list-only refusal by default; list+delete with deleteTransfers; absent when off"
 
-run "ci/local-values.yaml (make deploy-local): the operator binds its own pod address"
-render "$work/local.yaml" -f "$chart/ci/local-values.yaml"
+run "ci/local-values.yaml (make deploy-local); metrics.bindAddress=\$(POD_IP) binds the pod's own address"
+render "$work/local.yaml" -f "$chart/ci/local-values.yaml" --set 'metrics.bindAddress=$(POD_IP)'
 grep -Fq -- '- --metrics-addr=$(POD_IP):8080' "$work/local.yaml" || fail "local: --metrics-addr is not \$(POD_IP):8080"
-render "$work/local-peering.yaml" -f "$chart/ci/local-values.yaml" --set crossCluster.enabled=true
+render "$work/local-peering.yaml" -f "$chart/ci/local-values.yaml" --set 'metrics.bindAddress=$(POD_IP)' --set crossCluster.enabled=true
 grep -Fq -- '- --peering-listen=$(POD_IP):7443' "$work/local-peering.yaml" \
   || fail "local with crossCluster.enabled: --peering-listen is not \$(POD_IP):7443"
 render "$work/v4-peering.yaml" --set crossCluster.enabled=true
 grep -Fq -- '- --peering-listen=0.0.0.0:7443' "$work/v4-peering.yaml" \
   || fail "crossCluster.enabled: --peering-listen is not 0.0.0.0:7443"
 grep -Fq -- '- --host-root=*=/data' "$work/local.yaml" || fail "local: /data is not granted to every namespace"
+noreg render "$work/local-images.yaml" -f "$chart/ci/local-values.yaml"
+expect_images "local: the images of make images" "$work/local-images.yaml" \
+  "localhost/ferry/ferry-operator:dev localhost/ferry/ferry-operator:dev mover localhost/ferry/ferry-mover:dev"
 grep -A3 'name: POD_IP' "$work/local.yaml" | grep -q 'fieldPath: status.podIP' || fail "local: POD_IP not from status.podIP"
 ok "local: --metrics-addr=\$(POD_IP):8080 (--peering-listen=\$(POD_IP):7443 when enabled), --host-root=*=/data; default 0.0.0.0:7443"
 
@@ -357,6 +412,14 @@ grep -q 'runAsUser: 65532' "$work/default.yaml" || fail "the chart's operator do
 [[ $(stage_user ferry-mover) == "$(sed -n 's/^moverUid: //p' "$chart/values.yaml"):$(sed -n 's/^moverUid: //p' "$chart/values.yaml")" ]] \
   || fail "Dockerfile: ferry-mover USER $(stage_user ferry-mover) is not the chart's moverUid"
 ok "operator and mover images run as 65532:65532, as the chart's pods do"
+# The recipe stays one that docker build, podman build and buildah accept without pulling anything:
+# only FROM scratch, and only the instructions every builder knows, ENTRYPOINT in exec form.
+for recipe in "$repo/deploy/Dockerfile" "$repo/tests/images/Dockerfile"; do
+  bad="$(grep -vE '^\s*(#|$)' "$recipe" | grep -vE '^\s+' |
+    grep -vE '^(ARG|COPY|LABEL|USER|ENV) |^FROM scratch AS [a-z-]+$|^ENTRYPOINT \["[^"]+"(, "[^"]+")*\]$' || true)"
+  [[ -z "$bad" ]] || fail "$(basename "$(dirname "$recipe")")/Dockerfile: not FROM scratch or an unexpected instruction: $bad"
+done
+ok "deploy/Dockerfile and tests/images/Dockerfile: FROM scratch only, exec-form entrypoints"
 HELM="$HELM" "$repo/deploy/render-manifests.sh" --check || fail "deploy/install.yaml is stale: make manifests"
 
 run "helm package (the .helmignore keeps the dev scripts out)"

@@ -38,6 +38,10 @@ fn has_dot_dot(p: &str) -> bool {
     Path::new(p).components().any(|c| c == Component::ParentDir)
 }
 
+/// The mover image when none is configured: no registry, so the container runtime looks it up
+/// under its own default; installations set `--mover-image` to the image they pushed.
+pub const DEFAULT_MOVER_IMAGE: &str = concat!("ferry-mover:", env!("CARGO_PKG_VERSION"));
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Name of the cluster, written into every certificate the operator issues.
@@ -45,6 +49,9 @@ pub struct Config {
     /// Namespace of the operator (its CA Secret lives there).
     pub namespace: String,
     pub mover_image: String,
+    /// Names of the image pull Secrets of every mover pod (and cleanup pod). They are looked up
+    /// in the Transfer's namespace; the operator copies no registry credentials there.
+    pub mover_image_pull_secrets: Vec<String>,
     /// uid (and gid, fsGroup) of non-root movers.
     pub mover_uid: i64,
     /// Whether a Transfer may ask for a root mover (`preserveOwnership`).
@@ -79,7 +86,8 @@ impl Default for Config {
         Config {
             cluster_name: "local".into(),
             namespace: "ferry-system".into(),
-            mover_image: "ghcr.io/ferry-dev/ferry-mover:dev".into(),
+            mover_image: DEFAULT_MOVER_IMAGE.into(),
+            mover_image_pull_secrets: Vec::new(),
             mover_uid: 65532,
             allow_root_movers: false,
             host_roots: Vec::new(),

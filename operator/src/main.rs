@@ -17,13 +17,17 @@ struct Cli {
     /// The operator's own namespace (its CA Secret lives there).
     #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
     namespace: String,
-    /// Image of the mover pods.
+    /// Image of the mover pods (the default names no registry: set the one you pushed to).
     #[arg(
         long,
         env = "FERRY_MOVER_IMAGE",
-        default_value = "ghcr.io/ferry-dev/ferry-mover:dev"
+        default_value = ferry_operator::config::DEFAULT_MOVER_IMAGE
     )]
     mover_image: String,
+    /// Image pull Secret of the mover pods (repeatable). Pods can only use Secrets of their own
+    /// namespace: each Transfer's namespace must hold one of this name.
+    #[arg(long = "mover-image-pull-secret")]
+    mover_image_pull_secrets: Vec<String>,
     /// uid, gid and fsGroup of the mover pods.
     #[arg(long, default_value_t = 65532)]
     mover_uid: i64,
@@ -131,6 +135,7 @@ fn main() -> anyhow::Result<()> {
         cluster_name: cli.cluster_name,
         namespace: cli.namespace,
         mover_image: cli.mover_image,
+        mover_image_pull_secrets: cli.mover_image_pull_secrets,
         mover_uid: cli.mover_uid,
         allow_root_movers: cli.allow_root_movers,
         host_roots: cli.host_roots,

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
-    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
-    Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    LocalObjectReference, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, Probe, SeccompProfile, Secret, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -389,6 +389,14 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
                 ..PodSecurityContext::default()
             }),
             termination_grace_period_seconds: Some(10),
+            // Secrets of the Transfer's namespace: the operator copies no registry credentials.
+            image_pull_secrets: Some(
+                cfg.mover_image_pull_secrets
+                    .iter()
+                    .map(|name| LocalObjectReference { name: name.clone() })
+                    .collect::<Vec<_>>(),
+            )
+            .filter(|s| !s.is_empty()),
             containers: vec![container],
             volumes: Some(volumes),
             ..PodSpec::default()
@@ -707,5 +715,83 @@ mod tests {
         t.spec.compression = Some(crate::api::Compression::None);
         let args = sender_args(&t);
         assert!(args.contains("--streams 2 --compress none"), "{args}");
+    }
+
+    fn pull_secrets_of(p: &Pod) -> Vec<String> {
+        p.spec
+            .as_ref()
+            .expect("spec")
+            .image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// Every mover pod and the cleanup pod carry the operator's mover image pull Secrets, and
+    /// no `imagePullSecrets` at all when none are configured.
+    #[test]
+    fn mover_and_cleanup_pods_carry_the_image_pull_secrets() {
+        let t = transfer();
+        let placement = SidePlacement {
+            volume: VolumeRef::Claim {
+                claim: "data".into(),
+            },
+            sub_path: String::new(),
+            node: None,
+        };
+        let pods = |cfg: &Config| {
+            let input = |role| MoverPodInput {
+                transfer: &t,
+                config: cfg,
+                role,
+                run: 1,
+                attempt: 1,
+                placement: &placement,
+                receiver_ip: Some("10.1.2.3"),
+                use_cas: false,
+                remote: None,
+            };
+            vec![
+                mover_pod(&input(MoverRole::Receiver)),
+                mover_pod(&input(MoverRole::Sender)),
+                cleanup_pod(&input(MoverRole::Receiver)),
+            ]
+        };
+        for pod in pods(&Config::default()) {
+            assert_eq!(
+                pod.spec.as_ref().expect("spec").image_pull_secrets,
+                None,
+                "{:?}",
+                pod.metadata.name
+            );
+        }
+        let cfg = Config {
+            mover_image: "10.0.0.5:5000/ferry/ferry-mover:0.1.0".into(),
+            mover_image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+            ..Config::default()
+        };
+        for pod in pods(&cfg) {
+            assert_eq!(
+                pull_secrets_of(&pod),
+                ["regcred", "mirror"],
+                "{:?}",
+                pod.metadata.name
+            );
+            assert_eq!(
+                pod.spec.as_ref().expect("spec").containers[0]
+                    .image
+                    .as_deref(),
+                Some("10.0.0.5:5000/ferry/ferry-mover:0.1.0")
+            );
+        }
+    }
+
+    /// The built-in mover image names no registry host.
+    #[test]
+    fn default_mover_image_names_no_registry() {
+        let image = Config::default().mover_image;
+        assert_eq!(image, format!("ferry-mover:{}", env!("CARGO_PKG_VERSION")));
+        assert!(!image.contains('/'), "{image}");
     }
 }

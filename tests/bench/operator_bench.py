@@ -38,7 +38,7 @@ PEER = CACHE / "cluster-peer"
 ROUNDS = int(os.environ.get("ROUNDS") or 5)
 LARGE_MIB = int(os.environ.get("LARGE_MIB") or 1024)
 COUNT = int(os.environ.get("COUNT") or 100)
-ROOT = "/ferry-bench"
+ROOT = "/data/ferry-bench"
 UID = 65532
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- operator-bench:begin -->", "<!-- operator-bench:end -->"
@@ -89,6 +89,14 @@ def wait_succeeded(ns: str, name: str, timeout: int = 600, cluster: Path = CLUST
     return json.loads(kubectl("get", "transfer", "-n", ns, name, "-o", "json", cluster=cluster))
 
 
+def mover_image(cluster: Path) -> str:
+    """The ferry-mover image the cluster's registry holds (tests/cluster/up.sh writes images.env)."""
+    for line in (cluster / "images.env").read_text().splitlines():
+        if line.startswith("FERRY_IMAGE_FERRY_MOVER="):
+            return line.split("=", 1)[1]
+    raise SystemExit(f"no ferry-mover image in {cluster / 'images.env'}")
+
+
 def start_operator(cluster: Path, name: str, nodes: tuple[str, ...]) -> tuple[subprocess.Popen, str, str]:
     """An operator process for `cluster`, named `name` (also its cluster name); returns it, its
     metrics address and its cross-cluster API address."""
@@ -106,6 +114,7 @@ def start_operator(cluster: Path, name: str, nodes: tuple[str, ...]) -> tuple[su
     log = open(log_path, "w")
     p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system", "--cluster-name", name,
                           "--host-root", f"*={ROOT}", "--cas-root", f"{ROOT}/cas",
+                          "--mover-image", mover_image(cluster),
                           "--metrics-addr", "127.0.0.1:0", "--leader-election-id", f"ferry-operator-{name}",
                           "--peering-listen", "127.0.0.1:0"],
                          stdout=log, stderr=log, env={**os.environ, "KUBECONFIG": str(kc), "RUST_LOG": "info"})
@@ -175,7 +184,8 @@ def peak_rss_mib(pid: int) -> float:
 
 def receiver_seconds(ns: str, t: dict, cluster: Path = CLUSTER) -> float:
     pod = t["status"]["receiver"]["pod"]
-    log = (cluster / "logs" / f"{ns}_{pod}_mover.log").read_text()
+    # Through the kubelet, as `kubectl logs` (the pod stays until the Transfer is deleted).
+    log = kubectl("logs", "-n", ns, pod, "-c", "mover", cluster=cluster)
     for line in reversed(log.splitlines()):
         if line.startswith("{"):
             return float(json.loads(line)["seconds"])

@@ -5,6 +5,7 @@
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/net.sh"
+source "$(dirname "$0")/node-runtime.sh"
 
 # Stops one process (group) politely, then forcefully. $1 = pid, $2 = the program it runs.
 stop_pid() {
@@ -24,10 +25,10 @@ stop_pid() {
 }
 
 if [[ -d "$pid_dir" ]]; then
-  # Reverse start order: node agents first (they stop their pods), etcd last.
+  # Reverse start order: nodes first (every process of theirs, pods included), etcd last.
   [[ -f "$pid_dir/ferry-operator.pid" ]] && stop_pid "$(cat "$pid_dir/ferry-operator.pid")" ferry-operator
-  for f in "$pid_dir"/node-agent-*.pid; do
-    [[ -f "$f" ]] && stop_pid "$(cat "$f")" ferry-node-agent &
+  for node in ${nodes//,/ }; do
+    remove_node "$node" &
   done
   for f in "$pid_dir"/kube-proxy-*.pid; do
     [[ -f "$f" ]] && stop_pid "$(cat "$f")" kube-proxy &
@@ -38,17 +39,10 @@ if [[ -d "$pid_dir" ]]; then
     [[ -f "$f" ]] && stop_pid "$(cat "$f")" "$name"
   done
 fi
-# Pod processes the agent may have left behind (it was killed, or crashed): each runs in its own
-# process group whose id the agent recorded.
-if [[ -d "$cluster_dir/nodes" ]]; then
-  while IFS= read -r f; do
-    pgid="$(cat "$f" 2>/dev/null)"
-    [[ "$pgid" =~ ^[0-9]+$ ]] || continue
-    # Only a group whose leader still leads it (field 5 of stat is the process group).
-    [[ "$(awk '{print $5}' "/proc/$pgid/stat" 2>/dev/null)" == "$pgid" ]] || continue
-    kill -KILL -- "-$pgid" 2>/dev/null
-  done < <(find "$cluster_dir/run" -name '*.pgid' 2>/dev/null)
-fi
+# Nodes whose pid files are gone (an interrupted start) still have cgroups and namespaces.
+for node in ${nodes//,/ }; do
+  remove_node "$node"
+done
 
 net_cluster_down
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Shows container logs of a pod run by the node agent:  logs.sh POD [NAMESPACE]
-# Without arguments, lists every log file (pods and control-plane components).
+# Shows a pod's container logs (through the kubelets, as kubectl logs):  logs.sh POD [NAMESPACE]
+# A component's name (kube-apiserver, etcd, kubelet-node-a, containerd-node-a, ...) shows its log.
+# Without arguments, lists the component logs.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 if [[ $# -eq 0 || -z "${1:-}" ]]; then
@@ -9,18 +10,9 @@ if [[ $# -eq 0 || -z "${1:-}" ]]; then
 fi
 pod="$1"
 ns="${2:-default}"
-shopt -s nullglob
-files=("$log_dir/${ns}_${pod}_"*.log)
-if ((${#files[@]} == 0)); then
-  # A bare component name (kube-apiserver, etcd, node-agent...) shows that component's log.
-  if [[ -f "$log_dir/$pod.log" ]]; then
-    files=("$log_dir/$pod.log")
-  else
-    echo "logs.sh: no logs for pod $ns/$pod in $log_dir" >&2
-    exit 1
-  fi
+if [[ -f "$log_dir/$pod.log" ]]; then
+  cat "$log_dir/$pod.log"
+  exit 0
 fi
-for f in "${files[@]}"; do
-  echo "==> $f <=="
-  cat "$f"
-done
+bin="$("$repo_root/tests/k8s/build.sh")"
+exec "$bin/kubectl" --kubeconfig "$kubeconfig" logs -n "$ns" "$pod" --all-containers --prefix

@@ -1,6 +1,7 @@
 # LoadBalancer Services through MetalLB (sourced by up.sh after common.sh; needs $bin and kc).
-# The upstream manifest (kept next to the binaries by tests/k8s/build.sh) is applied with two
-# changes: no validating webhook (its certificates would need a rotation loop the local cluster
+# The upstream manifest (kept next to the binaries by tests/k8s/build.sh) is applied with three
+# changes: the images built from the same module (local registry), no validating webhook (its
+# certificates would need a rotation loop the local cluster
 # does not need; the controller runs with --webhook-mode=disabled), and the pods' veths excluded
 # from L2 announcements. Addresses come from the top of the cluster's node network, where the
 # router ARPs for them, so the host and the other cluster reach them as they reach node IPs.
@@ -8,8 +9,8 @@ lb_pool_first="$net_prefix.0.200"
 lb_pool_last="$net_prefix.0.250"
 
 metallb_up() {
-  python3 - "$bin/metallb-native.yaml" <<'PY' | kc apply -f - >/dev/null
-import sys
+  python3 - "$bin/metallb-native.yaml" "$FERRY_IMAGE_METALLB_CONTROLLER" "$FERRY_IMAGE_METALLB_SPEAKER" <<'PY' | kc apply -f - >/dev/null
+import re, sys
 docs = open(sys.argv[1]).read().split("\n---\n")
 out = []
 for d in docs:
@@ -18,6 +19,9 @@ for d in docs:
     if "name: controller\n" in d and "kind: Deployment" in d:
         d = d.replace("        - --log-level=info\n", "        - --log-level=info\n        - --webhook-mode=disabled\n        - --disable-cert-rotation\n", 1)
     d = d.replace('"^veth.*", ', '"^veth.*", "^p[0-9]+$", ')
+    # The images built from the same module, in the local registry.
+    d = re.sub(r"image: \S*/metallb/controller:\S+", "image: " + sys.argv[2], d)
+    d = re.sub(r"image: \S*/metallb/speaker:\S+", "image: " + sys.argv[3], d)
     out.append(d)
 print("\n---\n".join(out))
 PY

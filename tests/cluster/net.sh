@@ -15,6 +15,12 @@ host_link=ferry-net          # the host's end of the veth into the router
 host_link_ip=10.99.0.1       # /30 with the router's end
 router_link_ip=10.99.0.2
 cluster_supernet=10.96.0.0/11
+# The image registry every cluster's nodes pull from (plain HTTP), on the router's end of the host
+# link: the host pushes to it directly, nodes and pods reach it through the router.
+registry_addr="$router_link_ip:5000"
+registry_dir="${FERRY_CACHE:-$HOME/.cache/ferry}/registry"
+# Images are tagged by content, so old ones pile up: past this size the store starts empty.
+registry_max_mib=4096
 
 # Runs `ip` (or any command) in namespace $1.
 in_ns() {
@@ -72,13 +78,58 @@ net_router_up() {
     in_ns "$router_ns" iptables -w -P FORWARD ACCEPT
   fi
   ip route replace unreachable "$cluster_supernet"
+  registry_up || { net_unlock; return 1; }
   net_unlock
+}
+
+registry_running() {
+  local pid
+  pid="$(cat "$registry_dir/registry.pid" 2>/dev/null)" || return 1
+  [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q docker-registry
+}
+
+# The registry (the CNCF distribution registry from Debian's docker-registry package) in the
+# router's namespace; its store survives the clusters, so images are pushed once.
+registry_up() {
+  registry_running && return 0
+  mkdir -p "$registry_dir/data"
+  if (($(du -sm "$registry_dir/data" | cut -f1) > registry_max_mib)); then
+    rm -rf "$registry_dir/data"
+    mkdir -p "$registry_dir/data"
+  fi
+  cat >"$registry_dir/config.yml" <<YAML
+version: 0.1
+log: {level: warn, accesslog: {disabled: true}}
+storage:
+  filesystem: {rootdirectory: $registry_dir/data}
+  delete: {enabled: true}
+http:
+  addr: $registry_addr
+YAML
+  setsid ip netns exec "$router_ns" docker-registry serve "$registry_dir/config.yml" \
+    >"$registry_dir/registry.log" 2>&1 </dev/null &
+  echo $! >"$registry_dir/registry.pid"
+  local deadline=$(($(date +%s) + 30))
+  until curl -fs -o /dev/null --max-time 2 "http://$registry_addr/v2/"; do
+    if ! registry_running || (($(date +%s) > deadline)); then
+      echo "net.sh: the registry did not start; last lines of $registry_dir/registry.log:" >&2
+      tail -n 20 "$registry_dir/registry.log" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+registry_down() {
+  registry_running && kill -TERM "$(cat "$registry_dir/registry.pid")" 2>/dev/null
+  rm -f "$registry_dir/registry.pid"
 }
 
 # Removes the router once no cluster uses it.
 net_router_down_if_unused() {
   net_lock
   if ! ns_exists "$router_ns" || ! in_ns "$router_ns" ip -o link show type bridge | grep -q .; then
+    registry_down
     ip link del "$host_link" 2>/dev/null || true
     ip netns del "$router_ns" 2>/dev/null || true
     ip route del unreachable "$cluster_supernet" 2>/dev/null || true

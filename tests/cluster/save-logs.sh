@@ -7,4 +7,11 @@ dest="${1:?usage: save-logs.sh DIR}"
 rm -rf "$dest"
 mkdir -p "$dest"
 cp -r "$log_dir/." "$dest/"
+# Containers' logs as the kubelets keep them: <dest>/pods/<node>/<namespace>_<pod>_<uid>/<container>/N.log
+for dir in "$cluster_dir"/node-state/*/pod-logs; do
+  [[ -d "$dir" ]] || continue
+  node="$(basename "$(dirname "$dir")")"
+  mkdir -p "$dest/pods/$node"
+  cp -rL "$dir/." "$dest/pods/$node/" 2>/dev/null || true
+done
 echo "save-logs.sh: cluster logs copied to $dest" >&2

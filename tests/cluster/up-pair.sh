@@ -10,6 +10,7 @@ repo_root="$(cd "$here/../.." && pwd)"
 cargo_flags=()
 [[ "${FERRY_PROFILE:-debug}" == release ]] && cargo_flags+=(--release)
 (cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace) || exit 1
+"$here/images.sh" >/dev/null || exit 1
 "$here/up.sh" &
 main=$!
 FERRY_CLUSTER=peer "$here/up.sh" &

@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
 # Starts one of ferry's local Kubernetes clusters (FERRY_CLUSTER, default `ferry`; see common.sh):
-# the network (net.sh: a namespace per node and per pod, behind a router namespace), etcd,
-# kube-apiserver (RBAC + the usual admission plugins), kube-controller-manager, kube-scheduler in
-# the control plane's namespace, then per node the node agent (runs pods as local processes in pod
-# namespaces) and kube-proxy, CoreDNS as a pod behind the kube-dns Service, and MetalLB for
-# LoadBalancer Services. Writes <state dir>/kubeconfig and returns once every node is Ready and
-# CoreDNS is.
+# the network (net.sh: a namespace per node behind a router namespace, which also runs the image
+# registry), the images (images.sh), etcd, kube-apiserver (Node and RBAC authorization, the usual
+# admission plugins), kube-controller-manager, kube-scheduler in the control plane's namespace,
+# then per node containerd, the kubelet and kube-proxy (node-runtime.sh), CoreDNS as a pod behind
+# the kube-dns Service, and MetalLB for LoadBalancer Services, every pod from an image in the
+# local registry. Writes <state dir>/kubeconfig and <state dir>/images.env and returns once every
+# node is Ready and CoreDNS is.
 # A cluster of the same name left over from an earlier run is stopped first. Needs root.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/net.sh"
 source "$(dirname "$0")/procs.sh"
 source "$(dirname "$0")/metallb.sh"
+source "$(dirname "$0")/node-runtime.sh"
 started=$(date +%s.%N)
 "$repo_root/tests/scripts/deps.sh"
 bin="$("$repo_root/tests/k8s/build.sh")"
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
 cargo_flags=()
 [[ "$profile" == release ]] && cargo_flags+=(--release)
-# The agent and the probe binary pods run; a no-op when `make build` already built them.
+# The binaries the images carry; a no-op when `make build` already built them.
 # The whole workspace, as `make build` does: building a subset of packages unifies features
 # differently and would recompile shared dependencies (minutes) before every start.
 (cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace)
 
 "$(dirname "$0")/down.sh" 2>/dev/null || true
+images_env="$("$(dirname "$0")/images.sh")"
+set -a
+source "$images_env"
+set +a
 
 mkdir -p "$cluster_dir" "$pid_dir" "$log_dir" "$pki_dir" "$cluster_dir/nodes" "$cluster_dir/run"
 touch "$marker"
+cp "$images_env" "$cluster_dir/images.env"
 
 # --- certificates: one CA signs the apiserver's serving cert and every client cert -----------------
 pki() {
@@ -53,15 +60,16 @@ extendedKeyUsage=clientAuth"
 issue admin "/O=system:masters/CN=ferry-admin" "$client_ext"
 issue kube-controller-manager "/CN=system:kube-controller-manager" "$client_ext"
 issue kube-scheduler "/CN=system:kube-scheduler" "$client_ext"
-issue node-agent "/O=system:masters/CN=ferry-node-agent" "$client_ext"
 issue kube-proxy "/CN=system:kube-proxy" "$client_ext"
-# The apiserver's client identity towards the node agents' kubelet API (container logs).
+# The apiserver's client identity towards the kubelets (logs, exec).
 issue apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" "$client_ext"
 for node in ${nodes//,/ }; do
   issue "kubelet-$node" "/CN=system:node:$node" "basicConstraints=CA:FALSE
 keyUsage=digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
 subjectAltName=IP:$(node_ip "$node"),DNS:$node"
+  # The kubelet's own identity, which the Node authorizer and NodeRestriction confine to its node.
+  issue "kubelet-client-$node" "/O=system:nodes/CN=system:node:$node" "$client_ext"
 done
 pki ecparam -name prime256v1 -genkey -noout -out "$pki_dir/sa.key"
 pki ec -in "$pki_dir/sa.key" -pubout -out "$pki_dir/sa.pub"
@@ -93,7 +101,7 @@ KCFG
   chmod 600 "$1"
 }
 write_kubeconfig "$kubeconfig" admin
-for c in kube-controller-manager kube-scheduler node-agent kube-proxy; do
+for c in kube-controller-manager kube-scheduler kube-proxy; do
   write_kubeconfig "$pki_dir/$c.kubeconfig" "$c"
 done
 
@@ -152,13 +160,16 @@ start kube-apiserver "$cp_ns" "$bin/kube-apiserver" \
   --service-account-key-file "$pki_dir/sa.pub" --service-account-signing-key-file "$pki_dir/sa.key" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --api-audiences https://kubernetes.default.svc.cluster.local \
-  --authorization-mode RBAC \
-  --enable-admission-plugins NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,PersistentVolumeClaimResize,StorageObjectInUseProtection,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,PodSecurity,Priority \
+  --authorization-mode Node,RBAC \
+  --enable-admission-plugins NodeRestriction,NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,DefaultTolerationSeconds,PersistentVolumeClaimResize,StorageObjectInUseProtection,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota,PodSecurity,Priority \
   --allow-privileged=true \
   --service-cluster-ip-range "$service_range" \
   --profiling=false \
   --v 1
 wait_for "kube-apiserver /readyz" 60 kube-apiserver "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
+# The apiserver's identity towards the kubelets (logs, exec, port-forward) may use their API.
+"$bin/kubectl" --kubeconfig "$kubeconfig" create clusterrolebinding ferry:apiserver-kubelet-client \
+  --clusterrole system:kubelet-api-admin --user kube-apiserver-kubelet-client >/dev/null
 
 start kube-controller-manager "$cp_ns" "$bin/kube-controller-manager" \
   --kubeconfig "$pki_dir/kube-controller-manager.kubeconfig" \
@@ -175,26 +186,9 @@ start kube-scheduler "$cp_ns" "$bin/kube-scheduler" \
   --authentication-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --authorization-kubeconfig "$pki_dir/kube-scheduler.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$scheduler_port" --leader-elect=false --profiling=false --v 1
-# Pods may run as non-root users (movers run as 65532): when the build directory is not reachable
-# for them (a checkout under /root, say), the binaries pods run are staged where it is.
-pod_bin_dir="$target_dir"
-if ! setpriv --reuid 65532 --regid 65532 --clear-groups test -x "$target_dir/ferry-mover"; then
-  pod_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)-$cluster_name"
-  install -d -m 0755 "$pod_bin_dir"
-  for b in ferry-mover ferry-operator ferry-cluster-probe; do
-    install -m 0755 "$target_dir/$b" "$pod_bin_dir/$b"
-  done
-fi
-echo "$pod_bin_dir" > "$cluster_dir/pod-bin-dir"
-# MetalLB's controller runs as 65534: the same staging when the cache is not reachable for it.
-# Each cluster stages into its own directory: two clusters start at the same time.
-metallb_bin_dir="$bin"
-if ! setpriv --reuid 65534 --regid 65534 --clear-groups test -x "$bin/metallb-controller"; then
-  metallb_bin_dir="/var/tmp/ferry-cluster-bin-$(id -u)-$cluster_name"
-  install -d -m 0755 "$metallb_bin_dir"
-  install -m 0755 "$bin/metallb-controller" "$bin/metallb-speaker" "$metallb_bin_dir/"
-fi
-echo "$metallb_bin_dir" > "$cluster_dir/metallb-bin-dir"
+for node in ${nodes//,/ }; do
+  node_config "$node"
+done
 for node in ${nodes//,/ }; do
   start_node "$node"
 done
@@ -209,7 +203,7 @@ nodes_ready() {
   done
 }
 first_node="${nodes%%,*}"
-wait_for "nodes Ready" 60 "node-agent-$first_node" nodes_ready
+wait_for "nodes Ready" 60 "kubelet-$first_node" nodes_ready
 if [[ ",$nodes," == *,node-x,* ]]; then
   kc taint node node-x ferry.dev/disruptive=true:NoSchedule --overwrite >/dev/null
 fi
@@ -219,7 +213,7 @@ alive_or_die kube-scheduler
 alive_or_die kube-controller-manager
 
 # --- cluster DNS --------------------------------------------------------------------------------------
-sed -e "s/@DNS_IP@/$dns_service_ip/" "$(dirname "$0")/coredns.yaml" | kc apply -f - >/dev/null
+sed -e "s/@DNS_IP@/$dns_service_ip/" -e "s#@IMAGE@#$FERRY_IMAGE_COREDNS#" "$(dirname "$0")/coredns.yaml" | kc apply -f - >/dev/null
 # LoadBalancer Services, installed while CoreDNS starts (its pods are not waited for: tests that
 # use a LoadBalancer wait for its address).
 metallb_up >"$log_dir/metallb-install.log" 2>&1 &
@@ -229,7 +223,8 @@ coredns_ready() {
 }
 wait_for "CoreDNS Ready" 60 kube-controller-manager coredns_ready
 for node in ${nodes//,/ }; do
-  alive_or_die "node-agent-$node"
+  alive_or_die "containerd-$node"
+  alive_or_die "kubelet-$node"
   alive_or_die "kube-proxy-$node"
 done
 if ! wait "$metallb_install"; then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: a real Transfer end to end on the local cluster, with live progress.
 #
-# Builds what is missing, starts the local cluster (a real control plane, two simulated nodes) unless
-# one is running, installs ferry through its Helm chart (make deploy-local), writes a dataset on
+# Builds what is missing, starts the local cluster (a real control plane, real kubelets with
+# containerd) unless one is running, builds ferry's images and pushes them to the cluster's
+# registry, installs ferry through its Helm chart (make deploy-local), writes a dataset on
 # node-a, applies a Transfer to node-b, shows its progress live until it succeeds, verifies the copy
 # and prints the figures from the Transfer's status. Run it again: the second Transfer finds its
 # blocks in node-b's block store. `make demo-down` removes everything.
@@ -23,16 +24,16 @@ target="${CARGO_TARGET_DIR:-$repo_root/target}/$profile"
 
 bold=""; plain=""
 if [[ -t 1 ]]; then bold=$'\033[1m'; plain=$'\033[0m'; fi
-steps=4; n=0; t0=$SECONDS
+steps=5; n=0; t0=$SECONDS
 step() { n=$((n + 1)); printf '\n%s[%d/%d] %s%s  (%ds)\n' "$bold" "$n" "$steps" "$*" "$plain" "$((SECONDS - t0))"; }
 
 if [[ -z "${DEMO_SKIP_BUILD:-}" ]]; then
-  steps=7
+  steps=8
   step "Debian packages the cluster needs (installed once, then a no-op)"
   "$repo_root/tests/scripts/deps.sh"
   step "building ferry: cargo build --workspace (the first build takes several minutes)"
   (cd "$repo_root" && cargo build --workspace)
-  step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kube-proxy, kubectl, helm, CoreDNS, MetalLB (first time about 13 minutes, then cached in ${cache_dir/#$HOME/\~})"
+  step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, kubectl, helm, CoreDNS, MetalLB (first time about 13 minutes, then cached in ${cache_dir/#$HOME/\~})"
   "$repo_root/tests/k8s/build.sh" >/dev/null
 fi
 bin="$("$repo_root/tests/k8s/build.sh")"
@@ -41,10 +42,14 @@ export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig"
 if cluster_running "$bin/kubectl"; then
   step "the local cluster is already running: using it"
 else
-  step "starting the local cluster: control plane, nodes node-a, node-b and node-x (each node and pod in a network namespace of its own), kube-proxy, CoreDNS"
+  step "starting the local cluster: control plane, nodes node-a, node-b and node-x (each a kubelet with its own containerd, in a network namespace of its own), kube-proxy, CoreDNS"
   "$repo_root/tests/cluster/up.sh"
 fi
 kubectl get nodes
+
+step "building ferry's images FROM scratch (buildah) and pushing them to the cluster's registry"
+images_env="$("$repo_root/tests/cluster/images.sh")"
+grep -E 'FERRY_IMAGE_FERRY_(OPERATOR|MOVER)=' "$images_env" | cut -d= -f2
 
 step "installing ferry with its Helm chart (make deploy-local): the operator runs as a pod"
 "$repo_root/tests/demo/deploy-local.sh" >/dev/null

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubectl, etcd and helm
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, kubelet, kubectl, etcd and helm
 # from the Go module next to this script, CoreDNS from coredns/ and MetalLB from metallb/, into
 # ${FERRY_CACHE:-~/.cache/ferry}/k8s-<version>/bin.
 #
@@ -61,6 +61,7 @@ nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$scratch/" \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-proxy \
+  k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kubectl \
   go.etcd.io/etcd/server/v3 \
   helm.sh/helm/v3/cmd/helm >&2
@@ -78,7 +79,7 @@ mv "$scratch/metallb/controller" "$scratch/metallb-controller"
 mv "$scratch/metallb/speaker" "$scratch/metallb-speaker"
 mv "$scratch/metallb/metallb-native.yaml" "$scratch/metallb-native.yaml"
 rmdir "$scratch/metallb"
-for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd helm coredns metallb-controller metallb-speaker; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl etcd helm coredns metallb-controller metallb-speaker; do
   [[ -x "$scratch/$b" ]] || { echo "build.sh: $b missing after build" >&2; exit 1; }
 done
 rm -rf "$bin"

@@ -16,6 +16,11 @@ packages=(
   # the cluster's network: kube-proxy's iptables (nf_tables backend) and conntrack, the router's
   # filter, DNS and reachability checks in tests
   iptables conntrack iputils-ping dnsutils
+  # the local clusters' nodes: one containerd (with runc) per node, the CNI bridge/host-local/loopback
+  # plugins, the plain-HTTP registry the nodes pull from, and the daemonless image builder
+  containerd runc containernetworking-plugins docker-registry buildah
+  # images: strip/objcopy (binaries without their debug info), a static shell for the test tools image
+  binutils busybox-static
 )
 
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"

@@ -78,14 +78,23 @@ app.kubernetes.io/part-of: ferry
 {{- end }}
 
 {{/*
-An image reference from {repository, tag, digest}; the tag defaults to the chart's appVersion.
-Call with (dict "image" .Values.image "root" .).
+An image reference from {repository, tag, digest}: "<imageRegistry>/<repository>" when imageRegistry
+is set, else the repository as it is (then it must name a registry: it must contain a '/'); the tag
+defaults to the chart's appVersion; a digest takes precedence over the tag.
+Call with (dict "image" .Values.image "root" . "value" "image").
 */}}
 {{- define "ferry.imageRef" -}}
+{{- $registry := trimSuffix "/" (toString (default "" .root.Values.imageRegistry)) }}
+{{- $repo := .image.repository }}
+{{- if $registry }}
+{{- $repo = printf "%s/%s" $registry (trimPrefix "/" $repo) }}
+{{- else if not (contains "/" $repo) }}
+{{- fail (printf "imageRegistry is not set and %s.repository (%q) names no registry. ferry publishes no images: build them and push them to your own registry (make images; make push REGISTRY=host:port/prefix), then set imageRegistry=host:port/prefix (see the chart's README, Images)" .value $repo) }}
+{{- end }}
 {{- if .image.digest }}
-{{- printf "%s@%s" .image.repository .image.digest }}
+{{- printf "%s@%s" $repo .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion .image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -172,7 +181,7 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- $v := .Values }}
 {{- $args := list
   (printf "--cluster-name=%s" $v.clusterName)
-  (printf "--mover-image=%s" (include "ferry.imageRef" (dict "image" $v.moverImage "root" .)))
+  (printf "--mover-image=%s" (include "ferry.imageRef" (dict "image" $v.moverImage "root" . "value" "moverImage")))
   (printf "--mover-uid=%d" (int64 $v.moverUid))
   (printf "--cas-root=%s" $v.cas.root)
   (printf "--max-active=%d" (int64 $v.maxActive))
@@ -197,6 +206,9 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- end }}
 {{- if $v.moverDefaults.resources }}
 {{- $args = append $args (printf "--mover-resources=%s" (include "ferry.moverResourcesJson" .)) }}
+{{- end }}
+{{- range $v.imagePullSecrets }}
+{{- $args = append $args (printf "--mover-image-pull-secret=%s" .name) }}
 {{- end }}
 {{- with $v.moverDefaults.priorityClassName }}
 {{- $args = append $args (printf "--mover-priority-class=%s" .) }}
@@ -230,7 +242,7 @@ must be reachable through its Service. */}}
 {{- end }}
 {{- range $v.extraArgs }}
 {{- $flag := regexReplaceAll "=.*$" . "" }}
-{{- if and (has $flag $rendered) (not (has $flag (list "--host-root" "--mover-label"))) }}
+{{- if and (has $flag $rendered) (not (has $flag (list "--host-root" "--mover-label" "--mover-image-pull-secret"))) }}
 {{- fail (printf "extraArgs: %s is already rendered from a value (the operator rejects a repeated flag); set the value instead" $flag) }}
 {{- end }}
 {{- $args = append $args . }}

@@ -15,7 +15,7 @@ use crate::operator::{OperatorProcess, install_crd_and_rbac_in, kubectl_in, prep
 use crate::transfers::{MOVER_UID, make_tree};
 use crate::{Cluster, TestNamespace, wait_until};
 
-pub const HOST_ROOT: &str = "/ferry-xc";
+pub const HOST_ROOT: &str = "/data/ferry-xc";
 pub const WEST: Cluster = Cluster::Main;
 pub const EAST: Cluster = Cluster::Peer;
 pub const WEST_NODE: &str = "node-a";

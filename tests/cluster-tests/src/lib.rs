@@ -1,5 +1,6 @@
 //! Helpers for the tests that run against ferry's local cluster (`make cluster-up`): connecting,
-//! one namespace per test, waiting for pods, and reading container logs and node disks.
+//! one namespace per test, the images the cluster's registry holds, waiting for pods, and reading
+//! container logs (through the API, as `kubectl logs`) and node disks.
 //!
 //! When the cluster is not reachable the helpers fail the test with a message saying how to start
 //! it; they never skip.
@@ -10,17 +11,46 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::{Api, Client};
 
 pub mod cross;
 pub mod operator;
 pub mod transfers;
 
-/// The image name that the node agent maps to this crate's `ferry-cluster-probe` binary.
-pub const PROBE_IMAGE: &str = "ferry.dev/test/ferry-cluster-probe:dev";
-/// An image with no local binary: the node agent runs its command from the host's userland.
-pub const SHELL_IMAGE: &str = "busybox:1.36";
+/// The reference of image `name` (a stage of deploy/Dockerfile or tests/images/Dockerfile) as the
+/// cluster's registry holds it: `tests/cluster/up.sh` writes them to `<state dir>/images.env`.
+pub fn image(name: &str) -> String {
+    let file = cluster_dir().join("images.env");
+    let key = format!(
+        "FERRY_IMAGE_{}=",
+        name.to_ascii_uppercase().replace('-', "_")
+    );
+    let env = std::fs::read_to_string(&file).unwrap_or_default();
+    match env.lines().find_map(|l| l.strip_prefix(&key)) {
+        Some(reference) => reference.to_owned(),
+        None => panic!(
+            "no image {name} in {} (start the cluster with `make cluster-up`)",
+            file.display()
+        ),
+    }
+}
+
+/// This crate's `ferry-cluster-probe` binary, FROM scratch (no shell).
+pub fn probe_image() -> String {
+    image("ferry-cluster-probe")
+}
+
+/// busybox's shell and utilities with socat, curl, openssl and getent, for tests that run a
+/// script in a pod.
+pub fn shell_image() -> String {
+    image("ferry-test-tools")
+}
+
+/// The `ferry-mover` image the operator's pods run.
+pub fn mover_image() -> String {
+    image("ferry-mover")
+}
 
 /// One of the local clusters `tests/cluster/common.sh` defines: `ferry`, the default one most tests
 /// use, or `peer`, the second one that runs beside it (`FERRY_CLUSTER=peer make cluster-up`).
@@ -167,7 +197,7 @@ impl TestNamespace {
         Api::namespaced(self.client.clone(), &self.name)
     }
 
-    /// Deletes the namespace (its pods stop through the node agent).
+    /// Deletes the namespace (its pods stop through their kubelets).
     pub async fn delete(self) -> anyhow::Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         namespaces
@@ -260,7 +290,7 @@ pub async fn wait_succeeded(
         bail!(
             "pod {name} failed: status {:?}\nlog:\n{}",
             pod.status,
-            container_log(ns, name, &first_container(&pod))
+            container_log(ns, name, &first_container(&pod)).await
         );
     }
     Ok(pod)
@@ -274,14 +304,38 @@ fn first_container(pod: &Pod) -> String {
         .unwrap_or_default()
 }
 
-/// A container's log as the node agent wrote it (empty when there is none yet).
-pub fn container_log(ns: &str, pod: &str, container: &str) -> String {
-    std::fs::read_to_string(
-        cluster_dir()
-            .join("logs")
-            .join(format!("{ns}_{pod}_{container}.log")),
-    )
-    .unwrap_or_default()
+/// A container's log from the kubelet through the API server, as `kubectl logs` reads it (empty
+/// when there is none yet, or no longer).
+pub async fn container_log(ns: &str, pod: &str, container: &str) -> String {
+    let Ok(client) = client().await else {
+        return String::new();
+    };
+    let params = LogParams {
+        container: Some(container.to_owned()),
+        ..LogParams::default()
+    };
+    Api::<Pod>::namespaced(client, ns)
+        .logs(pod, &params)
+        .await
+        .unwrap_or_default()
+}
+
+/// The host pids of the processes (in any PID namespace) whose environment holds
+/// `FERRY_TEST_POD=<marker>`: how a test finds its container's processes from the machine.
+pub fn host_pids_with_marker(marker: &str) -> Vec<u32> {
+    let wanted = format!("FERRY_TEST_POD={marker}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|entry| entry == wanted.as_bytes())
+            })
+        })
+        .collect()
 }
 
 /// Waits until the container's log contains `needle`; returns the log.
@@ -292,16 +346,19 @@ pub async fn wait_for_log(
     needle: &str,
     timeout: Duration,
 ) -> anyhow::Result<String> {
-    let mut log = String::new();
-    let what = format!("{needle:?} in the log of {ns}/{pod}/{container}");
-    let res = wait_until(timeout, &what, || {
-        log = container_log(ns, pod, container);
-        let found = log.contains(needle);
-        async move { Ok(found) }
-    })
-    .await;
-    res.with_context(|| format!("log so far:\n{}", container_log(ns, pod, container)))?;
-    Ok(log)
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let log = container_log(ns, pod, container).await;
+        if log.contains(needle) {
+            return Ok(log);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "timed out after {timeout:?} waiting for {needle:?} in the log of {ns}/{pod}/{container}; log so far:\n{log}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Creates an object given as JSON in `api`.

@@ -176,7 +176,7 @@ impl OperatorProcess {
             "--namespace",
             "ferry-system",
             "--mover-image",
-            "ghcr.io/ferry-dev/ferry-mover:dev",
+            &crate::mover_image(),
             "--host-root",
             &format!("*={host_root}"),
             "--cas-root",

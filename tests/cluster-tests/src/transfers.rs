@@ -1,5 +1,5 @@
 //! What the operator's end-to-end tests share: one operator per test file, host directories on
-//! the simulated nodes, datasets, Transfers and waiting for their phase.
+//! the local cluster's nodes, datasets, Transfers and waiting for their phase.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -2,9 +2,9 @@
 //! its own namespace. If the cluster is not reachable every test fails with a message saying so.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use ferry_cluster_tests::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
@@ -46,7 +46,7 @@ async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::R
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE, "command": ["sh", "-c", script],
+                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
                     "workingDir": "/data",
                     "env": [
                         {"name": "GREETING", "value": "hello"},
@@ -72,7 +72,7 @@ async fn pod_with_host_path_secret_and_env_sees_its_files_and_env() -> anyhow::R
     .await?;
     let pod = wait_succeeded(&pods, &ns.name, "reader", POD_TIMEOUT).await?;
     let ip = pod_ip(&pod);
-    let log = container_log(&ns.name, "reader", "main");
+    let log = container_log(&ns.name, "reader", "main").await;
     assert_eq!(
         log,
         format!(
@@ -130,7 +130,7 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "securityContext": {"runAsUser": 1234, "runAsGroup": 1235, "fsGroup": 4321},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE, "command": ["sh", "-c", script],
+                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
                     "volumeMounts": [
                         {"name": "scratch", "mountPath": "/scratch"},
                         {"name": "rootonly", "mountPath": "/rootonly"},
@@ -145,7 +145,7 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
     )
     .await?;
     wait_succeeded(&pods, &ns.name, "nonroot", POD_TIMEOUT).await?;
-    let log = container_log(&ns.name, "nonroot", "main");
+    let log = container_log(&ns.name, "nonroot", "main").await;
     let mut lines = log.lines();
     assert_eq!(lines.next(), Some("ids: 1234 1235 1235 4321"), "{log}");
     let ls = lines.next().unwrap_or_default();
@@ -163,7 +163,7 @@ async fn security_context_user_and_fs_group_are_honoured() -> anyhow::Result<()>
             "metadata": {"name": "fails"},
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "main", "image": SHELL_IMAGE,
+                "containers": [{"name": "main", "image": shell_image(),
                     "command": ["sh", "-c", "echo 'disk on fire' > /dev/termination-log; exit 7"]}],
             }
         }),
@@ -191,7 +191,7 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": PROBE_IMAGE, "args": ["serve", "--port", "8080"],
+                    "name": "main", "image": probe_image(), "args": ["serve", "--port", "8080"],
                     "env": downward_env(),
                     "ports": [{"name": "hello", "containerPort": 8080}],
                     "readinessProbe": {"httpGet": {"port": "hello", "path": "/"}, "periodSeconds": 1},
@@ -211,7 +211,7 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": "node-b"},
                 "containers": [{
-                    "name": "main", "image": PROBE_IMAGE,
+                    "name": "main", "image": probe_image(),
                     "args": ["connect", "--addr", format!("{server_ip}:8080"), "--expect", "hello from server"],
                 }],
             }
@@ -237,27 +237,36 @@ async fn pods_on_different_nodes_reach_each_other_by_pod_ip() -> anyhow::Result<
     ns.delete().await
 }
 
-fn pid_from_log(log: &str) -> Option<u32> {
-    log.lines()
-        .find_map(|l| l.strip_prefix("pid "))
-        .and_then(|p| p.trim().parse().ok())
-}
-
 #[tokio::test]
 async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
     let ns = TestNamespace::create("delete").await?;
     let pods = ns.api::<Pod>();
-    for (name, args) in [
-        ("polite", json!(["sleep"])),
-        ("stubborn", json!(["sleep", "--ignore-term"])),
-    ] {
+    // What each container says also goes to a file on node-a's disk, which outlives the pod.
+    let record_dir = node_root("node-a").join("data").join(&ns.name);
+    std::fs::create_dir_all(&record_dir)?;
+    std::fs::set_permissions(&record_dir, std::fs::Permissions::from_mode(0o777))?;
+    for (name, ignore_term) in [("polite", false), ("stubborn", true)] {
+        let mut args = vec![
+            "sleep".to_owned(),
+            "--record".to_owned(),
+            format!("/record/{name}"),
+        ];
+        if ignore_term {
+            args.push("--ignore-term".into());
+        }
         create(
             &pods,
             json!({
                 "metadata": {"name": name},
                 "spec": {
                     "terminationGracePeriodSeconds": 2,
-                    "containers": [{"name": "main", "image": PROBE_IMAGE, "args": args}],
+                    "nodeSelector": {"kubernetes.io/hostname": "node-a"},
+                    "containers": [{
+                        "name": "main", "image": probe_image(), "args": args,
+                        "env": [{"name": "FERRY_TEST_POD", "value": format!("{}/{name}", ns.name)}],
+                        "volumeMounts": [{"name": "record", "mountPath": "/record"}],
+                    }],
+                    "volumes": [{"name": "record", "hostPath": {"path": format!("/data/{}", ns.name)}}],
                 }
             }),
         )
@@ -269,13 +278,14 @@ async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
             phase(p) == "Running"
         })
         .await?;
-        let log = wait_for_log(&ns.name, name, "main", "pid ", POD_TIMEOUT).await?;
-        let pid = pid_from_log(&log).context("no pid in log")?;
-        assert!(
-            std::path::Path::new(&format!("/proc/{pid}")).exists(),
-            "{name} runs as pid {pid}"
+        wait_for_log(&ns.name, name, "main", "pid ", POD_TIMEOUT).await?;
+        let found = host_pids_with_marker(&format!("{}/{name}", ns.name));
+        assert_eq!(
+            found.len(),
+            1,
+            "{name}: one process on the machine, not {found:?}"
         );
-        pids.push((name, pid));
+        pids.push((name, found[0]));
     }
     let started = std::time::Instant::now();
     for (name, _) in &pids {
@@ -294,8 +304,10 @@ async fn deleting_a_pod_ends_its_process() -> anyhow::Result<()> {
         );
     }
     // The polite one got SIGTERM and exited; the stubborn one got it too and was killed after grace.
-    assert!(container_log(&ns.name, "polite", "main").contains("received SIGTERM"));
-    assert!(container_log(&ns.name, "stubborn", "main").contains("received SIGTERM"));
+    for name in ["polite", "stubborn"] {
+        let said = std::fs::read_to_string(record_dir.join(name))?;
+        assert!(said.contains("received SIGTERM"), "{name}: {said}");
+    }
     assert!(
         started.elapsed() >= Duration::from_secs(2),
         "the stubborn pod got its grace period"
@@ -359,6 +371,8 @@ async fn pvc_bound_to_a_local_pv_on_node_b_is_written_there() -> anyhow::Result<
     )
     .await?;
     let disk_path = format!("/mnt/disks/{}", ns.name);
+    // A local PV names a directory the admin made on that node; the kubelet does not create it.
+    std::fs::create_dir_all(node_root("node-b").join(disk_path.trim_start_matches('/')))?;
     create(
         &pvs,
         json!({
@@ -388,7 +402,7 @@ async fn pvc_bound_to_a_local_pv_on_node_b_is_written_there() -> anyhow::Result<
             "metadata": {"name": "writer"},
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "main", "image": SHELL_IMAGE,
+                "containers": [{"name": "main", "image": shell_image(),
                     "command": ["sh", "-c", "printf 'ferry bytes %s' \"$(hostname)\" > /out/file.txt && sync"],
                     "volumeMounts": [{"name": "vol", "mountPath": "/out"}]}],
                 "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": "claim"}}],
@@ -455,7 +469,7 @@ async fn deployment_lists_pods_through_its_service_account_within_rbac_only() ->
                     "metadata": {"labels": {"app": "lister"}},
                     "spec": {
                         "serviceAccountName": "lister",
-                        "containers": [{"name": "main", "image": PROBE_IMAGE, "args": ["rbac"]}],
+                        "containers": [{"name": "main", "image": probe_image(), "args": ["rbac"]}],
                     }
                 }
             }

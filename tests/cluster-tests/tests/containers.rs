@@ -45,7 +45,7 @@ async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": PROBE_IMAGE,
+                    "name": "main", "image": probe_image(),
                     "args": ["grpc-health", "--port", "9000", "--serving-while-file", "/flag/serving"],
                     "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                     "volumeMounts": [{"name": "flag", "mountPath": "/flag"}],
@@ -57,7 +57,7 @@ async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
     )
     .await?;
     // A real TLS server (openssl s_server with a fresh self-signed certificate) behind an HTTPS
-    // httpGet probe: the agent connects with TLS and reads the status without verifying.
+    // httpGet probe: the kubelet connects with TLS and reads the status without verifying.
     create(
         &ns.api::<Pod>(),
         json!({
@@ -65,7 +65,7 @@ async fn grpc_and_https_probes_decide_readiness() -> anyhow::Result<()> {
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE,
+                    "name": "main", "image": shell_image(),
                     "command": ["sh", "-c", "cd /tmp && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=pod -keyout k.pem -out c.pem -days 1 2>/dev/null && exec openssl s_server -accept 8443 -www -cert c.pem -key k.pem -quiet"],
                     "readinessProbe": {"httpGet": {"port": 8443, "scheme": "HTTPS", "path": "/"}, "periodSeconds": 1},
                 }],
@@ -102,16 +102,19 @@ async fn failing_liveness_and_startup_probes_restart_the_container() -> anyhow::
     let ns = TestNamespace::create("liveness").await?;
     let flags = flag_dir(&ns);
     std::fs::write(flags.join("alive"), b"")?;
+    // The kubelet kills a container that fails its probe with SIGTERM, then SIGKILL after the
+    // probe's grace period; busybox's sleep as PID 1 ignores SIGTERM, so it ends with 137.
     let probe = |file: &str, failures: i32| {
         json!({"exec": {"command": ["test", "-e", format!("/flag/{file}")]},
-               "periodSeconds": 1, "failureThreshold": failures})
+               "periodSeconds": 1, "failureThreshold": failures,
+               "terminationGracePeriodSeconds": 1})
     };
     for (name, kind, file) in [
         ("live", "livenessProbe", "alive"),
         ("start", "startupProbe", "started"),
     ] {
         let mut container = json!({
-            "name": "main", "image": PROBE_IMAGE, "args": ["sleep"],
+            "name": "main", "image": shell_image(), "command": ["sleep", "3600"],
             "volumeMounts": [{"name": "flag", "mountPath": "/flag"}],
         });
         container[kind] = probe(file, 2);
@@ -178,7 +181,7 @@ async fn a_read_only_root_and_dropped_capabilities_hold_inside_the_container() -
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE,
+                    "name": "main", "image": shell_image(),
                     "command": ["sh", "-c", "
                         touch /var/tmp/ferry-sandbox-probe 2>&1 || echo root-read-only
                         touch /tmp/x 2>&1 || echo tmp-read-only
@@ -198,7 +201,7 @@ async fn a_read_only_root_and_dropped_capabilities_hold_inside_the_container() -
     .await?;
     let pods = ns.api::<Pod>();
     wait_succeeded(&pods, &ns.name, "confined", POD_TIMEOUT).await?;
-    let log = container_log(&ns.name, "confined", "main");
+    let log = container_log(&ns.name, "confined", "main").await;
     assert!(log.contains("Read-only file system"), "{log}");
     assert!(log.contains("root-read-only"), "{log}");
     assert!(log.contains("tmp-read-only"), "{log}");
@@ -221,10 +224,10 @@ async fn run_as_non_root_refuses_a_root_container_with_the_kubelets_reason() -> 
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "securityContext": {"runAsNonRoot": true},
+                // The tools image names no user, so it runs as root.
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE,
+                    "name": "main", "image": shell_image(),
                     "command": ["sh", "-c", "echo started; sleep 3600"],
-                    "securityContext": {"runAsUser": 0},
                 }],
             }
         }),
@@ -252,6 +255,10 @@ async fn run_as_non_root_refuses_a_root_container_with_the_kubelets_reason() -> 
         message.starts_with("container has runAsNonRoot and image will run as root"),
         "{message}"
     );
-    assert_eq!(container_log(&ns.name, "rooty", "main"), "", "nothing ran");
+    assert_eq!(
+        container_log(&ns.name, "rooty", "main").await,
+        "",
+        "nothing ran"
+    );
     ns.delete().await
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use ferry_cluster_tests::operator::{k8s_tool, kubectl};
-use ferry_cluster_tests::{cluster_dir, wait_until};
+use ferry_cluster_tests::{cluster_dir, container_log, wait_until};
 
 const RELEASE_NS: &str = "ferry-system";
 
@@ -247,11 +247,7 @@ async fn chart_install_demo_upgrade_and_uninstall() -> anyhow::Result<()> {
     assert!(pods[0].contains("Running"), "{pods:?}");
     // The operator runs under the chart's service account (it logs whom the apiserver sees).
     let pod_name = pods[0].split_whitespace().next().context("pod name")?;
-    let log = std::fs::read_to_string(
-        cluster_dir()
-            .join("logs")
-            .join(format!("{RELEASE_NS}_{pod_name}_operator.log")),
-    )?;
+    let log = container_log(RELEASE_NS, pod_name, "operator").await;
     assert!(
         log.contains("user=system:serviceaccount:ferry-system:ferry-operator"),
         "operator log:\n{log}"

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use ferry_cluster_tests::*;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -24,7 +24,7 @@ fn server(name: &str, node: &str, labels: serde_json::Value) -> serde_json::Valu
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [{
-                "name": "main", "image": PROBE_IMAGE, "args": ["serve", "--port", "8080"],
+                "name": "main", "image": probe_image(), "args": ["serve", "--port", "8080"],
                 "env": downward_env(),
                 "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
             }],
@@ -60,14 +60,14 @@ async fn run_script(
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": node},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE, "command": ["sh", "-c", script],
+                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
                 }],
             }
         }),
     )
     .await?;
     wait_succeeded(&pods, &ns.name, name, Duration::from_secs(120)).await?;
-    Ok(container_log(&ns.name, name, "main"))
+    Ok(container_log(&ns.name, name, "main").await)
 }
 
 async fn node_ip(client: &Client, node: &str) -> anyhow::Result<String> {
@@ -109,7 +109,7 @@ async fn a_pods_loopback_is_its_own() -> anyhow::Result<()> {
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": "node-a"},
                 "containers": [{
-                    "name": "main", "image": SHELL_IMAGE,
+                    "name": "main", "image": shell_image(),
                     "command": ["socat", "TCP-LISTEN:7000,bind=127.0.0.1,reuseaddr,fork", "SYSTEM:echo secret"],
                     "readinessProbe": {
                         "exec": {"command": ["sh", "-c", "socat -T2 - TCP:127.0.0.1:7000 </dev/null | grep -q secret"]},
@@ -155,7 +155,8 @@ async fn services_reach_ready_pods_only_by_cluster_ip_name_and_node_port() -> an
     std::fs::write(flag_dir.join("ready"), b"")?;
     let mut flappy = server("flappy", "node-b", json!({"app": "echo"}));
     flappy["spec"]["containers"][0]["readinessProbe"] = json!({
-        "exec": {"command": ["test", "-e", "/flag/ready"]}, "periodSeconds": 1,
+        "exec": {"command": ["/usr/local/bin/ferry-cluster-probe", "exists", "/flag/ready"]},
+        "periodSeconds": 1,
     });
     flappy["spec"]["containers"][0]["volumeMounts"] =
         json!([{"name": "flag", "mountPath": "/flag"}]);
@@ -440,7 +441,7 @@ async fn a_load_balancer_address_is_announced_and_reached_from_the_host_and_the_
                 "restartPolicy": "Never",
                 "nodeSelector": {"kubernetes.io/hostname": "peer-a"},
                 "containers": [{
-                    "name": "main", "image": PROBE_IMAGE,
+                    "name": "main", "image": probe_image(),
                     "args": ["connect", "--addr", format!("{lb_ip}:80"), "--expect", "hello from backend"],
                 }],
             }
@@ -478,7 +479,8 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
                     tolerate("node.kubernetes.io/unreachable", "NoExecute", Some(2)),
                     tolerate("node.kubernetes.io/not-ready", "NoExecute", Some(2)),
                 ],
-                "containers": [{"name": "main", "image": PROBE_IMAGE, "args": ["sleep"]}],
+                "containers": [{"name": "main", "image": probe_image(), "args": ["sleep"],
+                    "env": [{"name": "FERRY_TEST_POD", "value": format!("{}/victim", ns.name)}]}],
             }
         }),
     )
@@ -487,12 +489,11 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         phase(p) == "Running"
     })
     .await?;
-    let log = wait_for_log(&ns.name, "victim", "main", "pid ", POD_TIMEOUT).await?;
-    let pid: i32 = log
-        .lines()
-        .find_map(|l| l.strip_prefix("pid "))
-        .and_then(|p| p.trim().parse().ok())
-        .context("no pid in the log")?;
+    wait_for_log(&ns.name, "victim", "main", "pid ", POD_TIMEOUT).await?;
+    let found = host_pids_with_marker(&format!("{}/victim", ns.name));
+    let [pid] = found[..] else {
+        bail!("the victim's process on the machine: {found:?}");
+    };
 
     let stop = Cluster::Main
         .script("node.sh")

@@ -1,5 +1,5 @@
 //! The operator end to end on the local cluster: Transfers applied through the API, movers run
-//! as pods on the simulated nodes, data checked on the nodes' disks.
+//! as pods on the real nodes, data checked on the nodes' disks.
 //!
 //! One `ferry-operator` process serves every test of this file (as one operator serves a
 //! cluster); it runs on the host with the cluster's kubeconfig and dies with the test process.
@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 /// Host roots the test operator grants (to every namespace).
-const HOST_ROOT: &str = "/ferry-e2e";
+const HOST_ROOT: &str = "/data/ferry-e2e";
 
 /// The operator every test of this file shares.
 static OPERATOR: SharedOperator = SharedOperator::new("ferry-operator-e2e", HOST_ROOT);
@@ -271,13 +271,13 @@ async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
         (
             "outside-root",
             (NODE_A, "/etc"),
-            (NODE_B, "/ferry-e2e/x"),
+            (NODE_B, "/data/ferry-e2e/x"),
             "HostPathNotAllowed",
         ),
         (
             "no-node",
-            ("node-zz", "/ferry-e2e/a"),
-            (NODE_B, "/ferry-e2e/x"),
+            ("node-zz", "/data/ferry-e2e/a"),
+            (NODE_B, "/data/ferry-e2e/x"),
             "NodeNotFound",
         ),
     ];
@@ -311,8 +311,8 @@ async fn invalid_specs_get_a_reason_and_no_pods() -> anyhow::Result<()> {
         "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
         "metadata": {"name": "both"},
         "spec": {
-            "source": {"hostPath": {"node": NODE_A, "path": "/ferry-e2e/a"}, "pvc": {"claimName": "c"}},
-            "destination": {"hostPath": {"node": NODE_B, "path": "/ferry-e2e/b"}},
+            "source": {"hostPath": {"node": NODE_A, "path": "/data/ferry-e2e/a"}, "pvc": {"claimName": "c"}},
+            "destination": {"hostPath": {"node": NODE_B, "path": "/data/ferry-e2e/b"}},
             "streams": 0,
         }
     }))?;
@@ -611,7 +611,7 @@ async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -
             "spec": {
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
                     "seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{"name": "main", "image": ferry_cluster_tests::SHELL_IMAGE,
+                "containers": [{"name": "main", "image": ferry_cluster_tests::shell_image(),
                     "command": ["sh", "-c", "sleep 3600"],
                     "securityContext": {"allowPrivilegeEscalation": false,
                         "capabilities": {"drop": ["ALL"]}},

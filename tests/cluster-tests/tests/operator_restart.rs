@@ -12,7 +12,7 @@ use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 
-const HOST_ROOT: &str = "/ferry-e2e-restart";
+const HOST_ROOT: &str = "/data/ferry-e2e-restart";
 const MOVER_UID: u32 = 65532;
 
 #[tokio::test]

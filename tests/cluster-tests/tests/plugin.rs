@@ -16,7 +16,7 @@ use ferry_operator::api::{Phase, Transfer};
 use kube::api::{Api, PostParams};
 
 /// Host root the test operator grants (to every namespace).
-const HOST_ROOT: &str = "/ferry-plugin-e2e";
+const HOST_ROOT: &str = "/data/ferry-plugin-e2e";
 /// Longest any one plugin command may take before the test fails.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(240);
 

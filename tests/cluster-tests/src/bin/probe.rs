@@ -30,10 +30,14 @@ enum Command {
         #[arg(long)]
         expect: String,
     },
-    /// Prints its pid, then waits for SIGTERM (reports it and exits 0) or ignores it with --ignore-term.
+    /// Prints its pid (in its PID namespace), then waits for SIGTERM (reports it and exits 0) or
+    /// ignores it with --ignore-term.
     Sleep {
         #[arg(long)]
         ignore_term: bool,
+        /// Also appends each line to FILE (on a volume), which outlives the pod and its log.
+        #[arg(long)]
+        record: Option<std::path::PathBuf>,
     },
     /// Serves grpc.health.v1.Health/Check over h2c on $POD_IP:PORT: SERVING while FILE exists,
     /// NOT_SERVING otherwise.
@@ -46,6 +50,8 @@ enum Command {
     /// Uses the pod's service account from inside the cluster: lists pods here (allowed by the test's
     /// Role), pods in kube-system and secrets here (both beyond it), prints one JSON line, then sleeps.
     Rbac,
+    /// Exits 0 when PATH exists, 1 otherwise: an exec probe for an image without a shell.
+    Exists { path: std::path::PathBuf },
 }
 
 #[tokio::main]
@@ -53,12 +59,21 @@ async fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Serve { port } => serve(port).await,
         Command::Connect { addr, expect } => connect(&addr, &expect).await,
-        Command::Sleep { ignore_term } => sleep(ignore_term).await,
+        Command::Sleep {
+            ignore_term,
+            record,
+        } => sleep(ignore_term, record).await,
         Command::GrpcHealth {
             port,
             serving_while_file,
         } => grpc_health(port, serving_while_file).await,
         Command::Rbac => rbac().await,
+        Command::Exists { path } => {
+            if !path.exists() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -147,12 +162,25 @@ async fn connect(addr: &str, expect: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn sleep(ignore_term: bool) -> anyhow::Result<()> {
+async fn sleep(ignore_term: bool, record: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    println!("pid {}", std::process::id());
+    let say = |line: &str| -> anyhow::Result<()> {
+        println!("{line}");
+        if let Some(path) = &record {
+            use std::io::Write as _;
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("failed to open {}", path.display()))?;
+            writeln!(file, "{line}")?;
+        }
+        Ok(())
+    };
+    say(&format!("pid {}", std::process::id()))?;
     loop {
         term.recv().await;
-        println!("received SIGTERM");
+        say("received SIGTERM")?;
         if !ignore_term {
             return Ok(());
         }

@@ -1,0 +1,3 @@
+module ferry.dev/tests/pause
+
+go 1.25.0
