@@ -19,8 +19,9 @@ images: deps
 	$(CARGO) build --release -p ferry-operator -p ferry-mover
 	TAG="$(TAG)" deploy/images.sh build
 
-push: images
+push:
 	@[[ -n "$(REGISTRY)" ]] || { echo "usage: make push REGISTRY=host:port/prefix [TAG=...]" >&2; exit 2; }
+	$(MAKE) --no-print-directory images
 	TAG="$(TAG)" PLAIN_HTTP="$(PLAIN_HTTP)" deploy/images.sh push "$(REGISTRY)"
 
 chart-push: k8s-bin

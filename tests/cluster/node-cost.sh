@@ -16,12 +16,15 @@ for dir in "$cache_dir"/cluster "$cache_dir"/cluster-*; do
     pids_of["$(basename "$f" .pid)"]="$(cat "$f")"
   done
 done
-# Shims: children of each containerd.
-for name in "${!pids_of[@]}"; do
-  [[ "$name" == containerd-* ]] || continue
-  node="${name#containerd-}"
-  shims="$(pgrep -d, -P "${pids_of[$name]}" -f containerd-shim || true)"
-  [[ -n "$shims" ]] && pids_of["shims-$node"]="$shims"
+# Shims: the containerd-shim processes in each node's daemons cgroup (node-runtime.sh).
+for g in /sys/fs/cgroup/pids/ferry*.daemons; do
+  [[ -d "$g" ]] || continue
+  shims=""
+  for p in $(cat "$g/cgroup.procs"); do
+    [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == containerd-shim* ]] && shims+="${shims:+,}$p"
+  done
+  name="$(basename "$g" .daemons)"
+  [[ -n "$shims" ]] && pids_of["shims-${name#ferry?-}"]="$shims"
 done
 declare -A before
 for name in "${!pids_of[@]}"; do
