@@ -5,8 +5,8 @@
 #                    network), a veth to the host, no default route, and a FORWARD filter that lets
 #                    only a cluster's own nodes and pods, and the host, reach that cluster's pods;
 #   <ns>-cp          the cluster's control plane (etcd, apiserver, controller-manager, scheduler);
-#   <ns>-<node>      one per node: node IP on eth0, the node agent and kube-proxy, a veth per pod;
-#   <ns>-<node>-<id> one per pod, created by the node agent.
+#   <ns>-<node>      one per node: node IP on eth0, containerd, the kubelet and kube-proxy, the
+#                    pods' bridge cni0 (pods' own namespaces are containerd's, node-runtime.sh).
 # The host reaches node and pod addresses through a route into ferry-net, and holds an unreachable
 # route for the whole 10.96.0.0/11 besides, so no packet for a cluster address leaves the machine.
 
@@ -125,8 +125,10 @@ registry_down() {
   rm -f "$registry_dir/registry.pid"
 }
 
-# Removes the router once no cluster uses it.
+# Removes the router (and the registry in it) once no cluster uses it; FERRY_KEEP_ROUTER=1 keeps
+# them (up.sh clearing a leftover cluster of its name while another one may be starting).
 net_router_down_if_unused() {
+  [[ "${FERRY_KEEP_ROUTER:-0}" == 1 ]] && return 0
   net_lock
   if ! ns_exists "$router_ns" || ! in_ns "$router_ns" ip -o link show type bridge | grep -q .; then
     registry_down
@@ -197,14 +199,4 @@ net_node_up() {
   # Pod traffic leaving the cluster carries the node's address, as on a real cluster's nodes.
   in_ns "$ns" iptables -w -t nat -C POSTROUTING -s "$cidr" ! -d "$cluster_block" -j MASQUERADE 2>/dev/null ||
     in_ns "$ns" iptables -w -t nat -A POSTROUTING -s "$cidr" ! -d "$cluster_block" -j MASQUERADE
-}
-
-# Kills every process in node $1's pod namespaces and removes them (a power loss); the node's own
-# namespace stays, as a machine's NIC does.
-net_node_pods_kill() {
-  local ns
-  for ns in $(ip netns list | awk '{print $1}' | grep -E "^${netns_prefix}-$1-" || true); do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
-    ip netns del "$ns" 2>/dev/null || true
-  done
 }

@@ -25,7 +25,8 @@ cargo_flags=()
 # differently and would recompile shared dependencies (minutes) before every start.
 (cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace)
 
-"$(dirname "$0")/down.sh" 2>/dev/null || true
+# The router and its registry stay: the other cluster may be starting and pushing beside this one.
+FERRY_KEEP_ROUTER=1 "$(dirname "$0")/down.sh" 2>/dev/null || true
 images_env="$("$(dirname "$0")/images.sh")"
 set -a
 source "$images_env"
