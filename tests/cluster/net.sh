@@ -82,16 +82,21 @@ net_router_up() {
   net_unlock
 }
 
+# The registry process of this store (a zombie has no command line, so it does not count).
 registry_running() {
-  local pid
-  pid="$(cat "$registry_dir/registry.pid" 2>/dev/null)" || return 1
-  [[ "$pid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q docker-registry
+  pgrep -f "^docker-registry serve $registry_dir/config.yml\$" >/dev/null
 }
 
 # The registry (the CNCF distribution registry from Debian's docker-registry package) in the
 # router's namespace; its store survives the clusters, so images are pushed once.
 registry_up() {
-  registry_running && return 0
+  curl -fs -o /dev/null --max-time 2 "http://$registry_addr/v2/" && return 0
+  # One that runs but does not answer (left in a router namespace since removed) goes first.
+  if registry_running; then
+    registry_down
+    local gone=$(($(date +%s) + 10))
+    while registry_running && (($(date +%s) < gone)); do sleep 0.1; done
+  fi
   mkdir -p "$registry_dir/data"
   if (($(du -sm "$registry_dir/data" | cut -f1) > registry_max_mib)); then
     rm -rf "$registry_dir/data"
@@ -108,10 +113,9 @@ http:
 YAML
   setsid ip netns exec "$router_ns" docker-registry serve "$registry_dir/config.yml" \
     >"$registry_dir/registry.log" 2>&1 </dev/null &
-  echo $! >"$registry_dir/registry.pid"
   local deadline=$(($(date +%s) + 30))
   until curl -fs -o /dev/null --max-time 2 "http://$registry_addr/v2/"; do
-    if ! registry_running || (($(date +%s) > deadline)); then
+    if (($(date +%s) > deadline)); then
       echo "net.sh: the registry did not start; last lines of $registry_dir/registry.log:" >&2
       tail -n 20 "$registry_dir/registry.log" >&2
       return 1
@@ -121,8 +125,7 @@ YAML
 }
 
 registry_down() {
-  registry_running && kill -TERM "$(cat "$registry_dir/registry.pid")" 2>/dev/null
-  rm -f "$registry_dir/registry.pid"
+  pkill -TERM -f "^docker-registry serve $registry_dir/config.yml\$" || true
 }
 
 # Removes the router (and the registry in it) once no cluster uses it; FERRY_KEEP_ROUTER=1 keeps
