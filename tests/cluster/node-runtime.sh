@@ -13,8 +13,6 @@
 node_run_root=/run/ferry-nodes
 # Host directories each node sees as its own.
 node_disk_dirs=(data var/lib/ferry mnt/disks)
-# Local images registry the nodes pull from over plain HTTP (net.sh starts it in the router).
-registry_prefix="$registry_addr/ferry"
 
 node_ns() { echo "$netns_prefix-$1"; }
 node_run_dir() { echo "$node_run_root/$(node_ns "$1")"; }
@@ -58,18 +56,19 @@ node_pids() {
 # Kills every process of the node at once (a power cut): frozen first, so nothing forks or
 # restarts in between, then SIGKILL, then thawed so the kills land.
 node_kill_all() {
-  local node="$1" g freezer=/sys/fs/cgroup/freezer deadline
+  local node="$1" g c freezer=/sys/fs/cgroup/freezer deadline
   g="$(node_cgroup "$node")"
   for c in "$g" "$g.daemons"; do
     [[ -d "$freezer$c" ]] && echo FROZEN >"$freezer$c/freezer.state"
   done
-  node_pids "$node" | xargs -r kill -KILL 2>/dev/null
+  # A process that exited since it was listed makes kill fail: not an error here.
+  node_pids "$node" | xargs -r kill -KILL 2>/dev/null || true
   for c in "$g" "$g.daemons"; do
     [[ -d "$freezer$c" ]] && echo THAWED >"$freezer$c/freezer.state"
   done
   deadline=$(($(date +%s) + 20))
   while [[ -n "$(node_pids "$node")" ]]; do
-    node_pids "$node" | xargs -r kill -KILL 2>/dev/null
+    node_pids "$node" | xargs -r kill -KILL 2>/dev/null || true
     (($(date +%s) < deadline)) || { echo "node-runtime: processes of $node survive SIGKILL: $(node_pids "$node" | tr '\n' ' ')" >&2; return 1; }
     sleep 0.1
   done
