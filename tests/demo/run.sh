@@ -31,19 +31,10 @@ if [[ -z "${DEMO_SKIP_BUILD:-}" ]]; then
   steps=8
   step "Debian packages the cluster needs (installed once, then a no-op)"
   "$repo_root/tests/scripts/deps.sh"
-  # Both builds at once: the Go build runs niced and fills the cores cargo leaves idle (its
-  # single-threaded crates and links), which a cold start spends most of its time on.
-  mkdir -p "$cache_dir"
-  k8s_log="$cache_dir/k8s-build.log"
-  "$repo_root/tests/k8s/build.sh" >/dev/null 2>"$k8s_log" &
-  k8s_build=$!
-  step "building ferry: cargo build --workspace, with Kubernetes building beside it (the first time takes several minutes)"
+  step "building ferry: cargo build --workspace (the first build takes several minutes)"
   (cd "$repo_root" && cargo build --workspace)
   step "Kubernetes from source: etcd, apiserver, controller-manager, scheduler, kubelet, kube-proxy, kubectl, helm, CoreDNS, MetalLB (first time about 13 minutes, then cached in ${cache_dir/#$HOME/\~})"
-  if ! wait "$k8s_build"; then
-    cat "$k8s_log" >&2
-    exit 1
-  fi
+  "$repo_root/tests/k8s/build.sh" >/dev/null
 fi
 bin="$("$repo_root/tests/k8s/build.sh")"
 export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig"
