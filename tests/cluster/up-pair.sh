@@ -10,7 +10,9 @@ repo_root="$(cd "$here/../.." && pwd)"
 cargo_flags=()
 [[ "${FERRY_PROFILE:-debug}" == release ]] && cargo_flags+=(--release)
 (cd "$repo_root" && cargo build -q "${cargo_flags[@]}" --workspace) || exit 1
-"$here/images.sh" >/dev/null || exit 1
+# Built once for both clusters, which then only read the references.
+FERRY_IMAGES_ENV="$("$here/images.sh")" || exit 1
+export FERRY_IMAGES_ENV
 "$here/up.sh" &
 main=$!
 FERRY_CLUSTER=peer "$here/up.sh" &

@@ -27,7 +27,8 @@ cargo_flags=()
 
 # The router and its registry stay: the other cluster may be starting and pushing beside this one.
 FERRY_KEEP_ROUTER=1 "$(dirname "$0")/down.sh" 2>/dev/null || true
-images_env="$("$(dirname "$0")/images.sh")"
+# FERRY_IMAGES_ENV: the images a caller (up-pair.sh) has built and pushed already.
+images_env="${FERRY_IMAGES_ENV:-$("$(dirname "$0")/images.sh")}"
 set -a
 source "$images_env"
 set +a

@@ -17,7 +17,7 @@ if ! cluster_running "$bin/kubectl"; then
   "$repo_root/tests/cluster/up.sh"
 fi
 # The images of the current build (a no-op when the registry holds them).
-images_env="$("$repo_root/tests/cluster/images.sh")"
+images_env="${FERRY_IMAGES_ENV:-$("$repo_root/tests/cluster/images.sh")}"
 source "$images_env"
 registry="$registry_addr/ferry"
 tag_of() { echo "${1##*:}"; }

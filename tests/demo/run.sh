@@ -39,6 +39,11 @@ fi
 bin="$("$repo_root/tests/k8s/build.sh")"
 export PATH="$bin:$PATH" KUBECONFIG="$kubeconfig"
 
+step "building ferry's images FROM scratch (buildah) and pushing them to the cluster's registry"
+images_env="$("$repo_root/tests/cluster/images.sh")"
+export FERRY_IMAGES_ENV="$images_env"
+grep -E 'FERRY_IMAGE_FERRY_(OPERATOR|MOVER)=' "$images_env" | cut -d= -f2
+
 if cluster_running "$bin/kubectl"; then
   step "the local cluster is already running: using it"
 else
@@ -46,10 +51,6 @@ else
   "$repo_root/tests/cluster/up.sh"
 fi
 kubectl get nodes
-
-step "building ferry's images FROM scratch (buildah) and pushing them to the cluster's registry"
-images_env="$("$repo_root/tests/cluster/images.sh")"
-grep -E 'FERRY_IMAGE_FERRY_(OPERATOR|MOVER)=' "$images_env" | cut -d= -f2
 
 step "installing ferry with its Helm chart (make deploy-local): the operator runs as a pod"
 "$repo_root/tests/demo/deploy-local.sh" >/dev/null
