@@ -28,8 +28,8 @@ struct Pair {
 
 fn pair() -> Pair {
     let (east_ca, west_ca) = (ca("east"), ca("west"));
-    let east = Pki::scoped(&east_ca, "east", TRANSFER, 2);
-    let west = Pki::scoped(&west_ca, "west", TRANSFER, 2);
+    let east = Pki::scoped_for_peer(&east_ca, "east", "west", TRANSFER, 2);
+    let west = Pki::scoped_for_peer(&west_ca, "west", "east", TRANSFER, 2);
     Pair {
         east_ca,
         west_ca,
@@ -125,7 +125,7 @@ async fn each_ca_vouches_only_for_its_own_cluster() {
 
     // West's CA mints a sender that claims to be east's own: east checks east's claims against
     // its own CA only, so the chain fails.
-    let forged = Pki::scoped(&p.west_ca, "east", TRANSFER, 2);
+    let forged = Pki::scoped_for_peer(&p.west_ca, "east", "west", TRANSFER, 2);
     let forged_sender = with_peer(forged.files(Role::Sender), &p.west, "west");
     let (srv, _) = handshake(
         &receiver,
@@ -138,7 +138,7 @@ async fn each_ca_vouches_only_for_its_own_cluster() {
 
     // A third cluster's sender signed by west's CA, or west's sender of another attempt.
     for (cluster, attempt) in [("north", 2), ("west", 1)] {
-        let other = Pki::scoped(&p.west_ca, cluster, TRANSFER, attempt);
+        let other = Pki::scoped_for_peer(&p.west_ca, cluster, "east", TRANSFER, attempt);
         let files = with_peer(other.files(Role::Sender), &p.east, "east");
         let (srv, _) = handshake(&receiver, &[Role::Sender], &files, &[Role::Receiver]).await;
         // Whichever side notices first (the honest client also refuses east's receiver of
@@ -165,7 +165,7 @@ async fn a_peer_ca_never_vouches_for_an_operator() {
     // accepts operators, but east trusts west's CA only for movers.
     let progress_server = with_peer(p.east.files(Role::Receiver), &p.west, "west");
     let dir = tempfile::tempdir().unwrap();
-    let id = net::Identity::scoped(TRANSFER, Role::Operator, "west", 2).unwrap();
+    let id = net::Identity::scoped_for_peer(TRANSFER, Role::Operator, "west", 2, "east").unwrap();
     let (cert, key) = p.west_ca.issue_for(&id).unwrap();
     std::fs::write(dir.path().join("o.crt"), cert).unwrap();
     std::fs::write(dir.path().join("o.key"), key).unwrap();
@@ -222,6 +222,16 @@ fn peer_ca_needs_a_scoped_certificate_and_another_cluster() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("operator-issued"), "{e}");
+    // A certificate for a session with another cluster, or with none, cannot take --peer-cluster.
+    let local = Pki::scoped(&p.east_ca, "east", TRANSFER, 2);
+    let e = net::with_peer(local.files(Role::Receiver), &p.west.ca_path(), "west")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not for a session with that cluster"), "{e}");
+    let e = net::with_peer(p.east.files(Role::Receiver), &p.west.ca_path(), "north")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not for a session with that cluster"), "{e}");
 }
 
 /// A free port below the kernel's ephemeral range, so a client retrying it cannot end up

@@ -621,9 +621,12 @@ async fn apply(
                         } else {
                             ferry_mover::net::Role::Receiver
                         };
-                        let mut files =
-                            ctx.authority
-                                .attempt_files_for(&r.transfer_id, *attempt, &[role])?;
+                        let mut files = ctx.authority.cross_cluster_files(
+                            &r.transfer_id,
+                            *attempt,
+                            role,
+                            &r.cluster,
+                        )?;
                         files.insert(movers::PEER_CA_KEY.to_owned(), ca.clone());
                         files
                     }

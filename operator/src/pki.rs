@@ -177,23 +177,36 @@ impl Authority {
         transfer_id: &str,
         attempt: u32,
     ) -> Result<BTreeMap<String, String>, PkiError> {
-        self.attempt_files_for(transfer_id, attempt, &[Role::Sender, Role::Receiver])
-    }
-
-    /// The same for some roles only (a cross-cluster half runs one mover here; the other
-    /// cluster issues the other).
-    pub fn attempt_files_for(
-        &self,
-        transfer_id: &str,
-        attempt: u32,
-        roles: &[Role],
-    ) -> Result<BTreeMap<String, String>, PkiError> {
         let mut files = BTreeMap::new();
         files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
-        for &role in roles {
+        for role in [Role::Sender, Role::Receiver] {
             let (cert, key) = self
                 .ca
                 .issue_for(&self.identity(transfer_id, role, attempt)?)?;
+            files.insert(format!("{role}.crt"), cert);
+            files.insert(format!("{role}.key"), key);
+        }
+        Ok(files)
+    }
+
+    /// The Secret data of a cross-cluster half's attempt: `ca.crt` and the certificate of the
+    /// one mover that runs here, naming `peer_cluster`. The transfer id was chosen by the other
+    /// cluster; naming the peer keeps a certificate issued for it from matching a local
+    /// Transfer's movers.
+    pub fn cross_cluster_files(
+        &self,
+        transfer_id: &str,
+        attempt: u32,
+        role: Role,
+        peer_cluster: &str,
+    ) -> Result<BTreeMap<String, String>, PkiError> {
+        let mut files = BTreeMap::new();
+        files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
+        let identity =
+            Identity::scoped_for_peer(transfer_id, role, &self.cluster, attempt, peer_cluster)
+                .map_err(|e| PkiError::Certs(CertsError::Identity(e)))?;
+        {
+            let (cert, key) = self.ca.issue_for(&identity)?;
             files.insert(format!("{role}.crt"), cert);
             files.insert(format!("{role}.key"), key);
         }
@@ -295,5 +308,26 @@ mod tests {
             "a certificate of another run is refused"
         );
         a.progress_client("uid.1", 3).expect("progress tls");
+    }
+
+    #[test]
+    fn cross_cluster_certificates_name_the_peer_cluster() {
+        let a = Authority::ephemeral("east").expect("ca");
+        let files = a
+            .cross_cluster_files("uid.1", 2, Role::Sender, "west")
+            .expect("files");
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            ["ca.crt", "sender.crt", "sender.key"]
+        );
+        let der = rustls::pki_types::CertificateDer::pem_slice_iter(files["sender.crt"].as_bytes())
+            .next()
+            .expect("one certificate")
+            .expect("pem");
+        let id = Identity::from_cert_der(&der).expect("identity");
+        assert_eq!(
+            id.uri(),
+            "urn:ferry:cluster:east:peer:west:transfer:uid.1:attempt:2:role:sender"
+        );
     }
 }

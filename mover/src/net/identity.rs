@@ -1,10 +1,15 @@
 //! Who a certificate speaks for: a transfer id and a role, carried as a URI SAN
 //! `urn:ferry:transfer:<transfer-id>:role:<role>`; certificates an operator issues also name the
 //! issuing cluster and the attempt:
-//! `urn:ferry:cluster:<cluster>:transfer:<transfer-id>:attempt:<n>:role:<role>`.
+//! `urn:ferry:cluster:<cluster>:transfer:<transfer-id>:attempt:<n>:role:<role>`. A mover of a
+//! cross-cluster Transfer also names the cluster at the other end:
+//! `urn:ferry:cluster:<cluster>:peer:<other>:transfer:...`.
 //!
-//! Two endpoints accept each other only when everything but the role is equal, so a certificate
-//! of an earlier attempt, of another Transfer or minted for another cluster is refused.
+//! Two endpoints of one cluster accept each other only when everything but the role is equal, so
+//! a certificate of an earlier attempt, of another Transfer or minted for another cluster is
+//! refused. Across clusters each side must name the other as its peer: the transfer id of a
+//! cross-cluster Transfer is chosen by the other cluster, so without the peer a certificate issued
+//! for it could match a local Transfer's id and be accepted by that Transfer's local receiver.
 
 use std::fmt;
 
@@ -12,6 +17,7 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
 const PREFIX: &str = "urn:ferry:transfer:";
 const SCOPED_PREFIX: &str = "urn:ferry:cluster:";
+const PEER_SEP: &str = ":peer:";
 const TRANSFER_SEP: &str = ":transfer:";
 const ATTEMPT_SEP: &str = ":attempt:";
 const ROLE_SEP: &str = ":role:";
@@ -65,11 +71,13 @@ pub struct Identity {
     pub scope: Option<Scope>,
 }
 
-/// The cluster whose operator issued a certificate, and the attempt it is for.
+/// The cluster whose operator issued a certificate, the attempt it is for and, for a
+/// cross-cluster Transfer, the cluster of the other mover.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
     pub cluster: String,
     pub attempt: u32,
+    pub peer: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +123,25 @@ impl Identity {
         id.scope = Some(Scope {
             cluster: cluster.to_owned(),
             attempt,
+            peer: None,
         });
+        Ok(id)
+    }
+
+    /// The identity of a mover of a cross-cluster Transfer: issued by `cluster`, for a session
+    /// with a mover of `peer`.
+    pub fn scoped_for_peer(
+        transfer_id: &str,
+        role: Role,
+        cluster: &str,
+        attempt: u32,
+        peer: &str,
+    ) -> Result<Self, IdentityError> {
+        validate_transfer_id(peer).map_err(|_| IdentityError::BadCluster(peer.to_owned()))?;
+        let mut id = Self::scoped(transfer_id, role, cluster, attempt)?;
+        if let Some(s) = id.scope.as_mut() {
+            s.peer = Some(peer.to_owned());
+        }
         Ok(id)
     }
 
@@ -130,10 +156,17 @@ impl Identity {
     pub fn uri(&self) -> String {
         match &self.scope {
             None => format!("{PREFIX}{}{ROLE_SEP}{}", self.transfer_id, self.role),
-            Some(s) => format!(
-                "{SCOPED_PREFIX}{}{TRANSFER_SEP}{}{ATTEMPT_SEP}{}{ROLE_SEP}{}",
-                s.cluster, self.transfer_id, s.attempt, self.role
-            ),
+            Some(s) => {
+                let peer = s
+                    .peer
+                    .as_ref()
+                    .map(|p| format!("{PEER_SEP}{p}"))
+                    .unwrap_or_default();
+                format!(
+                    "{SCOPED_PREFIX}{}{peer}{TRANSFER_SEP}{}{ATTEMPT_SEP}{}{ROLE_SEP}{}",
+                    s.cluster, self.transfer_id, s.attempt, self.role
+                )
+            }
         }
     }
 
@@ -142,7 +175,12 @@ impl Identity {
             let (cluster, rest) = rest.split_once(TRANSFER_SEP)?;
             let (rest, role) = rest.rsplit_once(ROLE_SEP)?;
             let (id, attempt) = rest.rsplit_once(ATTEMPT_SEP)?;
-            return Self::scoped(id, Role::parse(role)?, cluster, attempt.parse().ok()?).ok();
+            let (role, attempt) = (Role::parse(role)?, attempt.parse().ok()?);
+            return match cluster.split_once(PEER_SEP) {
+                Some((cluster, peer)) => Self::scoped_for_peer(id, role, cluster, attempt, peer),
+                None => Self::scoped(id, role, cluster, attempt),
+            }
+            .ok();
         }
         let rest = uri.strip_prefix(PREFIX)?;
         let (id, role) = rest.rsplit_once(ROLE_SEP)?;
@@ -167,24 +205,52 @@ impl Identity {
             .ok_or(IdentityError::NoIdentity)
     }
 
-    /// Checks a peer's identity against what `local` accepts.
+    /// Checks a peer's identity against what `local` accepts: the same cluster, attempt and
+    /// peer cluster (none for a Transfer inside one cluster). The operator reading progress
+    /// names no peer cluster: it is always this cluster's own.
     pub fn check_peer(&self, peer: &Identity, accepted: &[Role]) -> Result<(), IdentityError> {
-        self.check_peer_scoped(peer, accepted, self.scope.clone())
+        let scope = match (&self.scope, self.role, peer.role) {
+            (Some(s), _, Role::Operator) => Some(Scope {
+                peer: None,
+                ..s.clone()
+            }),
+            // The operator reads the progress of its cluster's movers, cross-cluster ones too.
+            (Some(s), Role::Operator, _) => Some(Scope {
+                peer: peer.scope.as_ref().and_then(|p| p.peer.clone()),
+                ..s.clone()
+            }),
+            _ => self.scope.clone(),
+        };
+        self.check_peer_scoped(peer, accepted, scope)
     }
 
     /// Checks the identity of a peer issued by another cluster's operator for the same transfer
-    /// and attempt (a cross-cluster transfer: the two operators agreed on the transfer id).
+    /// and attempt (a cross-cluster transfer: the two operators agreed on the transfer id). Each
+    /// certificate must name the other's cluster as its peer.
     pub fn check_peer_from(
         &self,
         peer: &Identity,
         accepted: &[Role],
         cluster: &str,
     ) -> Result<(), IdentityError> {
-        let scope = self.scope.as_ref().map(|s| Scope {
-            cluster: cluster.to_owned(),
-            attempt: s.attempt,
+        let scope = self.scope.as_ref().and_then(|s| {
+            (s.peer.as_deref() == Some(cluster)).then(|| Scope {
+                cluster: cluster.to_owned(),
+                attempt: s.attempt,
+                peer: Some(s.cluster.clone()),
+            })
         });
-        self.check_peer_scoped(peer, accepted, scope)
+        match scope {
+            Some(scope) => self.check_peer_scoped(peer, accepted, Some(scope)),
+            // This endpoint's own certificate was not issued for a session with `cluster`.
+            None => Err(IdentityError::Mismatch {
+                peer: peer.uri(),
+                local: self.uri(),
+                accepted: format!(
+                    "nothing from cluster {cluster}: this endpoint's certificate does not name it as its peer"
+                ),
+            }),
+        }
     }
 
     fn check_peer_scoped(
@@ -256,8 +322,13 @@ mod tests {
 
     #[test]
     fn a_peer_cluster_identity_must_name_that_cluster_and_the_same_attempt() {
-        let local = Identity::scoped("u.1", Role::Receiver, "east", 2).unwrap();
-        let west = Identity::scoped("u.1", Role::Sender, "west", 2).unwrap();
+        let local = Identity::scoped_for_peer("u.1", Role::Receiver, "east", 2, "west").unwrap();
+        let west = Identity::scoped_for_peer("u.1", Role::Sender, "west", 2, "east").unwrap();
+        assert_eq!(
+            west.uri(),
+            "urn:ferry:cluster:west:peer:east:transfer:u.1:attempt:2:role:sender"
+        );
+        assert_eq!(Identity::parse_uri(&west.uri()), Some(west.clone()));
         local
             .check_peer_from(&west, &[Role::Sender], "west")
             .unwrap();
@@ -268,19 +339,26 @@ mod tests {
                 .check_peer_from(&west, &[Role::Sender], "north")
                 .is_err()
         );
-        let old = Identity::scoped("u.1", Role::Sender, "west", 1).unwrap();
+        let old = Identity::scoped_for_peer("u.1", Role::Sender, "west", 1, "east").unwrap();
         let e = local
             .check_peer_from(&old, &[Role::Sender], "west")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("urn:ferry:cluster:west:transfer:u.1:attempt:2:role:sender"),
+            e.contains("urn:ferry:cluster:west:peer:east:transfer:u.1:attempt:2:role:sender"),
             "{e}"
         );
-        let other = Identity::scoped("u.2", Role::Sender, "west", 2).unwrap();
+        let other = Identity::scoped_for_peer("u.2", Role::Sender, "west", 2, "east").unwrap();
         assert!(
             local
                 .check_peer_from(&other, &[Role::Sender], "west")
+                .is_err()
+        );
+        // A west certificate minted for a session with a third cluster is no good here.
+        let for_north = Identity::scoped_for_peer("u.1", Role::Sender, "west", 2, "north").unwrap();
+        assert!(
+            local
+                .check_peer_from(&for_north, &[Role::Sender], "west")
                 .is_err()
         );
         // An unscoped endpoint has no attempt to pin and accepts no cluster's identities.
@@ -288,6 +366,48 @@ mod tests {
         assert!(
             plain
                 .check_peer_from(&west, &[Role::Sender], "west")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_cross_cluster_certificate_is_refused_by_a_local_endpoint_of_the_same_id() {
+        // The other cluster chose the transfer id of a local Transfer for its half: the sender
+        // certificate this cluster issues for it names the peer, so the local receiver of that
+        // id refuses it, and a cross-cluster receiver refuses a local sender of the same id.
+        let local_receiver = Identity::scoped("u.1", Role::Receiver, "east", 2).unwrap();
+        let cross_sender =
+            Identity::scoped_for_peer("u.1", Role::Sender, "east", 2, "west").unwrap();
+        let e = local_receiver
+            .check_peer(&cross_sender, &[Role::Sender])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(":peer:west:"), "{e}");
+        let cross_receiver =
+            Identity::scoped_for_peer("u.1", Role::Receiver, "east", 2, "west").unwrap();
+        let local_sender = Identity::scoped("u.1", Role::Sender, "east", 2).unwrap();
+        assert!(
+            cross_receiver
+                .check_peer(&local_sender, &[Role::Sender])
+                .is_err()
+        );
+        assert!(
+            cross_receiver
+                .check_peer_from(&local_sender, &[Role::Sender], "east")
+                .is_err()
+        );
+        // The local operator still reads a cross-cluster mover's progress.
+        let operator = Identity::scoped("u.1", Role::Operator, "east", 2).unwrap();
+        cross_receiver
+            .check_peer(&operator, &[Role::Operator])
+            .unwrap();
+        operator
+            .check_peer(&cross_receiver, &[Role::Receiver])
+            .unwrap();
+        let foreign_operator = Identity::scoped("u.1", Role::Operator, "west", 2).unwrap();
+        assert!(
+            cross_receiver
+                .check_peer(&foreign_operator, &[Role::Operator])
                 .is_err()
         );
     }

@@ -52,6 +52,11 @@ pub enum TlsError {
         "--peer-cluster {0} is this endpoint's own cluster; a peer cluster's CA never vouches for it"
     )]
     PeerIsLocal(String),
+    #[error(
+        "--peer-cluster {cluster}: own certificate {found} is not for a session with that cluster \
+         (an operator names the peer cluster in the certificates of cross-cluster movers)"
+    )]
+    PeerNotNamed { cluster: String, found: String },
     #[error("failed to build the TLS configuration")]
     Config(#[source] rustls::Error),
     #[error("failed to build the client certificate verifier")]
@@ -117,10 +122,17 @@ fn read_roots(ca: &Path, what: &'static str) -> Result<RootCertStore, TlsError> 
 /// Adds `--peer-ca`/`--peer-cluster` to loaded files: the peer's CA bundle, trusted for movers
 /// of `cluster` only. Only operator-issued (cluster-scoped) certificates can use it.
 pub fn with_peer(files: TlsFiles, ca: &Path, cluster: &str) -> Result<TlsFiles, TlsError> {
-    let own = files.identity.scope.as_ref().map(|s| s.cluster.clone());
-    match own {
+    match &files.identity.scope {
         None => return Err(TlsError::PeerNeedsScope),
-        Some(own) if own == cluster => return Err(TlsError::PeerIsLocal(own)),
+        Some(own) if own.cluster == cluster => {
+            return Err(TlsError::PeerIsLocal(own.cluster.clone()));
+        }
+        Some(own) if own.peer.as_deref() != Some(cluster) => {
+            return Err(TlsError::PeerNotNamed {
+                cluster: cluster.to_owned(),
+                found: files.identity.uri(),
+            });
+        }
         Some(_) => {}
     }
     let roots = read_roots(ca, "the peer cluster's CA certificates")?;

@@ -36,10 +36,37 @@ pub fn pki(transfer: &str) -> Pki {
 impl Pki {
     /// Certificates as an operator issues them: `ca`'s, scoped to `cluster` and `attempt`.
     pub fn scoped(ca: &net::Ca, cluster: &str, transfer: &str, attempt: u32) -> Pki {
+        Self::issued(ca, cluster, None, transfer, attempt)
+    }
+
+    /// The same for the movers of a cross-cluster Transfer: they name the `peer` cluster.
+    pub fn scoped_for_peer(
+        ca: &net::Ca,
+        cluster: &str,
+        peer: &str,
+        transfer: &str,
+        attempt: u32,
+    ) -> Pki {
+        Self::issued(ca, cluster, Some(peer), transfer, attempt)
+    }
+
+    fn issued(
+        ca: &net::Ca,
+        cluster: &str,
+        peer: Option<&str>,
+        transfer: &str,
+        attempt: u32,
+    ) -> Pki {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
         for role in [Role::Sender, Role::Receiver] {
-            let id = net::Identity::scoped(transfer, role, cluster, attempt).unwrap();
+            let id = match peer {
+                Some(peer) => {
+                    net::Identity::scoped_for_peer(transfer, role, cluster, attempt, peer)
+                }
+                None => net::Identity::scoped(transfer, role, cluster, attempt),
+            }
+            .unwrap();
             let (cert, key) = ca.issue_for(&id).unwrap();
             std::fs::write(dir.path().join(format!("{role}.crt")), cert).unwrap();
             std::fs::write(dir.path().join(format!("{role}.key")), key).unwrap();
