@@ -2,8 +2,9 @@
 //! request is read), a bounded number of connections, a request-rate limit per peer cluster,
 //! small bodies, and handlers that only read Transfers and record what a source half reports.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
+use tokio::task::AbortHandle;
 
 use super::registry::{Counterpart, Registry};
 use super::trust::{self, PEERING_ID};
@@ -25,8 +27,10 @@ use super::wire::{self, HalfRef, PairRequest, PairResponse, Refusal, Versions, W
 use crate::api::{Peer, Transfer};
 use crate::names;
 
-/// Connections served at once; more wait in the kernel's backlog.
+/// Authenticated connections served at once (each peer cluster is rate-limited besides).
 const MAX_CONNECTIONS: usize = 64;
+/// TLS handshakes under way at once; a new connection beyond them ends the oldest.
+const MAX_HANDSHAKES: usize = 64;
 /// Handshake, then the whole exchange of one connection.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -157,34 +161,15 @@ pub fn tls_config(
     Ok(Arc::new(cfg))
 }
 
-/// Serves until the listener fails; each connection on its own task.
+/// Serves the cross-cluster API; each connection on its own task.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     state: Arc<ApiState>,
 ) -> std::io::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let (tcp, addr) = listener.accept().await?;
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%addr, "cross-cluster API: too many connections; dropping one");
-            continue;
-        };
-        let (acceptor, state) = (acceptor.clone(), state.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::info!(%addr, "cross-cluster API: handshake refused: {e}");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%addr, "cross-cluster API: handshake timed out");
-                    return;
-                }
-            };
+    accept_loop(listener, tls, move |tls, addr| {
+        let state = state.clone();
+        async move {
             // The verifier accepted only a peering identity of a cluster a Peer names.
             let cluster = tls
                 .get_ref()
@@ -206,7 +191,91 @@ pub async fn serve(
             if let Ok(Err(e)) = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
                 tracing::debug!(%addr, "cross-cluster API connection: {e}");
             }
+        }
+    })
+    .await
+}
+
+/// Handshakes that have not finished yet, oldest first. A caller that never authenticates
+/// (an idle or trickling TCP connection) must not keep honest peers out: when every slot is
+/// taken, the oldest unfinished handshake is ended (an honest one takes milliseconds, so only
+/// stalled ones grow old).
+#[derive(Default)]
+struct HandshakeSlots {
+    pending: Mutex<VecDeque<(Arc<AtomicBool>, AbortHandle)>>,
+}
+
+impl HandshakeSlots {
+    /// Makes room for one more handshake, ending the oldest unfinished one if need be.
+    fn make_room(&self) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.retain(|(handshaking, task)| handshaking.load(Ordering::Acquire) && !task.is_finished());
+        if p.len() >= MAX_HANDSHAKES
+            && let Some((_, oldest)) = p.pop_front()
+        {
+            oldest.abort();
+        }
+    }
+
+    fn push(&self, handshaking: Arc<AtomicBool>, task: AbortHandle) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.push_back((handshaking, task));
+    }
+}
+
+/// Accepts connections: TLS under [`HANDSHAKE_TIMEOUT`] with at most [`MAX_HANDSHAKES`] at once
+/// (the oldest unfinished one gives way), then at most [`MAX_CONNECTIONS`] authenticated
+/// connections served by `serve_one` at once.
+async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    serve_one: F,
+) -> std::io::Result<()>
+where
+    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr) -> Fut
+        + Send
+        + Sync
+        + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let serving = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let handshakes = Arc::new(HandshakeSlots::default());
+    let serve_one = Arc::new(serve_one);
+    loop {
+        let (tcp, addr) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors, or a connection reset before accept: keep serving.
+                tracing::warn!("cross-cluster API: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        handshakes.make_room();
+        let handshaking = Arc::new(AtomicBool::new(true));
+        let (acceptor, serving, serve_one) = (acceptor.clone(), serving.clone(), serve_one.clone());
+        let flag = handshaking.clone();
+        let task = tokio::spawn(async move {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::info!(%addr, "cross-cluster API: handshake refused: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%addr, "cross-cluster API: handshake timed out");
+                    return;
+                }
+            };
+            flag.store(false, Ordering::Release);
+            let Ok(_permit) = serving.try_acquire_owned() else {
+                tracing::warn!(%addr, "cross-cluster API: too many connections; dropping one");
+                return;
+            };
+            serve_one(tls, addr).await;
         });
+        handshakes.push(handshaking, task.abort_handle());
     }
 }
 
@@ -391,6 +460,51 @@ async fn withdraw(r: WithdrawRequest, cluster: &str, st: &ApiState) -> Response<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_mover::net::{self, Role};
+
+    /// TLS files of the test's two ends (the mover's own: any mutual-TLS pair will do here).
+    fn tls_pair(dir: &std::path::Path) -> (net::TlsFiles, net::TlsFiles) {
+        let certs = net::generate_certs("peering-test", 1).expect("certs");
+        net::write_certs(dir, &certs).expect("write");
+        let load = |role: Role| {
+            net::load_files(
+                &dir.join("ca.crt"),
+                &dir.join(format!("{role}.crt")),
+                &dir.join(format!("{role}.key")),
+                "peering-test",
+                role,
+            )
+            .expect("load")
+        };
+        (load(Role::Receiver), load(Role::Sender))
+    }
+
+    #[tokio::test]
+    async fn idle_connections_cannot_keep_an_honest_caller_out() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (server, client) = tls_pair(dir.path());
+        let server = Arc::new(net::server_config(&server, &[Role::Sender]).expect("server"));
+        let client = Arc::new(net::client_config(&client, &[Role::Receiver]).expect("client"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (served_tx, mut served_rx) = mpsc::channel::<()>(4);
+        tokio::spawn(accept_loop(listener, server, move |_tls, _addr| {
+            let tx = served_tx.clone();
+            async move {
+                let _ = tx.send(()).await;
+            }
+        }));
+        // Twice as many idle connections as handshake slots, all opened before the caller.
+        let mut idle = Vec::new();
+        for _ in 0..2 * MAX_HANDSHAKES {
+            idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+        let honest = net::connect_tls(addr, client, Duration::from_secs(5)).await;
+        assert!(honest.is_ok(), "honest caller refused: {:?}", honest.err());
+        let served = tokio::time::timeout(Duration::from_secs(5), served_rx.recv()).await;
+        assert_eq!(served, Ok(Some(())), "the honest connection was not served");
+        drop(idle);
+    }
 
     #[test]
     fn each_peer_cluster_has_its_own_budget() {
