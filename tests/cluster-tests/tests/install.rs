@@ -253,6 +253,20 @@ async fn chart_install_demo_upgrade_and_uninstall() -> anyhow::Result<()> {
         "operator log:\n{log}"
     );
 
+    // The chart's admission policy keeps the operator's Secret writes to its own labelled ones:
+    // its service account may not delete someone else's Secret (RBAC alone would let it).
+    kubectl(&["create", "namespace", "ferry-policy-test"]).ok();
+    kubectl(&["-n", "ferry-policy-test", "create", "secret", "generic", "tenant-secret", "--from-literal=k=v"])?;
+    let operator_sa = format!("--as=system:serviceaccount:{RELEASE_NS}:ferry-operator");
+    let refused = kubectl(&["-n", "ferry-policy-test", "delete", "secret", "tenant-secret", &operator_sa]);
+    let message = format!("{refused:?}");
+    assert!(
+        message.contains("ferry-operator-secrets") && message.contains("managed-by=ferry-operator"),
+        "the operator deleted a tenant's Secret: {message}"
+    );
+    kubectl(&["-n", "ferry-policy-test", "get", "secret", "tenant-secret"])?;
+    kubectl(&["delete", "namespace", "ferry-policy-test", "--wait=false"])?;
+
     // The example Transfers pass the CRD's schema and CEL rules (in a namespace of the test's).
     kubectl(&["create", "namespace", "ferry-examples"]).ok();
     let mut examples = 0;
