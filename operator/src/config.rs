@@ -9,29 +9,79 @@ use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 
 use crate::api::{Compression, DEFAULT_STREAMS};
 
-/// One grant: namespaces `namespace` (or `*`) may use host paths under `root`.
+/// The placeholder a grant's root may contain: each namespace gets its own directory.
+pub const NAMESPACE_PLACEHOLDER: &str = "{namespace}";
+
+/// One grant: namespaces `namespace` (or `*`) may use host paths under `root`, for reading
+/// only when `read_only`. `root` may contain `{namespace}`, replaced by the Transfer's namespace,
+/// so that one line (`*=/data/tenants/{namespace}`) gives every namespace a root of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRootGrant {
     pub namespace: String,
     pub root: String,
+    pub read_only: bool,
 }
 
 impl HostRootGrant {
-    /// Parses `NAMESPACE=/ROOT` (`*=/data` grants every namespace).
+    /// Parses `NAMESPACE=/ROOT[:ro]` (`*=/data` grants every namespace; `:ro` only for sources).
     pub fn parse(s: &str) -> Result<HostRootGrant, String> {
         let (ns, root) = s
             .split_once('=')
-            .ok_or_else(|| format!("{s:?}: expected NAMESPACE=/ROOT"))?;
+            .ok_or_else(|| format!("{s:?}: expected NAMESPACE=/ROOT[:ro]"))?;
+        let (root, read_only) = match root.strip_suffix(":ro") {
+            Some(r) => (r, true),
+            None => (root.strip_suffix(":rw").unwrap_or(root), false),
+        };
         if ns.is_empty() || !root.starts_with('/') || has_dot_dot(root) {
             return Err(format!(
-                "{s:?}: expected NAMESPACE=/ROOT with an absolute root"
+                "{s:?}: expected NAMESPACE=/ROOT[:ro] with an absolute root"
+            ));
+        }
+        let without = root.replace(NAMESPACE_PLACEHOLDER, "");
+        if without.contains(['{', '}']) {
+            return Err(format!(
+                "{s:?}: the only placeholder a root may contain is {NAMESPACE_PLACEHOLDER}"
+            ));
+        }
+        if root.contains(NAMESPACE_PLACEHOLDER)
+            && root
+                .split('/')
+                .any(|c| c.contains(NAMESPACE_PLACEHOLDER) && c != NAMESPACE_PLACEHOLDER)
+        {
+            return Err(format!(
+                "{s:?}: {NAMESPACE_PLACEHOLDER} must be a whole path component (/data/{NAMESPACE_PLACEHOLDER}/x)"
             ));
         }
         Ok(HostRootGrant {
             namespace: ns.to_owned(),
             root: root.trim_end_matches('/').to_owned(),
+            read_only,
         })
     }
+
+    /// The root this grant gives `namespace`, if it grants it anything.
+    fn root_for(&self, namespace: &str) -> Option<String> {
+        (self.namespace == "*" || self.namespace == namespace)
+            .then(|| self.root.replace(NAMESPACE_PLACEHOLDER, namespace))
+    }
+}
+
+/// A host path resolved against the grants: the granted root a mover mounts, and the directory
+/// beneath it that the mover opens itself (refusing symlinks on the way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantedPath {
+    pub root: String,
+    /// Without leading or trailing `/`; empty for the root itself.
+    pub sub_path: String,
+}
+
+/// Why a host path is not granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantRefusal {
+    /// No grant of this namespace covers the path.
+    NotGranted,
+    /// Only read-only grants cover it, and the side writes.
+    ReadOnly { root: String },
 }
 
 fn has_dot_dot(p: &str) -> bool {
@@ -111,14 +161,48 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Whether `namespace` may use the host path `path` (absolute, no `..`).
-    pub fn host_path_allowed(&self, namespace: &str, path: &str) -> bool {
+    /// The grant that covers `path` for `namespace`: the deepest granted root containing it that
+    /// allows writing when `write` is asked for.
+    pub fn grant_for(
+        &self,
+        namespace: &str,
+        path: &str,
+        write: bool,
+    ) -> Result<GrantedPath, GrantRefusal> {
         if !path.starts_with('/') || has_dot_dot(path) {
-            return false;
+            return Err(GrantRefusal::NotGranted);
         }
-        self.host_roots.iter().any(|g| {
-            (g.namespace == "*" || g.namespace == namespace) && Path::new(path).starts_with(&g.root)
-        })
+        let covering: Vec<(String, bool)> = self
+            .host_roots
+            .iter()
+            .filter_map(|g| g.root_for(namespace).map(|r| (r, g.read_only)))
+            .filter(|(root, _)| Path::new(path).starts_with(root))
+            .collect();
+        let usable = covering
+            .iter()
+            .filter(|(_, read_only)| !(write && *read_only))
+            .max_by_key(|(root, _)| Path::new(root).components().count());
+        match usable {
+            Some((root, _)) => {
+                let rest = Path::new(path)
+                    .strip_prefix(root)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Ok(GrantedPath {
+                    root: root.clone(),
+                    sub_path: rest.trim_matches('/').to_owned(),
+                })
+            }
+            None => match covering.into_iter().next() {
+                Some((root, _)) => Err(GrantRefusal::ReadOnly { root }),
+                None => Err(GrantRefusal::NotGranted),
+            },
+        }
+    }
+
+    /// Whether `namespace` may use the host path `path` (absolute, no `..`) at least for reading.
+    pub fn host_path_allowed(&self, namespace: &str, path: &str) -> bool {
+        self.grant_for(namespace, path, false).is_ok()
     }
 }
 
@@ -147,5 +231,74 @@ mod tests {
         assert!(!cfg.host_path_allowed("ml", "data/x"));
         assert!(HostRootGrant::parse("ml=data").is_err());
         assert!(HostRootGrant::parse("/data").is_err());
+    }
+
+    #[test]
+    fn the_namespace_placeholder_gives_each_namespace_its_own_root() {
+        let cfg = Config {
+            host_roots: vec![HostRootGrant::parse("*=/data/tenants/{namespace}").expect("grant")],
+            ..Config::default()
+        };
+        assert_eq!(
+            cfg.grant_for("ml", "/data/tenants/ml/sets/a", true),
+            Ok(GrantedPath {
+                root: "/data/tenants/ml".into(),
+                sub_path: "sets/a".into()
+            })
+        );
+        assert_eq!(
+            cfg.grant_for("web", "/data/tenants/ml/sets/a", false),
+            Err(GrantRefusal::NotGranted)
+        );
+        assert!(cfg.host_path_allowed("web", "/data/tenants/web"));
+        assert!(!cfg.host_path_allowed("web", "/data/tenants"));
+        for bad in ["*=/data/x{namespace}", "*=/data/{name}", "*=/data/{namespace"] {
+            assert!(HostRootGrant::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn read_only_grants_serve_sources_only_and_the_deepest_usable_root_is_mounted() {
+        let cfg = Config {
+            host_roots: vec![
+                HostRootGrant::parse("*=/data/shared:ro").expect("grant"),
+                HostRootGrant::parse("ml=/data").expect("grant"),
+                HostRootGrant::parse("ml=/data/ml:rw").expect("grant"),
+            ],
+            ..Config::default()
+        };
+        assert!(cfg.host_roots[0].read_only && !cfg.host_roots[2].read_only);
+        assert_eq!(
+            cfg.grant_for("web", "/data/shared/imagenet", false),
+            Ok(GrantedPath {
+                root: "/data/shared".into(),
+                sub_path: "imagenet".into()
+            })
+        );
+        assert_eq!(
+            cfg.grant_for("web", "/data/shared/imagenet", true),
+            Err(GrantRefusal::ReadOnly {
+                root: "/data/shared".into()
+            })
+        );
+        // ml writes there through its own wider grant.
+        assert_eq!(
+            cfg.grant_for("ml", "/data/shared/out", true).map(|g| g.root),
+            Ok("/data".into())
+        );
+        assert_eq!(
+            cfg.grant_for("ml", "/data/ml/x", true),
+            Ok(GrantedPath {
+                root: "/data/ml".into(),
+                sub_path: "x".into()
+            })
+        );
+        assert_eq!(
+            cfg.grant_for("ml", "/data", true),
+            Ok(GrantedPath {
+                root: "/data".into(),
+                sub_path: String::new()
+            })
+        );
     }
 }

@@ -34,7 +34,8 @@ struct Cli {
     /// Let Transfers with preserveOwnership run root movers.
     #[arg(long)]
     allow_root_movers: bool,
-    /// NAMESPACE=/ROOT: namespace (or `*`) may use host paths under ROOT. Repeatable.
+    /// NAMESPACE=/ROOT[:ro]: namespace (or `*`) may use host paths under ROOT (`{namespace}` in
+    /// ROOT is the Transfer's namespace; `:ro` for sources only). Repeatable.
     #[arg(long = "host-root", value_parser = HostRootGrant::parse)]
     host_roots: Vec<HostRootGrant>,
     /// Host directory of each node's block store; empty turns dedup off.

@@ -86,7 +86,6 @@ fn pod_labels(input: &MoverPodInput<'_>, uid: &str) -> BTreeMap<String, String> 
 fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
     let spec: &TransferSpec = &input.transfer.spec;
     let cfg = input.config;
-    let root = format!("{DATA_MOUNT}{}", input.placement.sub_path_suffix());
     let mut args: Vec<String> = Vec::new();
     let mut push = |a: &str| args.push(a.to_owned());
     match input.role {
@@ -151,8 +150,14 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             }
         }
     }
+    // The mounted volume (a granted host root or a claim) and the directory beneath it that the
+    // mover opens itself without following a symlink.
     push("--root");
-    push(&root);
+    push(DATA_MOUNT);
+    if !input.placement.sub_path.is_empty() {
+        push("--sub-path");
+        push(&input.placement.sub_path);
+    }
     push("--transfer");
     match input.remote {
         Some(r) => {
@@ -190,15 +195,10 @@ fn volume_for(placement: &SidePlacement, role: MoverRole) -> Volume {
             name: "data".into(),
             host_path: Some(HostPathVolumeSource {
                 path: path.clone(),
-                // The source must exist; the destination is created on first use.
-                type_: Some(
-                    if read_only {
-                        "Directory"
-                    } else {
-                        "DirectoryOrCreate"
-                    }
-                    .into(),
-                ),
+                // A granted root, prepared by the admin: never created here (the kubelet would
+                // create it as root, unwritable for the movers). Directories beneath it are
+                // created by the receiver.
+                type_: Some("Directory".into()),
             }),
             ..Volume::default()
         },
@@ -429,13 +429,12 @@ pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
             .get_or_insert_with(Vec::new)
             .retain(|v| v.name == "data");
         for c in &mut spec.containers {
-            c.args = Some(vec![
-                "clean-staging".into(),
-                "--root".into(),
-                format!("{DATA_MOUNT}{}", input.placement.sub_path_suffix()),
-                "--transfer-prefix".into(),
-                format!("{uid}."),
-            ]);
+            let mut args = vec!["clean-staging".to_owned(), "--root".into(), DATA_MOUNT.into()];
+            if !input.placement.sub_path.is_empty() {
+                args.extend(["--sub-path".to_owned(), input.placement.sub_path.clone()]);
+            }
+            args.extend(["--transfer-prefix".to_owned(), format!("{uid}.")]);
+            c.args = Some(args);
             c.env = None;
             c.ports = None;
             c.readiness_probe = None;
@@ -661,7 +660,7 @@ mod tests {
         });
         let args = args_of(&pod).join(" ");
         assert!(args.contains("--connect 10.1.2.3:7400"), "{args}");
-        assert!(args.contains("--root /ferry/data/sets/a"), "{args}");
+        assert!(args.contains("--root /ferry/data --sub-path sets/a"), "{args}");
         assert!(args.contains("--delete"), "{args}");
         assert!(args.contains("--bandwidth-limit 10000000"), "{args}");
         assert!(args.contains("--exclude *.tmp --exclude /cache/"), "{args}");

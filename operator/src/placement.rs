@@ -6,11 +6,12 @@
 //! node affinity by itself). `nodeName` is never set.
 
 use crate::api::{Endpoint, Reason, Side};
-use crate::config::Config;
+use crate::config::{Config, GrantRefusal};
 
 /// The volume a mover mounts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VolumeRef {
+    /// A granted host root (never a path below it: see [`SidePlacement::sub_path`]).
     HostPath {
         path: String,
     },
@@ -29,17 +30,6 @@ pub struct SidePlacement {
     pub sub_path: String,
     /// The node the mover must run on, if any.
     pub node: Option<String>,
-}
-
-impl SidePlacement {
-    /// `""` or `"/sub/path"`, to append to the mount point.
-    pub fn sub_path_suffix(&self) -> String {
-        if self.sub_path.is_empty() {
-            String::new()
-        } else {
-            format!("/{}", self.sub_path)
-        }
-    }
 }
 
 /// What the cluster says about one side's volume.
@@ -125,15 +115,25 @@ pub fn place_side(
                     ),
                 ));
             }
-            if !config.host_path_allowed(namespace, &hp.path) {
-                return Err(blocked(
-                    Reason::HostPathNotAllowed,
-                    format!(
-                        "{which}.hostPath.path {} is not under a host root granted to namespace {namespace} (ask the cluster admin to add one to the operator's hostRoots)",
-                        hp.path
+            let write = side == Side::Destination;
+            let granted = config
+                .grant_for(namespace, &hp.path, write)
+                .map_err(|refusal| match refusal {
+                    GrantRefusal::NotGranted => blocked(
+                        Reason::HostPathNotAllowed,
+                        format!(
+                            "{which}.hostPath.path {} is not under a host root granted to namespace {namespace} (ask the cluster admin to add one to the operator's hostRoots)",
+                            hp.path
+                        ),
                     ),
-                ));
-            }
+                    GrantRefusal::ReadOnly { root } => blocked(
+                        Reason::HostPathNotAllowed,
+                        format!(
+                            "{which}.hostPath.path {} is under {root}, which namespace {namespace} may only read: a destination needs a read-write host root",
+                            hp.path
+                        ),
+                    ),
+                })?;
             if !facts.node_exists {
                 return Err(blocked(
                     Reason::NodeNotFound,
@@ -143,11 +143,13 @@ pub fn place_side(
                     ),
                 ));
             }
+            // The mover mounts the granted root and opens the rest itself, refusing symlinks:
+            // the kubelet would follow a symlink in the requested path out of the grant.
             Ok(SidePlacement {
                 volume: VolumeRef::HostPath {
-                    path: hp.path.clone(),
+                    path: granted.root,
                 },
-                sub_path: String::new(),
+                sub_path: granted.sub_path,
                 node: Some(hp.node.clone()),
             })
         }
@@ -193,8 +195,16 @@ mod tests {
             ..SideFacts::default()
         };
         let ok =
-            place_side(Side::Source, &host("a", "/data/x"), "ml", &cfg(), &facts).expect("placed");
+            place_side(Side::Source, &host("a", "/data/x/y"), "ml", &cfg(), &facts).expect("placed");
         assert_eq!(ok.node.as_deref(), Some("a"));
+        // The granted root is mounted; the mover descends to the rest itself.
+        assert_eq!(
+            ok.volume,
+            VolumeRef::HostPath {
+                path: "/data".into()
+            }
+        );
+        assert_eq!(ok.sub_path, "x/y");
         let e = place_side(Side::Source, &host("a", "/etc"), "ml", &cfg(), &facts).unwrap_err();
         assert_eq!(e.reason, Reason::HostPathNotAllowed);
         let e = place_side(Side::Source, &host("a", "/data/x"), "web", &cfg(), &facts).unwrap_err();

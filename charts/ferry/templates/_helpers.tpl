@@ -196,7 +196,7 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- $args = append $args "--allow-root-movers" }}
 {{- end }}
 {{- range $v.hostRoots }}
-{{- $args = append $args (printf "--host-root=%s=%s" .namespace .root) }}
+{{- $args = append $args (printf "--host-root=%s=%s%s" .namespace .root (ternary ":ro" "" (default false .readOnly))) }}
 {{- end }}
 {{- if not (kindIs "invalid" $v.cas.capBytes) }}
 {{- $args = append $args (printf "--cas-cap-bytes=%d" (int64 $v.cas.capBytes)) }}
