@@ -252,7 +252,11 @@ mod tests {
         );
         assert!(cfg.host_path_allowed("web", "/data/tenants/web"));
         assert!(!cfg.host_path_allowed("web", "/data/tenants"));
-        for bad in ["*=/data/x{namespace}", "*=/data/{name}", "*=/data/{namespace"] {
+        for bad in [
+            "*=/data/x{namespace}",
+            "*=/data/{name}",
+            "*=/data/{namespace",
+        ] {
             assert!(HostRootGrant::parse(bad).is_err(), "{bad}");
         }
     }
@@ -283,7 +287,8 @@ mod tests {
         );
         // ml writes there through its own wider grant.
         assert_eq!(
-            cfg.grant_for("ml", "/data/shared/out", true).map(|g| g.root),
+            cfg.grant_for("ml", "/data/shared/out", true)
+                .map(|g| g.root),
             Ok("/data".into())
         );
         assert_eq!(

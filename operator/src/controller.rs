@@ -17,18 +17,19 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
-use crate::api::{Peer, Phase, Side, Transfer, TransferStatus};
+use crate::api::{Peer, Phase, Reason, Side, Transfer, TransferStatus};
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::limits;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput, RemoteMover};
 use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
+use crate::overlap;
 use crate::peering::client::PeerClient;
 use crate::peering::observe::{observe_remote, withdraw};
 use crate::peering::registry::Registry;
 use crate::pki::Authority;
-use crate::placement::{self, SideFacts};
+use crate::placement::{self, Blocked, SideFacts};
 use crate::plan::{self, Action, Observed, PodPhase, PodView};
 use crate::progress::Watchers;
 
@@ -391,7 +392,31 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
                 &destination,
             )
             .map(|d| (s, d))
+        })
+        .and_then(|placed| match overlap::source_destination_overlap(t, &ns) {
+            Some(message) => Err(Blocked {
+                reason: Reason::SourceDestinationOverlap,
+                message,
+            }),
+            None => Ok(placed),
         });
+    // A destination another Transfer writes first: wait for it (checked only before this
+    // Transfer's movers exist, so a running one is never stopped by a newcomer).
+    let placement = if pods.iter().any(|p| !p.deleting) {
+        placement
+    } else {
+        let others = ctx.store.state();
+        let others: Vec<&Transfer> = others.iter().map(|o| o.as_ref()).collect();
+        placement.and_then(|placed| match overlap::destination_taken_by(t, &ns, &others) {
+            Some(other) => Err(Blocked {
+                reason: Reason::DestinationInUse,
+                message: format!(
+                    "the destination is also written by Transfer {other}, which goes first; this Transfer starts once that one finishes"
+                ),
+            }),
+            None => Ok(placed),
+        })
+    };
 
     // Progress of the current attempt's movers (a source half's carry the destination's id).
     let (run, attempt) = (st.run, st.attempts);

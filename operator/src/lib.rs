@@ -11,6 +11,7 @@ pub mod limits;
 pub mod metrics;
 pub mod movers;
 pub mod names;
+pub mod overlap;
 pub mod peering;
 pub mod pki;
 pub mod placement;

@@ -429,7 +429,11 @@ pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
             .get_or_insert_with(Vec::new)
             .retain(|v| v.name == "data");
         for c in &mut spec.containers {
-            let mut args = vec!["clean-staging".to_owned(), "--root".into(), DATA_MOUNT.into()];
+            let mut args = vec![
+                "clean-staging".to_owned(),
+                "--root".into(),
+                DATA_MOUNT.into(),
+            ];
             if !input.placement.sub_path.is_empty() {
                 args.extend(["--sub-path".to_owned(), input.placement.sub_path.clone()]);
             }
@@ -660,7 +664,10 @@ mod tests {
         });
         let args = args_of(&pod).join(" ");
         assert!(args.contains("--connect 10.1.2.3:7400"), "{args}");
-        assert!(args.contains("--root /ferry/data --sub-path sets/a"), "{args}");
+        assert!(
+            args.contains("--root /ferry/data --sub-path sets/a"),
+            "{args}"
+        );
         assert!(args.contains("--delete"), "{args}");
         assert!(args.contains("--bandwidth-limit 10000000"), "{args}");
         assert!(args.contains("--exclude *.tmp --exclude /cache/"), "{args}");

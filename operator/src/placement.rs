@@ -146,9 +146,7 @@ pub fn place_side(
             // The mover mounts the granted root and opens the rest itself, refusing symlinks:
             // the kubelet would follow a symlink in the requested path out of the grant.
             Ok(SidePlacement {
-                volume: VolumeRef::HostPath {
-                    path: granted.root,
-                },
+                volume: VolumeRef::HostPath { path: granted.root },
                 sub_path: granted.sub_path,
                 node: Some(hp.node.clone()),
             })
@@ -194,8 +192,8 @@ mod tests {
             node_exists: true,
             ..SideFacts::default()
         };
-        let ok =
-            place_side(Side::Source, &host("a", "/data/x/y"), "ml", &cfg(), &facts).expect("placed");
+        let ok = place_side(Side::Source, &host("a", "/data/x/y"), "ml", &cfg(), &facts)
+            .expect("placed");
         assert_eq!(ok.node.as_deref(), Some("a"));
         // The granted root is mounted; the mover descends to the rest itself.
         assert_eq!(

@@ -58,6 +58,10 @@ pub enum Reason {
     DigestMismatch,
     SourceUnreadable,
     DestinationUnwritable,
+    /// The source and the destination contain one another.
+    SourceDestinationOverlap,
+    /// Another Transfer writes the same destination first.
+    DestinationInUse,
 }
 
 impl Reason {
@@ -91,6 +95,8 @@ impl Reason {
             Reason::DigestMismatch => "DigestMismatch",
             Reason::SourceUnreadable => "SourceUnreadable",
             Reason::DestinationUnwritable => "DestinationUnwritable",
+            Reason::SourceDestinationOverlap => "SourceDestinationOverlap",
+            Reason::DestinationInUse => "DestinationInUse",
         }
     }
 }

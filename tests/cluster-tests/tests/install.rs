@@ -256,9 +256,24 @@ async fn chart_install_demo_upgrade_and_uninstall() -> anyhow::Result<()> {
     // The chart's admission policy keeps the operator's Secret writes to its own labelled ones:
     // its service account may not delete someone else's Secret (RBAC alone would let it).
     kubectl(&["create", "namespace", "ferry-policy-test"]).ok();
-    kubectl(&["-n", "ferry-policy-test", "create", "secret", "generic", "tenant-secret", "--from-literal=k=v"])?;
+    kubectl(&[
+        "-n",
+        "ferry-policy-test",
+        "create",
+        "secret",
+        "generic",
+        "tenant-secret",
+        "--from-literal=k=v",
+    ])?;
     let operator_sa = format!("--as=system:serviceaccount:{RELEASE_NS}:ferry-operator");
-    let refused = kubectl(&["-n", "ferry-policy-test", "delete", "secret", "tenant-secret", &operator_sa]);
+    let refused = kubectl(&[
+        "-n",
+        "ferry-policy-test",
+        "delete",
+        "secret",
+        "tenant-secret",
+        &operator_sa,
+    ]);
     let message = format!("{refused:?}");
     assert!(
         message.contains("ferry-operator-secrets") && message.contains("managed-by=ferry-operator"),
