@@ -23,14 +23,25 @@ pub struct SharedOperator {
     cell: tokio::sync::OnceCell<Result<OperatorProcess, String>>,
     name: &'static str,
     host_root: &'static str,
+    extra: &'static [&'static str],
 }
 
 impl SharedOperator {
     pub const fn new(name: &'static str, host_root: &'static str) -> SharedOperator {
+        SharedOperator::with_flags(name, host_root, &[])
+    }
+
+    /// The same, with more operator flags.
+    pub const fn with_flags(
+        name: &'static str,
+        host_root: &'static str,
+        extra: &'static [&'static str],
+    ) -> SharedOperator {
         SharedOperator {
             cell: tokio::sync::OnceCell::const_new(),
             name,
             host_root,
+            extra,
         }
     }
 
@@ -42,7 +53,14 @@ impl SharedOperator {
                 async {
                     install_crd_and_rbac()?;
                     prepare_nodes(self.host_root, MOVER_UID, &[NODE_A, NODE_B])?;
-                    OperatorProcess::start(self.name, self.host_root, self.name).await
+                    OperatorProcess::start_in(
+                        crate::Cluster::Main,
+                        self.name,
+                        self.host_root,
+                        self.name,
+                        self.extra,
+                    )
+                    .await
                 }
                 .await
                 .map_err(|e| format!("{e:#}"))
