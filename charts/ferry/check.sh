@@ -238,8 +238,8 @@ expect_arg() {
 for a in --cluster-name=prod-eu-1 \
   --mover-image=10.0.0.5:5000/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
   --mover-image-pull-secret=regcred --mover-image-pull-secret=mirror-cred \
-  --mover-uid=10001 --allow-root-movers --host-root=ml=/data --host-root=ml=/scratch/ \
-  '--host-root=*=/srv/shared' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
+  --mover-uid=10001 --allow-root-movers --allow-privileged-readers --host-root=ml=/data --host-root=ml=/scratch/ \
+  '--host-root=*=/srv/shared:ro' '--host-root=*=/data/tenants/{namespace}' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
   --max-active=20 --max-active-per-node=2 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
   --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
   '--metrics-addr=[::]:9090' '--peering-listen=[::]:7543' --peering-service-type=LoadBalancer \

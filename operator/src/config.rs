@@ -106,6 +106,8 @@ pub struct Config {
     pub mover_uid: i64,
     /// Whether a Transfer may ask for a root mover (`preserveOwnership`).
     pub allow_root_movers: bool,
+    /// Whether a Transfer may ask for a sender with CAP_DAC_READ_SEARCH (`readAllFiles`).
+    pub allow_privileged_readers: bool,
     pub host_roots: Vec<HostRootGrant>,
     /// The node block store's host directory; `None` turns dedup off everywhere.
     pub cas_root: Option<String>,
@@ -140,6 +142,7 @@ impl Default for Config {
             mover_image_pull_secrets: Vec::new(),
             mover_uid: 65532,
             allow_root_movers: false,
+            allow_privileged_readers: false,
             host_roots: Vec::new(),
             cas_root: Some("/var/lib/ferry/cas".into()),
             cas_cap_bytes: None,

@@ -467,6 +467,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         now: Timestamp::now(),
         host_path_forbidden,
         root_movers_allowed: ctx.config.allow_root_movers,
+        privileged_readers_allowed: ctx.config.allow_privileged_readers,
         placement,
         may_start: may_start(t, ctx),
         pods,

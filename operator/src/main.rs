@@ -34,6 +34,10 @@ struct Cli {
     /// Let Transfers with preserveOwnership run root movers.
     #[arg(long)]
     allow_root_movers: bool,
+    /// Let Transfers with readAllFiles run a sender with CAP_DAC_READ_SEARCH (reads any file,
+    /// writes nothing).
+    #[arg(long)]
+    allow_privileged_readers: bool,
     /// NAMESPACE=/ROOT[:ro]: namespace (or `*`) may use host paths under ROOT (`{namespace}` in
     /// ROOT is the Transfer's namespace; `:ro` for sources only). Repeatable.
     #[arg(long = "host-root", value_parser = HostRootGrant::parse)]
@@ -140,6 +144,7 @@ fn main() -> anyhow::Result<()> {
         mover_uid: cli.mover_uid,
         allow_root_movers: cli.allow_root_movers,
         host_roots: cli.host_roots,
+        allow_privileged_readers: cli.allow_privileged_readers,
         cas_root: Some(cli.cas_root).filter(|r| !r.is_empty()),
         cas_cap_bytes: cli.cas_cap_bytes,
         max_active: cli.max_active,

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::api::{Transfer, TransferSpec};
+use crate::api::{OnUnreadable, Transfer, TransferSpec};
 use crate::config::Config;
 use crate::names::{self, LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
 use crate::placement::{SidePlacement, VolumeRef};
@@ -140,6 +140,9 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             if spec.checksum {
                 push("--checksum");
             }
+            if spec.on_unreadable == OnUnreadable::Skip {
+                push("--skip-unreadable");
+            }
             for pattern in &spec.exclude {
                 push("--exclude");
                 push(pattern);
@@ -228,7 +231,17 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
     let name = names::pod_name(&uid, input.run, input.attempt, input.role);
     let settings = t.spec.mover.clone().unwrap_or_default();
     let root_mover = t.spec.preserve_ownership && cfg.allow_root_movers;
-    let uid_gid = if root_mover { 0 } else { cfg.mover_uid };
+    // A privileged reader is uid 0 with CAP_DAC_READ_SEARCH alone: it reads anything and, on a
+    // read-only volume and root file system, writes nothing.
+    let reader = input.role == MoverRole::Sender
+        && t.spec.read_all_files
+        && cfg.allow_privileged_readers
+        && !root_mover;
+    let uid_gid = if root_mover || reader {
+        0
+    } else {
+        cfg.mover_uid
+    };
 
     let mut volumes = vec![
         volume_for(input.placement, input.role),
@@ -332,12 +345,17 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(!root_mover),
+            run_as_non_root: Some(!(root_mover || reader)),
             capabilities: Some(Capabilities {
                 drop: Some(vec!["ALL".into()]),
                 // A root mover keeping owners needs to chown and to write into any directory.
-                add: root_mover
-                    .then(|| vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()]),
+                add: if root_mover {
+                    Some(vec!["CHOWN".into(), "DAC_OVERRIDE".into(), "FOWNER".into()])
+                } else if reader {
+                    Some(vec!["DAC_READ_SEARCH".into()])
+                } else {
+                    None
+                },
             }),
             ..SecurityContext::default()
         }),
@@ -380,8 +398,8 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
             security_context: Some(PodSecurityContext {
                 run_as_user: Some(uid_gid),
                 run_as_group: Some(uid_gid),
-                fs_group: (!root_mover).then_some(cfg.mover_uid),
-                run_as_non_root: Some(!root_mover),
+                fs_group: (!(root_mover || reader)).then_some(cfg.mover_uid),
+                run_as_non_root: Some(!(root_mover || reader)),
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".into(),
                     ..SeccompProfile::default()
@@ -542,6 +560,72 @@ mod tests {
 
     /// preserveOwnership (allowed by the operator) makes a root receiver that keeps owners and
     /// setuid/setgid bits; without it the receiver is neither root nor asked to.
+    #[test]
+    fn read_all_files_runs_a_sender_with_one_read_capability_and_nothing_else() {
+        let mut t = transfer();
+        t.spec.read_all_files = true;
+        t.spec.on_unreadable = OnUnreadable::Skip;
+        let placement = SidePlacement {
+            volume: VolumeRef::HostPath {
+                path: "/data".into(),
+            },
+            sub_path: "src".into(),
+            node: Some("a".into()),
+        };
+        let pod = |cfg: &Config, role: MoverRole| {
+            mover_pod(&MoverPodInput {
+                transfer: &t,
+                config: cfg,
+                role,
+                run: 1,
+                attempt: 1,
+                placement: &placement,
+                receiver_ip: Some("10.1.2.3"),
+                use_cas: false,
+                remote: None,
+            })
+        };
+        let caps = |p: &Pod| {
+            let c = &p.spec.as_ref().expect("spec").containers[0];
+            let sc = c.security_context.clone().expect("security context");
+            (
+                sc.capabilities.and_then(|c| c.add).unwrap_or_default(),
+                sc.run_as_non_root,
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.security_context.as_ref())
+                    .and_then(|s| s.run_as_user),
+            )
+        };
+        let allowed = Config {
+            allow_privileged_readers: true,
+            ..Config::default()
+        };
+        let sender = pod(&allowed, MoverRole::Sender);
+        assert_eq!(
+            caps(&sender),
+            (vec!["DAC_READ_SEARCH".to_owned()], Some(false), Some(0))
+        );
+        let c = &sender.spec.as_ref().expect("spec").containers[0];
+        let data = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "data")
+            .expect("data mount");
+        assert_eq!(data.read_only, Some(true), "a reader's volume is read-only");
+        assert!(args_of(&sender).join(" ").contains("--skip-unreadable"));
+        // The receiver stays unprivileged; without the operator's permission nothing changes.
+        assert_eq!(
+            caps(&pod(&allowed, MoverRole::Receiver)),
+            (vec![], Some(true), Some(65532))
+        );
+        assert_eq!(
+            caps(&pod(&Config::default(), MoverRole::Sender)),
+            (vec![], Some(true), Some(65532))
+        );
+    }
+
     #[test]
     fn preserved_ownership_runs_a_root_receiver_that_keeps_owners() {
         let mut t = transfer();

@@ -195,6 +195,9 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- if $v.allowRootMovers }}
 {{- $args = append $args "--allow-root-movers" }}
 {{- end }}
+{{- if $v.allowPrivilegedReaders }}
+{{- $args = append $args "--allow-privileged-readers" }}
+{{- end }}
 {{- range $v.hostRoots }}
 {{- $args = append $args (printf "--host-root=%s=%s%s" .namespace .root (ternary ":ro" "" (default false .readOnly))) }}
 {{- end }}

@@ -62,6 +62,8 @@ pub enum Reason {
     SourceDestinationOverlap,
     /// Another Transfer writes the same destination first.
     DestinationInUse,
+    /// `readAllFiles` asks for a privileged reader, which the operator is not allowed to run.
+    PrivilegedReadersNotAllowed,
 }
 
 impl Reason {
@@ -97,6 +99,7 @@ impl Reason {
             Reason::DestinationUnwritable => "DestinationUnwritable",
             Reason::SourceDestinationOverlap => "SourceDestinationOverlap",
             Reason::DestinationInUse => "DestinationInUse",
+            Reason::PrivilegedReadersNotAllowed => "PrivilegedReadersNotAllowed",
         }
     }
 }

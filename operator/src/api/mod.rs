@@ -77,6 +77,18 @@ pub struct TransferSpec {
     /// Keep file owners (needs a root mover, which the operator's configuration must allow).
     #[serde(default)]
     pub preserve_ownership: bool,
+    /// Run the sender with one privilege, CAP_DAC_READ_SEARCH: it reads every file and
+    /// directory whatever their permissions, and writes nothing (its volume is mounted
+    /// read-only). For sources the movers' uid cannot read, such as root-owned trees. Needs an
+    /// operator started with `--allow-privileged-readers` and a namespace whose Pod Security
+    /// level admits the capability (privileged).
+    #[serde(default)]
+    pub read_all_files: bool,
+    /// What a source file or directory the sender cannot read (permission denied) does to the
+    /// Transfer: `Fail` (the default) fails it at once, naming the entry; `Skip` copies the rest
+    /// and lists what was left out in `status.unreadable`.
+    #[serde(default)]
+    pub on_unreadable: OnUnreadable,
     /// Cap on bytes per second over all streams, as a Kubernetes quantity (`50M`, `1Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit: Option<Quantity>,
@@ -167,6 +179,14 @@ pub struct RemoteEndpoint {
     pub namespace: String,
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+}
+
+/// What an unreadable source entry does to a Transfer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnUnreadable {
+    #[default]
+    Fail,
+    Skip,
 }
 
 /// Per-block compression.

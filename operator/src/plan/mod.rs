@@ -83,6 +83,9 @@ pub struct Observed {
     /// The operator may run root movers (`--allow-root-movers`), which `preserveOwnership`
     /// needs.
     pub root_movers_allowed: bool,
+    /// The operator may run senders with CAP_DAC_READ_SEARCH (`--allow-privileged-readers`),
+    /// which `readAllFiles` needs.
+    pub privileged_readers_allowed: bool,
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteObserved>,
 }
@@ -173,8 +176,17 @@ pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
 pub use ferry_mover::quantity::parse_quantity;
 
 /// Spec fields this operator cannot honour as asked, refused instead of silently ignored.
-fn unsupported(spec: &TransferSpec, root_movers_allowed: bool) -> Option<Blocked> {
-    if spec.preserve_ownership && !root_movers_allowed {
+fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked> {
+    if spec.read_all_files && !obs.privileged_readers_allowed {
+        return Some(Blocked {
+            reason: Reason::PrivilegedReadersNotAllowed,
+            message: "spec.readAllFiles needs a sender with CAP_DAC_READ_SEARCH, which this \
+                      operator does not start (an administrator allows it with the chart's \
+                      allowPrivilegedReaders, the operator's --allow-privileged-readers)"
+                .into(),
+        });
+    }
+    if spec.preserve_ownership && !obs.root_movers_allowed {
         return Some(Blocked {
             reason: Reason::RootMoversNotAllowed,
             message: "spec.preserveOwnership needs movers running as root, which this operator \
@@ -537,7 +549,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         reason: Reason::PodSecurityForbidsHostPath,
         message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use claims here, or a namespace at the privileged level".into(),
     });
-    let blocked = unsupported(spec, cx.obs.root_movers_allowed)
+    let blocked = unsupported(spec, cx.obs)
         .or(psa)
         .or_else(|| cx.obs.placement.clone().err())
         .or_else(|| peer_blocked(cx.obs));
@@ -1073,6 +1085,7 @@ pub(crate) mod tests {
             may_start: true,
             host_path_forbidden: false,
             root_movers_allowed: false,
+            privileged_readers_allowed: false,
             remote: None,
         }
     }

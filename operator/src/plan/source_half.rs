@@ -16,7 +16,7 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
         reason: Reason::PodSecurityForbidsHostPath,
         message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use a claim here, or a namespace at the privileged level".into(),
     });
-    let blocked = unsupported(&t.spec, cx.obs.root_movers_allowed)
+    let blocked = unsupported(&t.spec, cx.obs)
         .or(psa)
         .or_else(|| cx.obs.placement.clone().err())
         .or_else(|| peer_blocked(cx.obs));
