@@ -89,8 +89,8 @@ kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/d
 if kubectl -n "$ns" get transfer "$name" >/dev/null 2>&1; then
   kubectl -n "$ns" delete transfer "$name" --wait --timeout=120s >/dev/null
 fi
+# The destination directory does not exist: the receiver creates it beneath the granted root.
 rm -rf "$dst"
-install -d -o "$mover_uid" -g "$mover_uid" "$dst"
 
 step "applying a Transfer: node-a:$root/imagenet -> node-b:$root/imagenet${limit:+, capped at $limit/s so the progress is easy to watch}"
 manifest="$(cat <<YAML
