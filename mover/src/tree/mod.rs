@@ -14,6 +14,7 @@
 pub mod confine;
 pub mod data;
 pub mod dest;
+pub mod dest_lock;
 mod dircache;
 pub mod dirwalk;
 pub mod filter;
