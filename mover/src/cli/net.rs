@@ -92,9 +92,9 @@ pub struct TlsArgs {
     /// Seconds a stream may stay silent before the session is aborted.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
-    /// Seconds the peer may make no progress (move no data, report no growing work counter in
-    /// its Busy frames) before the session is aborted; keepalives and trickled bytes do not
-    /// count.
+    /// Seconds the peer may make no progress before the session is aborted: a receiver counts
+    /// only frames that move the session; a sender also a receiver's Busy frames with a growing
+    /// work counter. Keepalives and trickled bytes do not count.
     #[arg(long, default_value_t = 120)]
     pub progress_timeout: u64,
     /// fsync every file before it is renamed into place.

@@ -234,35 +234,22 @@ impl Default for Timeouts {
 /// How often a busy end tells its peer it is working (Busy frames, progress capability).
 pub(crate) const BUSY_EVERY: Duration = Duration::from_secs(5);
 
-/// When the peer last made progress: a frame that moves the session forward, or a Busy frame
-/// whose work counter grew.
+/// When the sender last made progress (the receiver's session deadline): a frame that moves the
+/// session forward. A sender's Busy frames do not count (see `receiver::effects::Session::saw`).
 pub(crate) struct ProgressClock {
     last: std::sync::Mutex<tokio::time::Instant>,
-    work: std::sync::atomic::AtomicU64,
 }
 
 impl ProgressClock {
     pub fn new() -> Self {
         Self {
             last: std::sync::Mutex::new(tokio::time::Instant::now()),
-            work: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     pub fn mark(&self) {
         if let Ok(mut l) = self.last.lock() {
             *l = tokio::time::Instant::now();
-        }
-    }
-
-    /// A Busy frame: progress only if the counter grew.
-    pub fn busy(&self, work: u64) {
-        if self
-            .work
-            .fetch_max(work, std::sync::atomic::Ordering::Relaxed)
-            < work
-        {
-            self.mark();
         }
     }
 

@@ -97,7 +97,7 @@ pub enum ReceiveError {
     #[error("sender ({kind}): {message}")]
     Remote { kind: ErrorKind, message: String },
     #[error(
-        "the sender made no progress for {secs} s (no data moved and no growing work counter; \
+        "the sender made no progress for {secs} s (no data moved; Busy frames, \
          keepalives and trickled bytes do not count)"
     )]
     NoProgress { secs: u64 },
