@@ -463,7 +463,11 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         sync: args.tls.sync,
         bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         timeouts,
-        filter: args.filter.compile()?,
+        filter: {
+            let f = args.filter.compile()?;
+            f.check_wire_size()?;
+            f
+        },
         dry_run: args.dry_run,
         // Set to the process's signals inside the runtime.
         shutdown: session::Shutdown::never(),

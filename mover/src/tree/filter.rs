@@ -25,6 +25,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub const MAX_RULES: usize = 1024;
 /// Longest pattern accepted, in bytes.
 pub const MAX_PATTERN: usize = 4096;
+/// Most bytes the rules may take in a Hello (`filter_rules`, with their `+ `/`- ` and protobuf
+/// framing): the Hello is a control frame of at most 64 KiB
+/// (`MAX_CONTROL_PAYLOAD`), and the rest of it needs well under 4 KiB. So
+/// 1 024 rules of 4 KiB each work for `copy`, not for `send`: a sender checks this before it
+/// connects ([`Filter::check_wire_size`]).
+pub const MAX_WIRE_RULES_BYTES: usize = 60 * 1024;
 /// Matching steps the rules a peer sent may cost a receiver in one session (about a second of
 /// CPU); beyond it entries count as excluded.
 pub const MAX_PEER_MATCH_WORK: u64 = 1 << 30;
@@ -48,6 +54,11 @@ pub enum FilterError {
     TooMany,
     #[error("filter rule {0:?} is neither `+ PATTERN` nor `- PATTERN`")]
     BadWireRule(String),
+    #[error(
+        "the --exclude/--include rules take {bytes} bytes to send, more than the {limit} a \
+         receiver accepts (send them as fewer or shorter patterns, e.g. with ** or classes)"
+    )]
+    WireTooLarge { bytes: usize, limit: usize },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +181,24 @@ impl Filter {
 
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
+    }
+
+    /// Bytes the rules take in a Hello: each as `+ PATTERN` with its field tag and length.
+    pub fn wire_size(&self) -> usize {
+        self.rules.iter().map(|r| 2 + r.text.len() + 4).sum()
+    }
+
+    /// Refuses rules that would not fit in a Hello ([`MAX_WIRE_RULES_BYTES`]), so a sender says
+    /// so before it connects instead of the receiver refusing an oversized frame.
+    pub fn check_wire_size(&self) -> Result<(), FilterError> {
+        let bytes = self.wire_size();
+        if bytes > MAX_WIRE_RULES_BYTES {
+            return Err(FilterError::WireTooLarge {
+                bytes,
+                limit: MAX_WIRE_RULES_BYTES,
+            });
+        }
+        Ok(())
     }
 
     /// Whether the entry at `rel` (a relative path, `/`-separated, no leading `/`) is left out.
@@ -494,6 +523,33 @@ mod tests {
         assert!(Filter::from_wire(&["* x".into()]).is_err());
         let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("- {i}")).collect();
         assert!(Filter::from_wire(&many).is_err());
+    }
+
+    #[test]
+    fn rules_that_fit_the_hello_and_rules_that_do_not() {
+        let long = "x".repeat(MAX_PATTERN);
+        let many = Filter::new((0..MAX_RULES).map(|_| (false, long.as_str()))).expect("rules");
+        let e = many.check_wire_size().expect_err("4 MiB of rules");
+        assert!(e.to_string().contains("more than the 61440"), "{e}");
+        let fits: Vec<(bool, &str)> = (0..14).map(|_| (false, long.as_str())).collect();
+        let f = Filter::new(fits).expect("rules");
+        f.check_wire_size().expect("56 KiB fits");
+        // What the check allows really fits in a Hello frame with the rest of it.
+        let hello = ferry_proto::wire::v1::Hello {
+            transfer_id: "t".repeat(253),
+            session_id: vec![0; 16],
+            filter_rules: f.to_wire(),
+            ..Default::default()
+        };
+        let mut buf = bytes::BytesMut::new();
+        crate::wire::Message::Hello(hello)
+            .encode(&mut buf)
+            .expect("encode");
+        let payload = buf.len() - crate::wire::FRAME_HEADER_LEN;
+        assert!(
+            payload <= crate::wire::MAX_CONTROL_PAYLOAD as usize,
+            "{payload}"
+        );
     }
 
     #[test]
