@@ -1,9 +1,13 @@
-//! Where a failure lies: one [`ErrorKind`] per error, carried in the data protocol's Error frame
-//! (`ferry.wire.v1.ErrorKind`), on the progress service (`ProgressUpdate.error_kind`) and in the
-//! exit status of `send` and `receive`.
+//! Where a failure lies and whether a retry can help: one [`ErrorKind`] and one permanence flag
+//! per error, carried in the data protocol's Error frame (`ferry.wire.v1.ErrorKind`,
+//! `Error.permanent`), on the progress service (`ProgressUpdate.error_kind`, `.permanent`) and in
+//! the exit status of `send` and `receive` ([`exit_status`]).
 //!
-//! Every error type of the network path maps to a kind here, in one place: [`SendError::kind`],
-//! [`ReceiveError::kind`] and their parts.
+//! Every error type of the network path maps to a kind and a permanence here, in one place:
+//! [`SendError::kind`] / [`SendError::permanent`], [`ReceiveError::kind`] /
+//! [`ReceiveError::permanent`] and their parts. The operator retries by permanence, not by kind:
+//! a full disk (destination) and a missing source are permanent, a digest mismatch
+//! (destination) and a file that changed during the copy (source) are not.
 
 use std::fmt;
 
@@ -31,6 +35,84 @@ pub enum ErrorKind {
     Timeout,
     /// A bug or an impossible state in the mover (a poisoned lock, a failed task).
     Internal,
+    /// The node's block store failed: the `--cas` directory is unusable or a block is corrupt.
+    Store,
+}
+
+/// A failed session as the operator sees it: where the fault lies and whether a retry can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Failure {
+    pub kind: ErrorKind,
+    /// A retry cannot help (see [`is_permanent_errno`] and each error's `permanent()`).
+    pub permanent: bool,
+}
+
+impl Failure {
+    pub fn new(kind: ErrorKind, permanent: bool) -> Failure {
+        Failure { kind, permanent }
+    }
+    pub fn exit_status(self) -> u8 {
+        exit_status(self.kind, self.permanent)
+    }
+}
+
+impl Failure {
+    /// What an Error frame claims (the claim only: see [`ReceiveError::permanent`]).
+    pub fn from_pb(e: &pb::Error) -> Failure {
+        Failure::new(ErrorKind::from_pb(e.kind), e.permanent)
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.permanent {
+            write!(f, "{}, permanent", self.kind)
+        } else {
+            write!(f, "{}", self.kind)
+        }
+    }
+}
+
+/// How far the exit status of a fault a retry cannot help lies above the kind's own.
+const PERMANENT_OFFSET: u8 = 10;
+
+/// Exit status of `send`/`receive` for a failed session: the kind's code (10-16) when a retry may
+/// help, 10 more (20-26) when it cannot.
+pub fn exit_status(kind: ErrorKind, permanent: bool) -> u8 {
+    if permanent {
+        kind.exit_code() + PERMANENT_OFFSET
+    } else {
+        kind.exit_code()
+    }
+}
+
+/// The kind and permanence an exit status stands for; `None` for 0, 1, 2, signals and anything
+/// else not in the table.
+pub fn from_exit_status(code: i32) -> Option<(ErrorKind, bool)> {
+    ErrorKind::ALL.into_iter().find_map(|k| {
+        let base = i32::from(k.exit_code());
+        if code == base {
+            Some((k, false))
+        } else if code == base + i32::from(PERMANENT_OFFSET) {
+            Some((k, true))
+        } else {
+            None
+        }
+    })
+}
+
+/// OS errors a retry cannot fix: permission denied, a full disk or quota, a read-only file
+/// system. They stay until someone changes the tree, the grant or the volume.
+pub fn is_permanent_errno(code: i32) -> bool {
+    matches!(
+        code,
+        libc::EACCES | libc::EPERM | libc::ENOSPC | libc::EDQUOT | libc::EROFS
+    )
+}
+
+/// A permanent OS error ([`is_permanent_errno`]) somewhere in `e`'s chain.
+pub fn has_permanent_os_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    os_error(e).is_some_and(is_permanent_errno)
 }
 
 /// Exit status of `send` and `receive` when entries were left out but the rest was transferred.
@@ -41,28 +123,32 @@ pub const EXIT_OTHER: u8 = 2;
 
 /// The exit status table, for `--help` (keep in step with docs/protocol.md).
 pub const EXIT_STATUS_HELP: &str = "\
-Exit status (receive: 10-15 only with --once):
+Exit status (receive: 10-26 only with --once):
   0   success (send: the transfer digests agree)
   1   finished, but some entries were left out (each named)
-  2   usage error, or a failure before the session (flags, certificates, source root)
+  2   usage error, or a failure before the session (flags, certificates, --sub-path)
   10  peer: the other mover broke the protocol or refused the session
   11  source: the source could not be read
-  12  destination: the destination could not be written (permission, disk full), or the
-      transfer digests differ
+  12  destination: the destination could not be written, or the transfer digests differ
   13  network: the connection failed, or either end was stopped (SIGTERM, SIGINT)
-  14  timeout: a handshake, idle or write deadline passed
+  14  timeout: a handshake, idle, write or progress deadline passed
   15  internal: a bug in the mover
-A failure is printed as `ferry-mover: error (<kind>): <message>`; a failure the receiver
-reported is printed by the sender too, with the receiver's message.";
+  16  store: the node's block store (--cas) failed
+10-16: a retry may help. 20-26 (the same kind + 10): a retry cannot help until someone
+changes something: permission denied, a missing source or --sub-path, a symlink on the
+--sub-path, a full disk or quota, a read-only file system, a refused identity.
+A failure is printed as `ferry-mover: error (<kind>[, permanent]): <message>`; a failure the
+receiver reported is printed by the sender too, with the receiver's message.";
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::Peer,
         ErrorKind::Source,
         ErrorKind::Destination,
         ErrorKind::Network,
         ErrorKind::Timeout,
         ErrorKind::Internal,
+        ErrorKind::Store,
     ];
 
     /// Exit status of `send`/`receive` for a session that failed with this kind.
@@ -74,6 +160,7 @@ impl ErrorKind {
             ErrorKind::Network => 13,
             ErrorKind::Timeout => 14,
             ErrorKind::Internal => 15,
+            ErrorKind::Store => 16,
         }
     }
 
@@ -85,6 +172,7 @@ impl ErrorKind {
             ErrorKind::Network => "network",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Internal => "internal",
+            ErrorKind::Store => "store",
         }
     }
 
@@ -96,6 +184,7 @@ impl ErrorKind {
             ErrorKind::Network => pb::ErrorKind::Network,
             ErrorKind::Timeout => pb::ErrorKind::Timeout,
             ErrorKind::Internal => pb::ErrorKind::Internal,
+            ErrorKind::Store => pb::ErrorKind::Store,
         }
     }
 
@@ -107,6 +196,7 @@ impl ErrorKind {
             Ok(pb::ErrorKind::Network) => ErrorKind::Network,
             Ok(pb::ErrorKind::Timeout) => ErrorKind::Timeout,
             Ok(pb::ErrorKind::Internal) => ErrorKind::Internal,
+            Ok(pb::ErrorKind::Store) => ErrorKind::Store,
             Ok(pb::ErrorKind::Peer | pb::ErrorKind::Unspecified) | Err(_) => ErrorKind::Peer,
         }
     }
@@ -197,6 +287,11 @@ impl FramedError {
             FramedError::Wire { .. } => ErrorKind::Peer,
         }
     }
+
+    /// A broken or silent connection, or a bad frame: a rerun may go through.
+    pub fn permanent(&self) -> bool {
+        false
+    }
 }
 
 impl HandshakeError {
@@ -212,6 +307,20 @@ impl HandshakeError {
             | HandshakeError::SessionId(_) => ErrorKind::Peer,
         }
     }
+
+    /// Another transfer or protocol version stays refused; the peer's refusal is as permanent
+    /// as it said.
+    pub fn permanent(&self) -> bool {
+        match self {
+            HandshakeError::Framed(e) => e.permanent(),
+            HandshakeError::Refused { permanent, .. } => *permanent,
+            HandshakeError::Version { .. } | HandshakeError::Transfer { .. } => true,
+            HandshakeError::Unexpected { .. }
+            | HandshakeError::Streams { .. }
+            | HandshakeError::BlockSize(_)
+            | HandshakeError::SessionId(_) => false,
+        }
+    }
 }
 
 impl TransportError {
@@ -225,6 +334,11 @@ impl TransportError {
             TransportError::Handshake { .. } => ErrorKind::Network,
         }
     }
+
+    /// A refused certificate or identity stays refused; a failed connection may come up.
+    pub fn permanent(&self) -> bool {
+        matches!(self, TransportError::Handshake { .. }) && is_tls_refusal(self)
+    }
 }
 
 impl crate::session::ScanError {
@@ -232,6 +346,14 @@ impl crate::session::ScanError {
         match self {
             crate::session::ScanError::Closed => ErrorKind::Network,
             _ => ErrorKind::Source,
+        }
+    }
+
+    /// An unreadable or missing source root stays so; other read errors may pass.
+    pub fn permanent(&self) -> bool {
+        match self {
+            crate::session::ScanError::Closed => false,
+            e => has_permanent_os_error(e),
         }
     }
 }
@@ -246,7 +368,44 @@ fn dest_kind(e: &DestError) -> ErrorKind {
     }
 }
 
+fn dest_permanent(e: &DestError) -> bool {
+    match e {
+        DestError::Path(_) => false,
+        e => has_permanent_os_error(e),
+    }
+}
+
 impl SendError {
+    pub fn failure(&self) -> Failure {
+        Failure::new(self.kind(), self.permanent())
+    }
+
+    /// Retryable: a file that changed during the copy, a digest mismatch, the network, a
+    /// timeout, an internal fault. Permanent: the receiver's permanent fault, a source it is
+    /// denied to read.
+    pub fn permanent(&self) -> bool {
+        match self {
+            SendError::Framed(e) => e.permanent(),
+            SendError::Handshake(e) => e.permanent(),
+            SendError::Scan(e) => e.permanent(),
+            SendError::Remote { permanent, .. } => *permanent,
+            SendError::Read { .. } | SendError::Digest(_) => has_permanent_os_error(self),
+            SendError::Peer(_)
+            | SendError::NoPeerDigest
+            | SendError::BadPeerDigest(_)
+            | SendError::Changed(_)
+            | SendError::DigestMismatch { .. }
+            | SendError::NoProgress { .. }
+            | SendError::ShutDown(_)
+            | SendError::DigestIncomplete
+            | SendError::Channel
+            | SendError::Join(_)
+            | SendError::Aborted => false,
+            // An older receiver stays older until someone upgrades it.
+            SendError::FilterUnsupported | SendError::DryRunUnsupported => true,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             SendError::Framed(e) => e.kind(),
@@ -275,11 +434,37 @@ impl SendError {
 }
 
 impl ReceiveError {
+    pub fn failure(&self) -> Failure {
+        Failure::new(self.kind(), self.permanent())
+    }
+
+    /// Permanent: the destination denies writing, is full or read-only. The sender's own
+    /// failure (its Error frame) is never adopted: a sender must not make this receiver report
+    /// a permanent fault.
+    pub fn permanent(&self) -> bool {
+        match self {
+            ReceiveError::Framed(e) => e.permanent(),
+            ReceiveError::Handshake(HandshakeError::Refused { .. }) => false,
+            ReceiveError::Handshake(e) => e.permanent(),
+            ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_permanent(e),
+            ReceiveError::Staging(StagingError::Dest(e)) => dest_permanent(e),
+            ReceiveError::Staging(StagingError::Io { .. })
+            | ReceiveError::Commit { .. }
+            | ReceiveError::Write { .. }
+            | ReceiveError::Scratch { .. }
+            | ReceiveError::Digest(_) => has_permanent_os_error(self),
+            _ => false,
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             ReceiveError::Framed(e) => e.kind(),
+            // The sender's words are kept in the message; its kind says nothing about this end.
+            ReceiveError::Handshake(HandshakeError::Refused { .. }) => ErrorKind::Peer,
             ReceiveError::Handshake(e) => e.kind(),
-            ReceiveError::Remote { kind, .. } => *kind,
+            ReceiveError::Remote { .. } => ErrorKind::Peer,
+            ReceiveError::Cas(_) => ErrorKind::Store,
             ReceiveError::Path(_)
             | ReceiveError::Protocol(_)
             | ReceiveError::Codec { .. }
@@ -295,7 +480,6 @@ impl ReceiveError {
             | ReceiveError::Commit { .. }
             | ReceiveError::Write { .. }
             | ReceiveError::Scratch { .. }
-            | ReceiveError::Cas(_)
             | ReceiveError::Digest(_)
             | ReceiveError::ReadBack(_) => ErrorKind::Destination,
             ReceiveError::Poisoned
@@ -312,6 +496,13 @@ impl ListenError {
             ListenError::Accept(_) => ErrorKind::Network,
             ListenError::Session(e) => e.kind(),
             ListenError::ShutDown(_) => ErrorKind::Network,
+        }
+    }
+
+    pub fn failure(&self) -> Failure {
+        match self {
+            ListenError::Session(e) => e.failure(),
+            e => Failure::new(e.kind(), false),
         }
     }
 }

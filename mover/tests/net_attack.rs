@@ -155,6 +155,43 @@ fn source_with_a_zero_block(src: &Path) -> Vec<u8> {
     content
 }
 
+/// Waits (at most 30 s) until block `index` holding `block` is in the receiver's staging: the
+/// part file has its bytes and the manifest (`FERRYMF2` header, then one 32-byte record per
+/// block) has a record for it. A disconnect before that would test nothing.
+async fn wait_until_staged(dst: &Path, index: u64, block: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let held = || {
+        let files = files_under(&dst.join(".ferry-staging"));
+        let part = files.iter().any(|f| {
+            let mut buf = vec![0u8; block.len()];
+            std::fs::File::open(f)
+                .and_then(|h| h.read_exact_at(&mut buf, index * BLOCK_SIZE as u64))
+                .is_ok_and(|()| buf == block)
+        });
+        let recorded = files.iter().any(|f| {
+            let Ok(data) = std::fs::read(f) else {
+                return false;
+            };
+            if !data.starts_with(b"FERRYMF2") || data.len() < 32 {
+                return false;
+            }
+            let path_len = u32::from_le_bytes([data[28], data[29], data[30], data[31]]) as usize;
+            let at = 32 + path_len + 32 * index as usize;
+            data.get(at..at + 32)
+                .is_some_and(|r| r.iter().any(|&b| b != 0))
+        });
+        part && recorded
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !held() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "block {index} never reached staging"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A session of the same transfer sends attacker bytes (with their correct hash) for block
 /// `index` of a file the source really has, with its size and mtime, then disconnects.
 async fn poison(dst: &Path, src: &Path, transfer: &str, index: u64) {
@@ -163,8 +200,8 @@ async fn poison(dst: &Path, src: &Path, transfer: &str, index: u64) {
     assert!(!want.skip);
     let evil = random_bytes(BLOCK_SIZE, 666);
     peer.block(want.file_id, index, &evil).await;
-    // Let the receiver write it before the connection drops.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The receiver must hold it before the connection drops, or the rerun proves nothing.
+    wait_until_staged(dst, index, &evil).await;
     let err = peer.disconnect().await;
     assert_ne!(err, "OK");
     assert!(
@@ -245,7 +282,7 @@ async fn honest_blocks_left_by_an_interrupted_session_are_resumed() {
     let want = peer.offer(entry_of(src.path(), "big.bin")).await;
     peer.block(want.file_id, 2, &content[8 * MIB..12 * MIB])
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until_staged(dst.path(), 2, &content[8 * MIB..12 * MIB]).await;
     peer.disconnect().await;
 
     let (sent, received) = round_trip(&pki, src.path(), dst.path(), &SendOpts::default()).await;
@@ -385,7 +422,8 @@ fn stall_timeouts() -> ferry_mover::session::Timeouts {
 }
 
 /// What a sender that holds the session without moving anything can do: keepalives only, a
-/// frame trickled a byte at a time, Busy frames whose work counter never grows.
+/// frame trickled a byte at a time, Busy frames whose work counter never grows, Busy frames
+/// whose counter grows (Busy proves nothing), and Busy frames without the progress capability.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_authenticated_sender_that_makes_no_progress_is_cut_off() {
     let dst = tempfile::tempdir().unwrap();
@@ -404,8 +442,18 @@ async fn an_authenticated_sender_that_makes_no_progress_is_cut_off() {
         .unwrap();
         b.to_vec()
     };
-    for attack in ["keepalives", "trickle", "busy without work"] {
-        let peer = connect_with(dst.path(), "stall", caps::SUPPORTED, stall_timeouts()).await;
+    for attack in [
+        "keepalives",
+        "trickle",
+        "busy without work",
+        "busy with growing work",
+        "busy without the capability",
+    ] {
+        let offered = match attack {
+            "busy without the capability" => caps::SUPPORTED & !caps::PROGRESS,
+            _ => caps::SUPPORTED,
+        };
+        let peer = connect_with(dst.path(), "stall", offered, stall_timeouts()).await;
         let started = std::time::Instant::now();
         let offer = offer.clone();
         let Peer {
@@ -418,11 +466,16 @@ async fn an_authenticated_sender_that_makes_no_progress_is_cut_off() {
                 let r = match attack {
                     "keepalives" => writer.send(&Message::Keepalive).await,
                     "trickle" => writer.send_raw(&offer[i % offer.len()..][..1]).await,
-                    _ => writer.send(&Message::Busy(pb::Busy { work: 7 })).await,
+                    "busy without work" => writer.send(&Message::Busy(pb::Busy { work: 7 })).await,
+                    _ => {
+                        let work = 1000 * (i as u64 + 1);
+                        writer.send(&Message::Busy(pb::Busy { work })).await
+                    }
                 };
                 if r.is_err() || writer.flush().await.is_err() {
                     return;
                 }
+                // The attack's pace (a frame well inside the idle timeout), not synchronization.
                 tokio::time::sleep(Duration::from_millis(400)).await;
             }
         });
@@ -474,6 +527,8 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
             if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {
                 break;
             }
+            // The stalling receiver's pace (keepalives inside the idle timeout), not
+            // synchronization.
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         drain.abort();

@@ -111,7 +111,7 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
     let stderr = String::from_utf8_lossy(&send.stderr);
     assert_eq!(
         send.status.code(),
-        Some(12),
+        Some(22),
         "sender: {stderr}\nreceiver: {recv_log}"
     );
     let line = stderr
@@ -119,7 +119,7 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
         .find(|l| l.starts_with("ferry-mover: error"))
         .unwrap_or_else(|| panic!("no error line: {stderr}"));
     assert!(
-        line.starts_with("ferry-mover: error (destination): "),
+        line.starts_with("ferry-mover: error (destination, permanent): "),
         "{line}"
     );
     assert!(line.contains("d/big.bin"), "names the path: {line}");
@@ -133,9 +133,9 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
         assert!(!line.contains(noise), "{line}");
     }
     // The receiver fails the same way and says so.
-    assert_eq!(status.code(), Some(12), "receiver: {recv_log}");
+    assert_eq!(status.code(), Some(22), "receiver: {recv_log}");
     assert!(
-        recv_log.contains("error (destination)") && recv_log.contains("d/big.bin"),
+        recv_log.contains("error (destination, permanent)") && recv_log.contains("d/big.bin"),
         "{recv_log}"
     );
 }
@@ -221,8 +221,12 @@ fn an_identity_mismatch_is_explained_on_both_ends() {
         .read_to_string(&mut log)
         .unwrap();
     let stderr = String::from_utf8_lossy(&send.stderr);
-    assert_eq!(send.status.code(), Some(10), "{stderr}");
-    assert!(stderr.contains("ferry-mover: error (peer): "), "{stderr}");
+    // A refused identity stays refused: a retry with the same certificates cannot help.
+    assert_eq!(send.status.code(), Some(20), "{stderr}");
+    assert!(
+        stderr.contains("ferry-mover: error (peer, permanent): "),
+        "{stderr}"
+    );
     let receiver_uri = "urn:ferry:cluster:east:transfer:uid.7:attempt:2:role:receiver";
     let sender_uri = "urn:ferry:cluster:east:transfer:uid.7:attempt:2:role:sender";
     assert!(stderr.contains(receiver_uri), "{stderr}");

@@ -41,6 +41,7 @@ async fn a_receivers_error_text_is_escaped_on_the_senders_terminal() {
                 let error = Message::Error(pb::Error {
                     message: evil.into(),
                     kind: pb::ErrorKind::Destination as i32,
+                    permanent: false,
                 });
                 let _ = writer.send(&error).await;
                 let _ = writer.flush().await;

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::kind::ErrorKind;
+use crate::kind::{ErrorKind, Failure};
 use crate::net::{self, Role};
 use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, SessionSummary, Timeouts};
+use crate::tree::subpath::{self, Anchored, Side};
 
 /// `--compress`: the library's [`Compress`], as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -91,9 +92,9 @@ pub struct TlsArgs {
     /// Seconds a stream may stay silent before the session is aborted.
     #[arg(long, default_value_t = 60)]
     pub idle_timeout: u64,
-    /// Seconds the peer may make no progress (move no data, report no growing work counter in
-    /// its Busy frames) before the session is aborted; keepalives and trickled bytes do not
-    /// count.
+    /// Seconds the peer may make no progress before the session is aborted: a receiver counts
+    /// only frames that move the session; a sender also a receiver's Busy frames with a growing
+    /// work counter. Keepalives and trickled bytes do not count.
     #[arg(long, default_value_t = 120)]
     pub progress_timeout: u64,
     /// fsync every file before it is renamed into place.
@@ -120,6 +121,10 @@ pub struct SendArgs {
     /// the receiver's root under its own name).
     #[arg(long)]
     pub root: PathBuf,
+    /// Send this directory (or file) beneath --root instead of --root itself: a relative path,
+    /// resolved without following any symlink (a symlink on the way is refused).
+    #[arg(long, value_name = "REL")]
+    pub sub_path: Option<String>,
     /// Parallel TLS streams.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub streams: u32,
@@ -160,6 +165,11 @@ pub struct ReceiveArgs {
     /// Destination root.
     #[arg(long)]
     pub root: PathBuf,
+    /// Write into this directory beneath --root instead of --root itself: a relative path,
+    /// resolved without following any symlink (a symlink on the way is refused); missing
+    /// directories are created (mode 0755).
+    #[arg(long, value_name = "REL")]
+    pub sub_path: Option<String>,
     /// Exit after one session.
     #[arg(long)]
     pub once: bool,
@@ -372,15 +382,63 @@ async fn linger(tls: &TlsArgs, progress: &Progress) {
     }
 }
 
-/// A failed session as the user sees it: `ferry-mover: error (<kind>): <message>` on stderr and
-/// the kind's exit status (docs/protocol.md, "Errors").
-fn report_failure(kind: ErrorKind, message: &str) -> ExitCode {
+/// A failed session as the user sees it: `ferry-mover: error (<kind>[, permanent]): <message>`
+/// on stderr and the exit status of its kind and permanence (docs/protocol.md, "Errors").
+fn report_failure(failure: Failure, message: &str) -> ExitCode {
     // The message may carry the peer's words and paths: never raw control characters.
     eprintln!(
-        "ferry-mover: error ({kind}): {}",
+        "ferry-mover: error ({failure}): {}",
         session::escape_text(message)
     );
-    ExitCode::from(kind.exit_code())
+    ExitCode::from(failure.exit_status())
+}
+
+/// `--root` plus `--sub-path`, resolved and held open for the whole process; `Err` is the exit
+/// status already reported (2 for a bad flag, the side's kind and permanence otherwise).
+fn anchor(root: &std::path::Path, sub: Option<&str>, side: Side) -> Result<Anchored, ExitCode> {
+    let resolved = subpath::parse(sub.unwrap_or("")).and_then(|rel| match side {
+        Side::Source => subpath::open_source(root, rel.as_ref()),
+        Side::Destination => subpath::open_destination(root, rel.as_ref()),
+    });
+    resolved.map_err(|e| {
+        let kind = match e.side() {
+            None => {
+                eprintln!("ferry-mover: error: {}", session::anyhow_chain(&e));
+                return ExitCode::from(crate::kind::EXIT_OTHER);
+            }
+            Some(Side::Source) => ErrorKind::Source,
+            Some(Side::Destination) => ErrorKind::Destination,
+        };
+        let failure = Failure::new(kind, e.permanent());
+        report_failure(failure, &session::anyhow_chain(&e))
+    })
+}
+
+/// Messages name `/proc/self/fd/<n>` where the mover works through its held handle: show
+/// `--root`/`--sub-path` instead, as the user gave them.
+#[derive(Debug, Clone)]
+struct Shown {
+    effective: String,
+    shown: String,
+}
+
+impl Shown {
+    fn of(a: &Anchored) -> Shown {
+        Shown {
+            effective: a.effective_dir().display().to_string(),
+            shown: a.shown_dir().display().to_string(),
+        }
+    }
+    fn text(&self, s: &str) -> String {
+        s.replace(&self.effective, &self.shown)
+    }
+    fn summary(&self, s: &SessionSummary) -> SessionSummary {
+        let mut s = s.clone();
+        for f in &mut s.failures {
+            *f = self.text(f);
+        }
+        s
+    }
 }
 
 /// Exit status 0 when everything was sent and the digests agree, 1 when the receiver left
@@ -391,8 +449,13 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let files = load_tls(&args.tls, &transfer, Role::Sender)?;
     let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
     let timeouts = args.tls.timeouts();
+    let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Source) {
+        Ok(a) => a,
+        Err(code) => return Ok(code),
+    };
+    let shown = Shown::of(&anchored);
     let mut cfg = SenderConfig {
-        root: args.root.clone(),
+        root: anchored.effective(),
         transfer_id: transfer.clone(),
         compress: args.compress.into(),
         delete: args.delete,
@@ -400,14 +463,15 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         sync: args.tls.sync,
         bandwidth_limit: args.bandwidth_limit.filter(|&bps| bps > 0),
         timeouts,
-        filter: args.filter.compile()?,
+        filter: {
+            let f = args.filter.compile()?;
+            f.check_wire_size()?;
+            f
+        },
         dry_run: args.dry_run,
         // Set to the process's signals inside the runtime.
         shutdown: session::Shutdown::never(),
     };
-    if let Err(e) = std::fs::metadata(&args.root) {
-        anyhow::bail!("cannot read the source {}: {e}", args.root.display());
-    }
     let progress = Arc::new(Progress::new(&transfer, "sender"));
     let rt = runtime()?;
     let outcome = rt.block_on(async {
@@ -424,21 +488,24 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
                 Ok(s) => streams.push(s),
                 Err(e) => {
                     let message = session::anyhow_chain(&e);
-                    progress.set_failure(e.kind(), &message);
+                    let failure = Failure::new(e.kind(), e.permanent());
+                    progress.set_failure(failure, &message);
                     progress.set_phase(Phase::Failed);
                     linger(&args.tls, &progress).await;
-                    return anyhow::Ok(Err((e.kind(), message)));
+                    return anyhow::Ok(Err((failure, message)));
                 }
             }
         }
         let s = session::send_session(&cfg, streams, progress.clone()).await;
         linger(&args.tls, &progress).await;
-        anyhow::Ok(s.map_err(|e| (e.kind(), session::anyhow_chain(&e))))
+        anyhow::Ok(s.map_err(|e| (e.failure(), session::anyhow_chain(&e))))
     })?;
     let summary = match outcome {
-        Ok(s) => s,
-        Err((kind, message)) => return Ok(report_failure(kind, &message)),
+        Ok(s) => shown.summary(&s),
+        Err((failure, message)) => return Ok(report_failure(failure, &shown.text(&message))),
     };
+    // The handle the session worked through stays open until here.
+    drop(anchored);
     print_summary(args.tls.json, "sent", &summary)?;
     print_failures("sent", &summary);
     Ok(exit_code(&summary))
@@ -470,8 +537,13 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         )),
         None => None,
     };
+    let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Destination) {
+        Ok(a) => a,
+        Err(code) => return Ok(code),
+    };
+    let shown = Shown::of(&anchored);
     let mut cfg = ReceiverConfig {
-        root: args.root.clone(),
+        root: anchored.effective(),
         transfer_id: transfer.clone(),
         timeouts: args.tls.timeouts(),
         sync: args.tls.sync,
@@ -513,7 +585,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
                 progress.clone(),
                 |r| match r {
                     Ok(s) => {
-                        if let Err(e) = print_summary(json, "received", s) {
+                        if let Err(e) = print_summary(json, "received", &shown.summary(s)) {
                             tracing::warn!("failed to print summary: {e}");
                         }
                         if s.failed > 0 {
@@ -534,8 +606,9 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
             session::ListenError::Session(e) => session::failure_message(e, &transfer_id),
             e => session::anyhow_chain(e),
         };
-        return Ok(report_failure(e.kind(), &message));
+        return Ok(report_failure(e.failure(), &shown.text(&message)));
     }
+    drop(anchored);
     Ok(if failed.get() {
         ExitCode::from(1)
     } else {

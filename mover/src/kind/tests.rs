@@ -21,15 +21,29 @@ fn dest_io(code: i32) -> DestError {
 #[test]
 fn exit_codes_are_distinct_and_documented() {
     let codes: Vec<u8> = ErrorKind::ALL.iter().map(|k| k.exit_code()).collect();
-    assert_eq!(codes, [10, 11, 12, 13, 14, 15]);
+    assert_eq!(codes, [10, 11, 12, 13, 14, 15, 16]);
     for k in ErrorKind::ALL {
         assert!(
             EXIT_STATUS_HELP.contains(&format!("{}  {}:", k.exit_code(), k.as_str())),
             "{k} missing from --help"
         );
         assert_eq!(ErrorKind::from_pb(k.to_pb() as i32), k, "proto round trip");
+        for permanent in [false, true] {
+            let status = exit_status(k, permanent);
+            assert_eq!(
+                from_exit_status(i32::from(status)),
+                Some((k, permanent)),
+                "{k} {permanent}"
+            );
+            assert_eq!(status >= 20, permanent, "{k}: {status}");
+        }
     }
+    assert_eq!(exit_status(ErrorKind::Store, true), 26);
     assert!(!codes.contains(&EXIT_FAILED_ENTRIES) && !codes.contains(&EXIT_OTHER));
+    // Not session failures: success, left-out entries, usage, signals (128 + n).
+    for other in [0, 1, 2, 9, 17, 19, 27, 137, 143, -1] {
+        assert_eq!(from_exit_status(other), None, "{other}");
+    }
     // A mover older than the field sends no kind: read as the peer's.
     assert_eq!(ErrorKind::from_pb(0), ErrorKind::Peer);
     assert_eq!(ErrorKind::from_pb(99), ErrorKind::Peer);
@@ -79,6 +93,7 @@ fn framed_and_handshake_errors() {
     assert_eq!(
         HandshakeError::Refused {
             kind: ErrorKind::Destination,
+            permanent: false,
             message: "x".into()
         }
         .kind(),
@@ -106,9 +121,12 @@ fn sender_errors() {
     );
     let remote = SendError::Remote {
         kind: ErrorKind::Destination,
+        permanent: true,
         message: "failed to create directory d/sub: Permission denied (os error 13)".into(),
     };
     assert_eq!(remote.kind(), ErrorKind::Destination);
+    // The sender adopts the receiver's judgement of its own destination.
+    assert!(remote.permanent());
     assert!(remote.to_string().contains("d/sub"), "{remote}");
     assert_eq!(
         SendError::DigestMismatch {
@@ -198,13 +216,23 @@ fn receiver_errors() {
         ReceiveError::Internal("a batch writer thread panicked").kind(),
         ErrorKind::Internal
     );
+    // A sender's Error frame never decides this receiver's kind or permanence.
+    let remote = ReceiveError::Remote {
+        kind: ErrorKind::Destination,
+        message: "disk full".into(),
+    };
+    assert_eq!(remote.kind(), ErrorKind::Peer);
+    assert!(!remote.permanent());
+    assert!(remote.to_string().contains("disk full"), "{remote}");
+    let refused = ReceiveError::Handshake(HandshakeError::Refused {
+        kind: ErrorKind::Destination,
+        permanent: true,
+        message: "x".into(),
+    });
+    assert_eq!(refused.failure(), Failure::new(ErrorKind::Peer, false));
     assert_eq!(
-        ReceiveError::Remote {
-            kind: ErrorKind::Source,
-            message: "x".into()
-        }
-        .kind(),
-        ErrorKind::Source
+        ReceiveError::Cas(crate::cas::CasError::BlockTooLarge { len: 9, limit: 1 }).kind(),
+        ErrorKind::Store
     );
     assert_eq!(
         ListenError::Session(ReceiveError::Poisoned).kind(),
@@ -278,4 +306,76 @@ fn transport_errors() {
     };
     assert_eq!(reset.kind(), ErrorKind::Network);
     assert_eq!(peer_alert(&reset), None);
+}
+
+#[test]
+fn permanence_is_whether_a_retry_can_help_not_where_the_fault_lies() {
+    let permanent = |e: &ReceiveError| e.permanent();
+    for code in [
+        libc::EACCES,
+        libc::EPERM,
+        libc::ENOSPC,
+        libc::EDQUOT,
+        libc::EROFS,
+    ] {
+        assert!(permanent(&ReceiveError::Dest(dest_io(code))), "{code}");
+        assert!(
+            permanent(&ReceiveError::Write {
+                path: "f".into(),
+                source: os(code)
+            }),
+            "{code}"
+        );
+    }
+    assert!(!permanent(&ReceiveError::Dest(dest_io(libc::EIO))));
+    assert!(!permanent(&ReceiveError::HashMismatch {
+        path: "f".into(),
+        index: 0
+    }));
+    assert!(!permanent(&ReceiveError::Framed(
+        FramedError::IdleTimeout { stream: 0, secs: 1 }
+    )));
+    let read = |code| SendError::Read {
+        path: "/src/f".into(),
+        source: os(code),
+    };
+    assert!(read(libc::EACCES).permanent());
+    assert!(!read(libc::EIO).permanent());
+    assert!(!SendError::Changed("/src/f".into()).permanent());
+    let mismatch = SendError::DigestMismatch {
+        sender: "a".into(),
+        receiver: "b".into(),
+    };
+    assert_eq!(
+        mismatch.failure(),
+        Failure::new(ErrorKind::Destination, false)
+    );
+    assert!(
+        HandshakeError::Transfer {
+            peer: "a".into(),
+            ours: "b".into()
+        }
+        .permanent()
+    );
+    let addr = "127.0.0.1:1".parse().expect("addr");
+    let refused = TransportError::Handshake {
+        addr,
+        source: io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate),
+        ),
+    };
+    assert!(refused.permanent());
+    assert!(
+        !TransportError::Connect {
+            addr,
+            source: io::Error::from(io::ErrorKind::ConnectionRefused)
+        }
+        .permanent()
+    );
+    assert_eq!(Failure::new(ErrorKind::Source, true).exit_status(), 21);
+    assert_eq!(
+        Failure::new(ErrorKind::Source, true).to_string(),
+        "source, permanent"
+    );
 }

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::kind::ErrorKind;
+use crate::kind::{ErrorKind, Failure};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -59,7 +59,7 @@ pub struct Progress {
     pub hashed_bytes: AtomicU64,
     last_error: Mutex<String>,
     /// Where the fault behind `last_error` lies.
-    error_kind: Mutex<Option<ErrorKind>>,
+    error_kind: Mutex<Option<Failure>>,
     /// The transfer digest (hex) once this end computed it.
     digest: Mutex<String>,
     start: Mutex<Instant>,
@@ -90,6 +90,8 @@ pub struct Snapshot {
     pub dedup_bytes: u64,
     pub last_error: String,
     pub error_kind: Option<ErrorKind>,
+    /// With `error_kind`: a retry cannot help.
+    pub permanent: bool,
     /// The transfer digest (hex), empty until this end computed it.
     pub digest: String,
     pub elapsed: f64,
@@ -232,9 +234,9 @@ impl Progress {
     }
 
     /// Records why this end failed: the message and where the fault lies.
-    pub fn set_failure(&self, kind: ErrorKind, message: &str) {
+    pub fn set_failure(&self, failure: Failure, message: &str) {
         if let Ok(mut k) = self.error_kind.lock() {
-            *k = Some(kind);
+            *k = Some(failure);
         }
         self.set_error(message);
     }
@@ -307,7 +309,13 @@ impl Progress {
                 .lock()
                 .map(|s| s.clone())
                 .unwrap_or_default(),
-            error_kind: self.error_kind.lock().ok().and_then(|k| *k),
+            error_kind: self.error_kind.lock().ok().and_then(|k| *k).map(|f| f.kind),
+            permanent: self
+                .error_kind
+                .lock()
+                .ok()
+                .and_then(|k| *k)
+                .is_some_and(|f| f.permanent),
             digest: self.digest.lock().map(|s| s.clone()).unwrap_or_default(),
             elapsed: self.elapsed(),
         }

@@ -56,6 +56,7 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
         },
         last_error: s.last_error.clone(),
         error_kind: s.error_kind.map_or(0, |k| k.to_pb() as i32),
+        permanent: s.permanent,
         skipped: s.skipped,
         resumed_bytes: s.resumed_bytes,
         elapsed_seconds: s.elapsed,

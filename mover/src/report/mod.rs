@@ -244,6 +244,7 @@ mod tests {
             dedup_bytes: 0,
             last_error: String::new(),
             error_kind: None,
+            permanent: false,
             digest: String::new(),
             elapsed: secs,
         }

@@ -28,6 +28,7 @@ pub enum HandshakeError {
     #[error("receiver refused the session: {message}")]
     Refused {
         kind: crate::kind::ErrorKind,
+        permanent: bool,
         message: String,
     },
     #[error("session id must be 16 bytes, got {0}")]
@@ -68,6 +69,7 @@ where
         }
         Message::Error(e) => Err(HandshakeError::Refused {
             kind: crate::kind::ErrorKind::from_pb(e.kind),
+            permanent: e.permanent,
             message: super::escape_text(&e.message),
         }),
         other => Err(HandshakeError::Unexpected {
@@ -140,6 +142,7 @@ where
             .send(&Message::Error(pb::Error {
                 message: e.to_string(),
                 kind: e.kind().to_pb() as i32,
+                permanent: e.permanent(),
             }))
             .await;
         let _ = writer.flush().await;

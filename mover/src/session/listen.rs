@@ -31,7 +31,7 @@ use super::SessionSummary;
 use super::receiver::{
     Accepted, ReceiveError, ReceiverConfig, accept_stream, failure_message, receive_session,
 };
-use crate::kind::{ErrorKind, peer_alert};
+use crate::kind::{ErrorKind, Failure, peer_alert};
 use crate::net::{Identity, Role, TransportError, accept_tls};
 use crate::progress::Progress;
 
@@ -181,7 +181,8 @@ pub async fn serve(
             tokio::spawn(async move {
                 let busy = "the receiver is busy with other sessions of this transfer; retry later";
                 for s in &mut streams {
-                    super::tell_peer(&mut s.writer, ErrorKind::Network, busy).await;
+                    super::tell_peer(&mut s.writer, Failure::new(ErrorKind::Network, false), busy)
+                        .await;
                 }
             });
         }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::kind::ErrorKind;
+use crate::kind::{ErrorKind, Failure};
 use crate::progress::{Phase, Progress};
 use crate::wire::Message;
 
@@ -61,7 +61,7 @@ const MAX_ERROR_MESSAGE: usize = 16 * 1024;
 /// every stream tells the peer (unless the peer is the one that said it).
 #[derive(Debug, Clone)]
 pub(crate) struct Reason {
-    pub kind: ErrorKind,
+    pub failure: Failure,
     pub message: String,
     /// The peer reported it: do not send it back.
     pub from_peer: bool,
@@ -72,9 +72,9 @@ pub(crate) enum StreamFailure<'a> {
     /// Another stream failed first.
     Aborted,
     /// The peer said why (its Error frame).
-    Peer { kind: ErrorKind, message: &'a str },
+    Peer { failure: Failure, message: &'a str },
     /// This end failed.
-    Local { kind: ErrorKind, message: String },
+    Local { failure: Failure, message: String },
 }
 
 #[derive(Default)]
@@ -103,17 +103,17 @@ impl Abort {
     pub fn stream_failed(&self, failure: StreamFailure<'_>) -> Option<Reason> {
         match failure {
             StreamFailure::Aborted => self.reason().filter(|r| !r.from_peer),
-            StreamFailure::Peer { kind, message } => {
+            StreamFailure::Peer { failure, message } => {
                 self.set(Reason {
-                    kind,
+                    failure,
                     message: message.to_owned(),
                     from_peer: true,
                 });
                 None
             }
-            StreamFailure::Local { kind, message } => {
+            StreamFailure::Local { failure, message } => {
                 let reason = Reason {
-                    kind,
+                    failure,
                     message,
                     from_peer: false,
                 };
@@ -158,11 +158,11 @@ pub fn escape_text(s: &str) -> String {
     out
 }
 
-/// Best effort, bounded by [`PEER_GRACE`]: sends `Error{kind, message}` and closes the stream
-/// (TLS close_notify), so the peer can report why instead of a broken connection.
+/// Best effort, bounded by [`PEER_GRACE`]: sends `Error{kind, permanent, message}` and closes
+/// the stream (TLS close_notify), so the peer can report why instead of a broken connection.
 pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
     writer: &mut FrameWriter<W>,
-    kind: ErrorKind,
+    failure: Failure,
     message: &str,
 ) {
     let mut message = message.to_owned();
@@ -176,7 +176,8 @@ pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
     let _ = tokio::time::timeout(PEER_GRACE, async {
         let error = Message::Error(pb::Error {
             message,
-            kind: kind.to_pb() as i32,
+            kind: failure.kind.to_pb() as i32,
+            permanent: failure.permanent,
         });
         if writer.send(&error).await.is_ok() {
             let _ = writer.flush().await;
@@ -186,17 +187,17 @@ pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
     .await;
 }
 
-/// Reads what the peer still sent, for at most `grace`: its Error frame (kind and message), if
-/// it sent one before the connection failed. Other frames are skipped.
+/// Reads what the peer still sent, for at most `grace`: its Error frame (kind, permanence and
+/// message), if it sent one before the connection failed. Other frames are skipped.
 pub(crate) async fn pending_peer_error<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     grace: Duration,
-) -> Option<(ErrorKind, String)> {
+) -> Option<(Failure, String)> {
     let deadline = tokio::time::Instant::now() + grace;
     loop {
         match tokio::time::timeout_at(deadline, reader.next()).await {
             Ok(Ok(Some(Message::Error(e)))) => {
-                return Some((ErrorKind::from_pb(e.kind), escape_text(&e.message)));
+                return Some((Failure::from_pb(&e), escape_text(&e.message)));
             }
             Ok(Ok(Some(_))) => continue,
             _ => return None,
@@ -233,35 +234,22 @@ impl Default for Timeouts {
 /// How often a busy end tells its peer it is working (Busy frames, progress capability).
 pub(crate) const BUSY_EVERY: Duration = Duration::from_secs(5);
 
-/// When the peer last made progress: a frame that moves the session forward, or a Busy frame
-/// whose work counter grew.
+/// When the sender last made progress (the receiver's session deadline): a frame that moves the
+/// session forward. A sender's Busy frames do not count (see `receiver::effects::Session::saw`).
 pub(crate) struct ProgressClock {
     last: std::sync::Mutex<tokio::time::Instant>,
-    work: std::sync::atomic::AtomicU64,
 }
 
 impl ProgressClock {
     pub fn new() -> Self {
         Self {
             last: std::sync::Mutex::new(tokio::time::Instant::now()),
-            work: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
     pub fn mark(&self) {
         if let Ok(mut l) = self.last.lock() {
             *l = tokio::time::Instant::now();
-        }
-    }
-
-    /// A Busy frame: progress only if the counter grew.
-    pub fn busy(&self, work: u64) {
-        if self
-            .work
-            .fetch_max(work, std::sync::atomic::Ordering::Relaxed)
-            < work
-        {
-            self.mark();
         }
     }
 
@@ -348,7 +336,7 @@ impl SessionSummary {
             Some(line) => {
                 // Entries are left out for reasons at the destination (a non-empty directory in
                 // the way, a hard link whose target is not a file there).
-                progress.set_failure(ErrorKind::Destination, &line);
+                progress.set_failure(Failure::new(ErrorKind::Destination, false), &line);
                 progress.set_phase(Phase::Failed);
             }
             None => progress.set_phase(Phase::Succeeded),

@@ -12,11 +12,28 @@
 //! The same rules travel to a receiver (as text) so that `--delete` keeps destination entries an
 //! exclude rule matches, as rsync does: a receiver compiles them with this module too, and a
 //! hostile sender can only make it delete less.
+//!
+//! Cost: one rule costs at most (pattern tokens + 1) x (path bytes + 1) steps of a dynamic
+//! programme, tails included (one pass, not one per `/`), so no pattern backtracks. Rules from a
+//! peer also share a budget of [`MAX_PEER_MATCH_WORK`] steps per session: once it is spent every
+//! further entry counts as excluded (kept from `--delete`), which can only make it delete less.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Most rules accepted (from the command line or from a peer).
 pub const MAX_RULES: usize = 1024;
 /// Longest pattern accepted, in bytes.
 pub const MAX_PATTERN: usize = 4096;
+/// Most bytes the rules may take in a Hello (`filter_rules`, with their `+ `/`- ` and protobuf
+/// framing): the Hello is a control frame of at most 64 KiB
+/// (`MAX_CONTROL_PAYLOAD`), and the rest of it needs well under 4 KiB. So
+/// 1 024 rules of 4 KiB each work for `copy`, not for `send`: a sender checks this before it
+/// connects ([`Filter::check_wire_size`]).
+pub const MAX_WIRE_RULES_BYTES: usize = 60 * 1024;
+/// Matching steps the rules a peer sent may cost a receiver in one session (about a second of
+/// CPU); beyond it entries count as excluded.
+pub const MAX_PEER_MATCH_WORK: u64 = 1 << 30;
 
 /// An invalid rule.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +54,11 @@ pub enum FilterError {
     TooMany,
     #[error("filter rule {0:?} is neither `+ PATTERN` nor `- PATTERN`")]
     BadWireRule(String),
+    #[error(
+        "the --exclude/--include rules take {bytes} bytes to send, more than the {limit} a \
+         receiver accepts (send them as fewer or shorter patterns, e.g. with ** or classes)"
+    )]
+    WireTooLarge { bytes: usize, limit: usize },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,6 +109,15 @@ struct Rule {
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     rules: Vec<Rule>,
+    /// Steps spent matching so far, and the cap (rules from a peer only).
+    work: Arc<Work>,
+}
+
+#[derive(Debug, Default)]
+struct Work {
+    spent: AtomicU64,
+    budget: Option<u64>,
+    warned: AtomicBool,
 }
 
 impl Filter {
@@ -101,10 +132,30 @@ impl Filter {
             }
             out.push(Rule::compile(include, text)?);
         }
-        Ok(Filter { rules: out })
+        Ok(Filter {
+            rules: out,
+            work: Arc::default(),
+        })
     }
 
-    /// Compiles rules as [`Filter::to_wire`] writes them (`+ PATTERN` / `- PATTERN`).
+    /// The same rules under a budget of `steps` matching steps (shared by clones).
+    pub fn with_budget(self, steps: u64) -> Filter {
+        Filter {
+            rules: self.rules,
+            work: Arc::new(Work {
+                budget: Some(steps),
+                ..Work::default()
+            }),
+        }
+    }
+
+    /// Matching steps spent so far (deterministic: a test can bound the cost of a pattern).
+    pub fn work(&self) -> u64 {
+        self.work.spent.load(Ordering::Relaxed)
+    }
+
+    /// Compiles rules as [`Filter::to_wire`] writes them (`+ PATTERN` / `- PATTERN`), under the
+    /// budget of [`MAX_PEER_MATCH_WORK`] steps.
     pub fn from_wire(rules: &[String]) -> Result<Filter, FilterError> {
         if rules.len() > MAX_RULES {
             return Err(FilterError::TooMany);
@@ -117,7 +168,7 @@ impl Filter {
                 _ => Err(FilterError::BadWireRule(r.clone())),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Filter::new(parsed)
+        Ok(Filter::new(parsed)?.with_budget(MAX_PEER_MATCH_WORK))
     }
 
     /// The rules as text for a peer, in order.
@@ -132,12 +183,50 @@ impl Filter {
         self.rules.is_empty()
     }
 
+    /// Bytes the rules take in a Hello: each as `+ PATTERN` with its field tag and length.
+    pub fn wire_size(&self) -> usize {
+        self.rules.iter().map(|r| 2 + r.text.len() + 4).sum()
+    }
+
+    /// Refuses rules that would not fit in a Hello ([`MAX_WIRE_RULES_BYTES`]), so a sender says
+    /// so before it connects instead of the receiver refusing an oversized frame.
+    pub fn check_wire_size(&self) -> Result<(), FilterError> {
+        let bytes = self.wire_size();
+        if bytes > MAX_WIRE_RULES_BYTES {
+            return Err(FilterError::WireTooLarge {
+                bytes,
+                limit: MAX_WIRE_RULES_BYTES,
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the entry at `rel` (a relative path, `/`-separated, no leading `/`) is left out.
+    /// Under a spent budget: always (see the module docs).
     pub fn excludes(&self, rel: &[u8], is_dir: bool) -> bool {
-        self.rules
-            .iter()
-            .find(|r| r.matches(rel, is_dir))
-            .is_some_and(|r| !r.include)
+        let work = &self.work;
+        let mut steps = 0u64;
+        let mut decided = None;
+        for r in &self.rules {
+            if let Some(budget) = work.budget
+                && work.spent.load(Ordering::Relaxed).saturating_add(steps) > budget
+            {
+                if !work.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the peer's filter rules used up their matching budget of {budget} steps; \
+                         further entries are kept from --delete"
+                    );
+                }
+                decided = Some(true);
+                break;
+            }
+            if r.matches(rel, is_dir, &mut steps) {
+                decided = Some(!r.include);
+                break;
+            }
+        }
+        work.spent.fetch_add(steps, Ordering::Relaxed);
+        decided.unwrap_or(false)
     }
 }
 
@@ -182,24 +271,18 @@ impl Rule {
         })
     }
 
-    fn matches(&self, rel: &[u8], is_dir: bool) -> bool {
+    /// Adds the steps it took to `steps`.
+    fn matches(&self, rel: &[u8], is_dir: bool, steps: &mut u64) -> bool {
         if self.dir_only && !is_dir {
             return false;
         }
         match self.scope {
-            Scope::Anchored => glob_match(&self.tokens, rel),
+            Scope::Anchored => glob_match(&self.tokens, rel, false, steps),
             Scope::Name => {
                 let name = rel.rsplit(|&b| b == b'/').next().unwrap_or(rel);
-                glob_match(&self.tokens, name)
+                glob_match(&self.tokens, name, false, steps)
             }
-            Scope::Tail => {
-                glob_match(&self.tokens, rel)
-                    || rel
-                        .iter()
-                        .enumerate()
-                        .filter(|&(_, &b)| b == b'/')
-                        .any(|(i, _)| glob_match(&self.tokens, &rel[i + 1..]))
-            }
+            Scope::Tail => glob_match(&self.tokens, rel, true, steps),
         }
     }
 }
@@ -260,14 +343,25 @@ fn class(p: &[u8], mut i: usize) -> Option<(Token, usize)> {
     }
 }
 
-/// Whether `tokens` match all of `s`: one row of the usual dynamic programme per token, so the
-/// cost is at most tokens x bytes whatever the pattern (no backtracking blow-up on `*a*a*a*b`).
-fn glob_match(tokens: &[Token], s: &[u8]) -> bool {
-    // row[j]: the tokens so far match s[..j].
+/// Whether `tokens` match all of `s` (with `tail`: or a tail of `s` that starts after a `/`): one
+/// row of the usual dynamic programme per token, so the cost is at most (tokens + 1) times
+/// (bytes + 1) whatever the pattern (no backtracking blow-up on `*a*a*a*b`, and tails cost no
+/// more than the whole path). Adds the steps taken to `steps`.
+fn glob_match(tokens: &[Token], s: &[u8], tail: bool, steps: &mut u64) -> bool {
+    // row[j]: the tokens so far match s[k..j] for a start k (0, or with `tail` after a `/`).
     let mut row = vec![false; s.len() + 1];
     row[0] = true;
+    if tail {
+        for (j, &b) in s.iter().enumerate() {
+            if b == b'/' {
+                row[j + 1] = true;
+            }
+        }
+    }
+    *steps += s.len() as u64 + 1;
     let mut next = vec![false; s.len() + 1];
     for t in tokens {
+        *steps += s.len() as u64 + 1;
         match t {
             Token::Star | Token::DoubleStar => {
                 next[0] = row[0];
@@ -363,6 +457,53 @@ mod tests {
         assert!(f.excludes(b"d/caf\xe9", false));
     }
 
+    /// The adversarial rerun: nested `**/` rules against an entry 1 000 levels deep cost one
+    /// pass per rule, not one per tail, and the peer's budget caps the rest.
+    #[test]
+    fn nested_double_stars_cost_one_pass_per_rule() {
+        let rule = "- ".to_owned() + &"**/".repeat(MAX_PATTERN / 3 - 1) + "x";
+        let rules = vec![rule; 15];
+        let f = Filter::from_wire(&rules).expect("rules");
+        let deep = "d/".repeat(1000) + "y";
+        assert!(!f.excludes(deep.as_bytes(), false));
+        let tokens = 2 * (MAX_PATTERN / 3 - 1) + 1;
+        let bound = 15 * (tokens as u64 + 1) * (deep.len() as u64 + 1);
+        assert!(f.work() <= bound, "{} steps > {bound}", f.work());
+        // Before: one pass per tail (1 000 of them), about 1 000 times this.
+        assert!(f.work() < 100_000_000, "{}", f.work());
+        // Tails still match at component boundaries only.
+        let g = Filter::new([(false, "**/c/x")]).expect("rules");
+        assert!(g.excludes(b"a/b/c/x", false));
+        assert!(!g.excludes(b"a/bc/x", false));
+        assert!(
+            Filter::new([(false, "b/c")])
+                .expect("rules")
+                .excludes(b"a/b/c", false)
+        );
+        assert!(
+            !Filter::new([(false, "b/c")])
+                .expect("rules")
+                .excludes(b"ab/c", false)
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_keeps_every_further_entry() {
+        let f = Filter::new([(false, "*.tmp")])
+            .expect("rules")
+            .with_budget(100);
+        assert!(!f.excludes(b"a.txt", false));
+        let long = "x".repeat(200);
+        // This one passes the budget; it and every entry after it count as excluded.
+        let _ = f.excludes(long.as_bytes(), false);
+        assert!(f.work() > 100);
+        assert!(f.excludes(b"a.txt", false), "kept once the budget is spent");
+        // Without a budget (the user's own rules) nothing changes.
+        let g = Filter::new([(false, "*.tmp")]).expect("rules");
+        let _ = g.excludes(long.as_bytes(), false);
+        assert!(!g.excludes(b"a.txt", false));
+    }
+
     #[test]
     fn pathological_patterns_stay_cheap() {
         let p = "*a".repeat(200) + "b";
@@ -382,6 +523,33 @@ mod tests {
         assert!(Filter::from_wire(&["* x".into()]).is_err());
         let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("- {i}")).collect();
         assert!(Filter::from_wire(&many).is_err());
+    }
+
+    #[test]
+    fn rules_that_fit_the_hello_and_rules_that_do_not() {
+        let long = "x".repeat(MAX_PATTERN);
+        let many = Filter::new((0..MAX_RULES).map(|_| (false, long.as_str()))).expect("rules");
+        let e = many.check_wire_size().expect_err("4 MiB of rules");
+        assert!(e.to_string().contains("more than the 61440"), "{e}");
+        let fits: Vec<(bool, &str)> = (0..14).map(|_| (false, long.as_str())).collect();
+        let f = Filter::new(fits).expect("rules");
+        f.check_wire_size().expect("56 KiB fits");
+        // What the check allows really fits in a Hello frame with the rest of it.
+        let hello = ferry_proto::wire::v1::Hello {
+            transfer_id: "t".repeat(253),
+            session_id: vec![0; 16],
+            filter_rules: f.to_wire(),
+            ..Default::default()
+        };
+        let mut buf = bytes::BytesMut::new();
+        crate::wire::Message::Hello(hello)
+            .encode(&mut buf)
+            .expect("encode");
+        let payload = buf.len() - crate::wire::FRAME_HEADER_LEN;
+        assert!(
+            payload <= crate::wire::MAX_CONTROL_PAYLOAD as usize,
+            "{payload}"
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod peer_path;
 pub mod policy;
 pub mod relpath;
 pub mod scan;
+pub mod subpath;
 
 pub use confine::Resolve;
 pub use data::{CopyCaps, Method};

@@ -620,7 +620,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
 
-    if let Some(Failure { message, kind }) =
+    if let Some(Failure { message, permanent }) =
         attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
     {
         cx.st.throughput = None;
@@ -628,7 +628,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         let failures = cx.st.failures + 1;
         cx.st.failures = failures;
         cx.delete_children(uid, false);
-        if let Some(kind) = kind.filter(|k| is_permanent(*k)) {
+        if let Some(kind) = permanent {
             let reason = match kind {
                 ErrorKind::Source => Reason::SourceUnreadable,
                 _ => Reason::DestinationUnwritable,
@@ -834,30 +834,29 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
 /// A failed attempt: what happened, and where the fault lies when a mover said so.
 struct Failure {
     message: String,
-    kind: Option<ErrorKind>,
+    /// Where the fault lies, when a mover reported one that a retry cannot fix.
+    permanent: Option<ErrorKind>,
 }
 
-/// The error kind a failed mover reported: its exit status (which survives in the pod status), or
-/// else its final progress update.
-fn reported_kind(p: &PodView, progress: &Option<ProgressUpdate>) -> Option<ErrorKind> {
-    let by_exit = p.exit_code.and_then(|code| {
-        ErrorKind::ALL
-            .into_iter()
-            .find(|k| i32::from(k.exit_code()) == code)
-    });
-    by_exit.or_else(|| {
-        progress
+/// The error kind a failed mover reported and whether a retry can help: its exit status (which
+/// survives in the pod status; 1 and a signal's 137 name none), or without one its final
+/// progress update.
+fn reported_kind(p: &PodView, progress: &Option<ProgressUpdate>) -> Option<(ErrorKind, bool)> {
+    match p.exit_code {
+        Some(code) => ferry_mover::kind::from_exit_status(code),
+        None => progress
             .as_ref()
             .filter(|u| u.error_kind != 0)
-            .map(|u| ErrorKind::from_pb(u.error_kind))
-    })
+            .map(|u| (ErrorKind::from_pb(u.error_kind), u.permanent)),
+    }
 }
 
-/// Faults a retry cannot fix: the source cannot be read (missing, permission denied) or the
-/// destination cannot be written (permission denied, a full disk, digests that differ). The
-/// Transfer fails at once; fixing the cause and changing `spec.trigger` runs it again, resuming.
-fn is_permanent(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::Source | ErrorKind::Destination)
+/// A fault a retry cannot fix, as the mover judged it (permission denied, a missing source, a
+/// full disk, a symlink on the sub path, a refused identity): the Transfer fails at once; fixing
+/// the cause and changing `spec.trigger` runs it again, resuming. The kind alone does not decide:
+/// digests that differ (destination) or a file changed during the copy (source) are retried.
+fn is_permanent(reported: Option<(ErrorKind, bool)>) -> Option<ErrorKind> {
+    reported.and_then(|(kind, permanent)| permanent.then_some(kind))
 }
 
 fn attempt_failure(
@@ -883,34 +882,35 @@ fn attempt_failure(
     let failed: Vec<(String, Option<ErrorKind>)> = [
         recv.filter(|p| p.phase == PodPhase::Failed).map(|p| {
             let progress = &cx.obs.receiver_progress;
-            (text(p, "receiver", progress), reported_kind(p, progress))
+            (
+                text(p, "receiver", progress),
+                is_permanent(reported_kind(p, progress)),
+            )
         }),
         send.filter(|p| p.phase == PodPhase::Failed).map(|p| {
             let progress = &cx.obs.sender_progress;
-            (text(p, "sender", progress), reported_kind(p, progress))
+            (
+                text(p, "sender", progress),
+                is_permanent(reported_kind(p, progress)),
+            )
         }),
     ]
     .into_iter()
     .flatten()
     .collect();
     if !failed.is_empty() {
-        // A permanent fault on either side decides; otherwise the first kind reported.
-        let kinds: Vec<ErrorKind> = failed.iter().filter_map(|(_, k)| *k).collect();
-        let kind = kinds
-            .iter()
-            .copied()
-            .find(|k| is_permanent(*k))
-            .or(kinds.first().copied());
+        // A permanent fault on either side decides.
+        let permanent = failed.iter().find_map(|(_, k)| *k);
         let message = failed
             .into_iter()
             .map(|(m, _)| m)
             .collect::<Vec<_>>()
             .join("; ");
-        return Some(Failure { message, kind });
+        return Some(Failure { message, permanent });
     }
     let lost = |what: &str, name: &str| Failure {
         message: format!("{what} pod {name} disappeared"),
-        kind: None,
+        permanent: None,
     };
     if recv.is_none_or(|p| p.deleting) && had(&cx.st.receiver, recv_name) {
         return Some(lost("receiver", recv_name));
@@ -1312,7 +1312,7 @@ pub(crate) mod tests {
             o.pods[1].exit_code = Some(13);
             plan(&t, &o)
         };
-        let dest = failed_with(12);
+        let dest = failed_with(22);
         assert_eq!(dest.status.phase, Phase::Failed);
         assert_eq!(cond(&dest, "Failed").reason, "DestinationUnwritable");
         assert!(
@@ -1320,26 +1320,39 @@ pub(crate) mod tests {
             "{:?}",
             dest.status
         );
-        let src = failed_with(11);
+        let src = failed_with(21);
         assert_eq!(cond(&src, "Failed").reason, "SourceUnreadable");
-        for retryable in [10, 13, 14, 15, 1, 137] {
+        // A refused identity is permanent too; it is not a source fault.
+        assert_eq!(failed_with(20).status.phase, Phase::Failed);
+        // The kind alone does not decide: digests that differ (12) and a file changed during the
+        // copy (11) may pass on a retry, as may a block store fault (16).
+        for retryable in [10, 11, 12, 13, 14, 15, 16, 1, 137] {
             assert_eq!(
                 failed_with(retryable).status.phase,
                 Phase::Retrying,
                 "exit {retryable}"
             );
         }
-        // Without an exit status, the final progress update's kind counts.
-        let mut t = transfer();
-        advance(&mut t, &obs(0));
-        let mut o = obs(1);
-        o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Failed, false)];
-        o.sender_progress = Some(ProgressUpdate {
-            error_kind: ferry_proto::wire::v1::ErrorKind::Source as i32,
-            last_error: "failed to open source".into(),
-            ..ProgressUpdate::default()
-        });
-        assert_eq!(cond(&plan(&t, &o), "Failed").reason, "SourceUnreadable");
+        // Without an exit status, the final progress update's kind and permanence count.
+        let from_progress = |permanent: bool| {
+            let mut t = transfer();
+            advance(&mut t, &obs(0));
+            let mut o = obs(1);
+            o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Failed, false)];
+            o.sender_progress = Some(ProgressUpdate {
+                error_kind: ferry_proto::wire::v1::ErrorKind::Source as i32,
+                permanent,
+                last_error: "failed to open source".into(),
+                ..ProgressUpdate::default()
+            });
+            plan(&t, &o)
+        };
+        assert_eq!(
+            cond(&from_progress(true), "Failed").reason,
+            "SourceUnreadable"
+        );
+        // Retryable, as from an older mover without the field.
+        assert_eq!(from_progress(false).status.phase, Phase::Retrying);
     }
 
     #[test]

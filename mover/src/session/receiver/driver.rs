@@ -37,7 +37,7 @@ where
     let message = failure_message(e, transfer_id);
     let tells = streams
         .iter_mut()
-        .map(|s| tell_peer(&mut s.writer, e.kind(), &message));
+        .map(|s| tell_peer(&mut s.writer, e.failure(), &message));
     futures::future::join_all(tells).await;
 }
 
@@ -53,7 +53,7 @@ where
 {
     let r = run_session(cfg, streams, progress.clone()).await;
     if let Err(e) = &r {
-        progress.set_failure(e.kind(), &failure_message(e, &cfg.transfer_id));
+        progress.set_failure(e.failure(), &failure_message(e, &cfg.transfer_id));
         progress.set_phase(Phase::Failed);
     }
     r
@@ -196,7 +196,7 @@ where
                     secs: limit.as_secs(),
                 };
                 shared.abort.set(Reason {
-                    kind: e.kind(),
+                    failure: e.failure(),
                     message: e.to_string(),
                     from_peer: false,
                 });
@@ -207,7 +207,7 @@ where
     let shutdown = async {
         let e = ReceiveError::ShutDown(cfg.shutdown.wait().await);
         shared.abort.set(Reason {
-            kind: e.kind(),
+            failure: e.failure(),
             message: e.to_string(),
             from_peer: false,
         });
@@ -328,7 +328,10 @@ where
 {
     let e = if e.kind().is_transport() {
         match pending_peer_error(reader, PEER_GRACE).await {
-            Some((kind, message)) => ReceiveError::Remote { kind, message },
+            Some((failure, message)) => ReceiveError::Remote {
+                kind: failure.kind,
+                message,
+            },
             None => e,
         }
     } else {
@@ -336,17 +339,17 @@ where
     };
     let reason = shared.abort.stream_failed(match &e {
         ReceiveError::Aborted => StreamFailure::Aborted,
-        ReceiveError::Remote { kind, message } => StreamFailure::Peer {
-            kind: *kind,
+        e @ ReceiveError::Remote { message, .. } => StreamFailure::Peer {
+            failure: e.failure(),
             message,
         },
         e => StreamFailure::Local {
-            kind: e.kind(),
+            failure: e.failure(),
             message: failure_message(e, &shared.transfer_id),
         },
     });
     if let Some(r) = reason {
-        tell_peer(writer, r.kind, &r.message).await;
+        tell_peer(writer, r.failure, &r.message).await;
         // Read what the sender still had in flight, so closing does not reset the connection
         // under the Error frame.
         let _ = pending_peer_error(reader, DRAIN).await;

@@ -92,10 +92,12 @@ pub enum ReceiveError {
         source: std::io::Error,
     },
     /// The sender failed and said why (its Error frame).
-    #[error("sender: {message}")]
+    /// Reported as a peer failure in this receiver's terms: `kind` is only the sender's claim,
+    /// shown in the text.
+    #[error("sender ({kind}): {message}")]
     Remote { kind: ErrorKind, message: String },
     #[error(
-        "the sender made no progress for {secs} s (no data moved and no growing work counter; \
+        "the sender made no progress for {secs} s (no data moved; Busy frames, \
          keepalives and trickled bytes do not count)"
     )]
     NoProgress { secs: u64 },

@@ -48,7 +48,7 @@ where
     match &r {
         Ok(summary) => summary.set_outcome(&progress),
         Err(e) => {
-            progress.set_failure(e.kind(), &anyhow_chain(e));
+            progress.set_failure(e.failure(), &anyhow_chain(e));
             progress.set_phase(Phase::Failed);
         }
     }
@@ -79,7 +79,7 @@ where
     let message = anyhow_chain(e);
     let tells = ends
         .iter_mut()
-        .map(|(_, w)| tell_peer(w, e.kind(), &message));
+        .map(|(_, w)| tell_peer(w, e.failure(), &message));
     futures::future::join_all(tells).await;
 }
 
@@ -230,7 +230,7 @@ where
     let shutdown = async {
         let e = SendError::ShutDown(cfg.shutdown.wait().await);
         ctx.abort.set(Reason {
-            kind: e.kind(),
+            failure: e.failure(),
             message: e.to_string(),
             from_peer: false,
         });
@@ -268,6 +268,7 @@ where
             Ok(Message::Error(e)) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
+                    permanent: e.permanent,
                     message: crate::session::escape_text(&e.message),
                 });
             }
@@ -475,6 +476,7 @@ async fn read_want<R: AsyncRead + Unpin>(
         }
         Message::Error(e) => Err(SendError::Remote {
             kind: ErrorKind::from_pb(e.kind),
+            permanent: e.permanent,
             message: crate::session::escape_text(&e.message),
         }),
         other => Err(replies.unexpected(other.frame_type()).into()),
@@ -531,7 +533,11 @@ where
 {
     let e = if e.kind().is_transport() || matches!(e, SendError::Channel) {
         match pending_peer_error(reader, PEER_GRACE).await {
-            Some((kind, message)) => SendError::Remote { kind, message },
+            Some((failure, message)) => SendError::Remote {
+                kind: failure.kind,
+                permanent: failure.permanent,
+                message,
+            },
             None => e,
         }
     } else {
@@ -539,17 +545,17 @@ where
     };
     let reason = ctx.abort.stream_failed(match &e {
         SendError::Aborted => StreamFailure::Aborted,
-        SendError::Remote { kind, message } => StreamFailure::Peer {
-            kind: *kind,
+        e @ SendError::Remote { message, .. } => StreamFailure::Peer {
+            failure: e.failure(),
             message,
         },
         e => StreamFailure::Local {
-            kind: e.kind(),
+            failure: e.failure(),
             message: anyhow_chain(e),
         },
     });
     if let Some(r) = reason {
-        tell_peer(writer, r.kind, &r.message).await;
+        tell_peer(writer, r.failure, &r.message).await;
     }
     e
 }
@@ -627,6 +633,7 @@ where
             Message::Error(e) => {
                 return Err(SendError::Remote {
                     kind: ErrorKind::from_pb(e.kind),
+                    permanent: e.permanent,
                     message: crate::session::escape_text(&e.message),
                 });
             }

@@ -45,7 +45,12 @@ pub enum SendError {
     Peer(#[from] ReceiverViolation),
     /// The receiver failed and said why (its Error frame).
     #[error("receiver: {message}")]
-    Remote { kind: ErrorKind, message: String },
+    Remote {
+        kind: ErrorKind,
+        /// The receiver says a retry cannot help (it knows its destination).
+        permanent: bool,
+        message: String,
+    },
     /// The sender was asked to stop (a signal).
     #[error("stopped: the sender is shutting down ({0}); a rerun resumes")]
     ShutDown(&'static str),

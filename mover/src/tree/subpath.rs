@@ -1,0 +1,411 @@
+//! `--sub-path`: the directory a Transfer asked for, resolved beneath a granted root.
+//!
+//! The operator mounts a root the admin granted (a hostPath root, a PVC's root) and names the
+//! requested directory below it. The kubelet follows symlinks when it mounts a hostPath, so
+//! resolving the rest here is what keeps a tenant's symlink from pointing a Transfer outside the
+//! granted root. Every component is resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS
+//! | RESOLVE_NO_MAGICLINKS)` (or the `O_NOFOLLOW` walk where openat2 is missing), so a symlink
+//! anywhere on the way is refused rather than followed.
+//!
+//! The result is an [`Anchored`] directory handle that stays open for the whole process. The rest
+//! of the mover reaches it through `/proc/self/fd/<n>`, which names that directory's dentry and not
+//! a path: a component swapped for a symlink after the lookup cannot redirect it.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, mkdirat, openat, statat};
+use rustix::io::Errno;
+
+use super::RelPath;
+use super::confine::{Resolve, open_dir_beneath};
+
+/// Mode of the directories a receiver creates on the way to its sub path.
+pub const CREATED_DIR_MODE: u32 = 0o755;
+
+/// Which end resolves the sub path: the sender reads it, the receiver writes (and creates) it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Source,
+    Destination,
+}
+
+impl Side {
+    fn noun(self) -> &'static str {
+        match self {
+            Side::Source => "source",
+            Side::Destination => "destination",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubPathError {
+    /// `--sub-path` itself is not acceptable (a usage error).
+    #[error("--sub-path {given:?} {why}")]
+    Invalid { given: String, why: String },
+    #[error(
+        "{} path {component} (beneath {}) is a symbolic link; ferry does not follow symlinks on \
+         the way to a Transfer's directory",
+        side.noun(),
+        root.display()
+    )]
+    Symlink {
+        side: Side,
+        root: PathBuf,
+        component: String,
+    },
+    #[error("{} path {component} (beneath {}) is not a directory", side.noun(), root.display())]
+    NotDirectory {
+        side: Side,
+        root: PathBuf,
+        component: String,
+    },
+    #[error("{} root {} does not exist", side.noun(), root.display())]
+    RootMissing { side: Side, root: PathBuf },
+    #[error("{} path {component} does not exist beneath {}", side.noun(), root.display())]
+    Missing {
+        side: Side,
+        root: PathBuf,
+        component: String,
+    },
+    #[error("failed to {op} {} path {shown}", side.noun())]
+    Io {
+        side: Side,
+        op: &'static str,
+        shown: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SubPathError {
+    /// Where the fault lies: `None` for a usage error, else the side that resolved it.
+    pub fn side(&self) -> Option<Side> {
+        match self {
+            SubPathError::Invalid { .. } => None,
+            SubPathError::Symlink { side, .. }
+            | SubPathError::NotDirectory { side, .. }
+            | SubPathError::Missing { side, .. }
+            | SubPathError::RootMissing { side, .. }
+            | SubPathError::Io { side, .. } => Some(*side),
+        }
+    }
+
+    /// Whether a retry cannot help: a symlink, a missing sub path, a file in the way or a denied
+    /// permission stay until someone changes the tree; other I/O errors may pass.
+    pub fn permanent(&self) -> bool {
+        match self {
+            SubPathError::Io { source, .. } => source
+                .raw_os_error()
+                .is_some_and(crate::kind::is_permanent_errno),
+            _ => true,
+        }
+    }
+}
+
+/// Validates and normalises `--sub-path`: `.` components, repeated and trailing slashes are
+/// dropped; `..` and absolute paths are refused. `None` when it names the root itself.
+pub fn parse(given: &str) -> Result<Option<RelPath>, SubPathError> {
+    let invalid = |why: &str| SubPathError::Invalid {
+        given: given.to_owned(),
+        why: why.to_owned(),
+    };
+    if given.starts_with('/') {
+        return Err(invalid(
+            "is absolute; it must be relative to --root (the granted root)",
+        ));
+    }
+    let mut parts = Vec::new();
+    for part in given.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                return Err(invalid(
+                    "has a \"..\" component; it must stay beneath --root",
+                ));
+            }
+            p => parts.push(p),
+        }
+    }
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    RelPath::parse(parts.join("/").as_bytes())
+        .map(Some)
+        .map_err(|e| invalid(&format!("is not a valid relative path: {e}")))
+}
+
+/// A resolved `--root` + `--sub-path`: the open handle and the path shown to people.
+#[derive(Debug)]
+pub struct Anchored {
+    /// The directory the mover works in (the sub path, or for a single file its parent);
+    /// `None` without a sub path: then `--root` is used as given, as it always was.
+    dir: Option<OwnedFd>,
+    /// For a single file named by the sub path: its name in `dir`.
+    file: Option<Vec<u8>>,
+    shown: PathBuf,
+}
+
+impl Anchored {
+    /// The path the rest of the mover opens: `/proc/self/fd/<n>` (plus the file name for a
+    /// single file), valid as long as this value lives; `--root` itself without a sub path.
+    pub fn effective(&self) -> PathBuf {
+        let dir = self.effective_dir();
+        match &self.file {
+            Some(name) => dir.join(std::ffi::OsStr::from_bytes(name)),
+            None => dir,
+        }
+    }
+    /// The prefix of [`Anchored::effective`] that messages should show as
+    /// [`Anchored::shown_dir`].
+    pub fn effective_dir(&self) -> PathBuf {
+        match &self.dir {
+            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            None => self.shown.clone(),
+        }
+    }
+    /// `--root` joined with the sub path's directory, for messages and reports.
+    pub fn shown_dir(&self) -> &Path {
+        &self.shown
+    }
+    /// The held handle (`None` without a sub path).
+    pub fn dir(&self) -> Option<BorrowedFd<'_>> {
+        self.dir.as_ref().map(|fd| fd.as_fd())
+    }
+}
+
+use std::os::unix::ffi::OsStrExt as _;
+
+fn shown(root: &Path, rel: &[u8]) -> String {
+    root.join(std::ffi::OsStr::from_bytes(rel))
+        .display()
+        .to_string()
+}
+
+fn open_root(root: &Path, side: Side) -> Result<OwnedFd, SubPathError> {
+    // --root is the admin's (or the operator's mount point): trusted as given.
+    openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => SubPathError::RootMissing {
+            side,
+            root: root.to_owned(),
+        },
+        e => SubPathError::Io {
+            side,
+            op: "open",
+            shown: root.display().to_string(),
+            source: e.into(),
+        },
+    })
+}
+
+/// The sender's source: `--root` + `--sub-path`, a directory or a single file. Nothing is created.
+pub fn open_source(root: &Path, sub: Option<&RelPath>) -> Result<Anchored, SubPathError> {
+    resolve(root, sub, Side::Source)
+}
+
+/// The receiver's destination: `--root` + `--sub-path`, created one component at a time (mode
+/// [`CREATED_DIR_MODE`]) where missing.
+pub fn open_destination(root: &Path, sub: Option<&RelPath>) -> Result<Anchored, SubPathError> {
+    resolve(root, sub, Side::Destination)
+}
+
+fn resolve(root: &Path, sub: Option<&RelPath>, side: Side) -> Result<Anchored, SubPathError> {
+    let Some(sub) = sub else {
+        // Without a sub path --root is the user's (trusted) path, used as before: a receiver
+        // creates it when missing (not in a dry run), a sender may be given a single file. Only
+        // a missing source is refused here, as a fault a retry cannot fix.
+        if side == Side::Source
+            && let Err(e) = std::fs::metadata(root)
+        {
+            return Err(match e.kind() {
+                std::io::ErrorKind::NotFound => SubPathError::RootMissing {
+                    side,
+                    root: root.to_owned(),
+                },
+                _ => SubPathError::Io {
+                    side,
+                    op: "read",
+                    shown: root.display().to_string(),
+                    source: e,
+                },
+            });
+        }
+        return Ok(Anchored {
+            dir: None,
+            file: None,
+            shown: root.to_owned(),
+        });
+    };
+    let root_fd = open_root(root, side)?;
+    // The fast path: one atomic lookup of the whole sub path.
+    if let Ok(dir) = open_dir_beneath(root_fd.as_fd(), sub, Resolve::Auto) {
+        return Ok(Anchored {
+            dir: Some(dir),
+            file: None,
+            shown: root.join(std::ffi::OsStr::from_bytes(sub.as_bytes())),
+        });
+    }
+    // Otherwise walk it once more, one component at a time, to name what is wrong (and on the
+    // receiver to create what is missing).
+    let mut current = root_fd;
+    let names: Vec<&[u8]> = sub.components().collect();
+    let mut prefix: Vec<u8> = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        if !prefix.is_empty() {
+            prefix.push(b'/');
+        }
+        prefix.extend_from_slice(name);
+        let last = i + 1 == names.len();
+        let one = RelPath::from_name(name).map_err(|e| SubPathError::Invalid {
+            given: String::from_utf8_lossy(sub.as_bytes()).into_owned(),
+            why: e.to_string(),
+        })?;
+        let component = || String::from_utf8_lossy(&prefix).into_owned();
+        match open_dir_beneath(current.as_fd(), &one, Resolve::Auto) {
+            Ok(fd) => current = fd,
+            Err(e) => match classify(current.as_fd(), name, e) {
+                Found::Symlink => {
+                    return Err(SubPathError::Symlink {
+                        side,
+                        root: root.to_owned(),
+                        component: component(),
+                    });
+                }
+                Found::File if last && side == Side::Source => {
+                    // A single file: the mover sends it from its parent's handle.
+                    return Ok(Anchored {
+                        dir: Some(current),
+                        file: Some(name.to_vec()),
+                        shown: root.join(std::ffi::OsStr::from_bytes(
+                            sub.parent().as_ref().map_or(&b""[..], |p| p.as_bytes()),
+                        )),
+                    });
+                }
+                Found::File => {
+                    return Err(SubPathError::NotDirectory {
+                        side,
+                        root: root.to_owned(),
+                        component: component(),
+                    });
+                }
+                Found::Missing if side == Side::Destination => {
+                    current = create_one(current.as_fd(), &one).map_err(|e| match e {
+                        Errno::LOOP | Errno::XDEV => SubPathError::Symlink {
+                            side,
+                            root: root.to_owned(),
+                            component: component(),
+                        },
+                        e => SubPathError::Io {
+                            side,
+                            op: "create",
+                            shown: shown(root, &prefix),
+                            source: e.into(),
+                        },
+                    })?;
+                }
+                Found::Missing => {
+                    return Err(SubPathError::Missing {
+                        side,
+                        root: root.to_owned(),
+                        component: component(),
+                    });
+                }
+                Found::Other(e) => {
+                    return Err(SubPathError::Io {
+                        side,
+                        op: "open",
+                        shown: shown(root, &prefix),
+                        source: e.into(),
+                    });
+                }
+            },
+        }
+    }
+    Ok(Anchored {
+        dir: Some(current),
+        file: None,
+        shown: root.join(std::ffi::OsStr::from_bytes(sub.as_bytes())),
+    })
+}
+
+enum Found {
+    Symlink,
+    File,
+    Missing,
+    Other(Errno),
+}
+
+/// What made opening `name` in `dir` as a directory fail.
+fn classify(dir: BorrowedFd<'_>, name: &[u8], e: Errno) -> Found {
+    match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => Found::Symlink,
+            FileType::Directory => Found::Other(e),
+            _ => Found::File,
+        },
+        Err(Errno::NOENT) => Found::Missing,
+        Err(_) => Found::Other(e),
+    }
+}
+
+/// Creates the directory `one` in `dir` and opens it with the same refusal of symlinks. Another
+/// process creating it first (EEXIST) is fine; a symlink planted in the race is refused by the
+/// open.
+fn create_one(dir: BorrowedFd<'_>, one: &RelPath) -> Result<OwnedFd, Errno> {
+    let created = match mkdirat(dir, one.as_bytes(), Mode::from_raw_mode(CREATED_DIR_MODE)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
+        Err(e) => return Err(e),
+    };
+    let fd = open_dir_beneath(dir, one, Resolve::Auto)?;
+    if created {
+        // The umask must not decide the mode of a Transfer's directory.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(CREATED_DIR_MODE))?;
+    }
+    Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_paths_are_normalised_and_must_stay_beneath_the_root() {
+        let p = |s: &str| parse(s).map(|r| r.map(|r| r.to_string()));
+        assert_eq!(p("").expect("empty"), None);
+        assert_eq!(p("./").expect("dot"), None);
+        assert_eq!(p("a//b/./c/").expect("ok"), Some("a/b/c".to_owned()));
+        for bad in ["..", "a/../b", "/abs", "a/.."] {
+            assert!(
+                matches!(parse(bad), Err(SubPathError::Invalid { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_symlink_is_named_and_a_missing_destination_is_created() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(tmp.path().join("a/b")).expect("mkdir");
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("a/esc")).expect("symlink");
+        let rel = |s: &str| parse(s).expect("valid");
+        let err = open_destination(tmp.path(), rel("a/esc/x").as_ref()).expect_err("symlink");
+        assert!(err.to_string().contains("path a/esc (beneath"), "{err}");
+        assert_eq!(err.side(), Some(Side::Destination));
+        assert!(err.permanent());
+        let err = open_source(tmp.path(), rel("a/nope").as_ref()).expect_err("missing");
+        assert!(matches!(err, SubPathError::Missing { .. }), "{err}");
+        let got = open_destination(tmp.path(), rel("a/b/c/d").as_ref()).expect("created");
+        assert_eq!(got.shown_dir(), tmp.path().join("a/b/c/d"));
+        assert!(tmp.path().join("a/b/c/d").is_dir());
+        assert_eq!(std::fs::read_dir(outside.path()).expect("ls").count(), 0);
+    }
+}
