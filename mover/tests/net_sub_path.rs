@@ -254,3 +254,49 @@ fn a_sub_path_that_leaves_the_root_is_a_usage_error() {
         "nothing created beside the root"
     );
 }
+
+#[test]
+fn a_second_receiver_of_one_destination_is_refused_while_the_first_runs() {
+    let pki = pki("sub-lock");
+    let base = tempfile::tempdir().unwrap();
+    let dst = base.path().join("dst");
+    std::fs::create_dir_all(dst.join("a")).unwrap();
+    // The first receiver listens (and holds the lock) until its session, which never comes.
+    let (mut first, _addr, _out) = spawn_receiver(&pki, &dst, &["--sub-path", "a"]);
+    let second = run(&pki, "receiver", &dst, "a");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    first.kill().unwrap();
+    first.wait().unwrap();
+    // Destination, retryable: the other receiver may finish.
+    assert_eq!(second.status.code(), Some(12), "{stderr}");
+    assert!(stderr.contains("in use by another receiver"), "{stderr}");
+    // Once the first is gone the destination is free again: the next receiver listens.
+    let (mut again, _addr, _out) = spawn_receiver(&pki, &dst, &["--sub-path", "a"]);
+    again.kill().unwrap();
+    again.wait().unwrap();
+}
+
+#[test]
+fn clean_staging_never_follows_a_symlinked_sub_path() {
+    let base = tempfile::tempdir().unwrap();
+    let (root, outside) = (base.path().join("root"), base.path().join("outside"));
+    std::fs::create_dir_all(outside.join(".ferry-staging/uid.1")).unwrap();
+    std::fs::create_dir_all(root.join("t")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("t/esc")).unwrap();
+    let out = Command::new(BIN)
+        .args(["clean-staging", "--root"])
+        .arg(&root)
+        .args(["--sub-path", "t/esc", "--transfer-prefix", "uid."])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("symbolic link"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        outside.join(".ferry-staging/uid.1").exists(),
+        "cleaned through the link"
+    );
+}

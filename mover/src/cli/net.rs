@@ -414,6 +414,22 @@ fn anchor(root: &std::path::Path, sub: Option<&str>, side: Side) -> Result<Ancho
     })
 }
 
+/// The destination's one-receiver lock, on the held sub path or on `--root` (a root that does not
+/// exist yet is created by the session and has no other receiver to fear).
+fn lock_destination(
+    anchored: &Anchored,
+) -> Result<Option<crate::tree::dest_lock::DestLock>, crate::tree::dest_lock::LockError> {
+    use crate::tree::dest_lock::{LockError, lock_destination as lock};
+    match anchored.dir() {
+        Some(fd) => lock(&fd).map(Some),
+        None => match std::fs::File::open(anchored.shown_dir()) {
+            Ok(dir) => lock(&dir).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(LockError::Io(e)),
+        },
+    }
+}
+
 /// Messages name `/proc/self/fd/<n>` where the mover works through its held handle: show
 /// `--root`/`--sub-path` instead, as the user gave them.
 #[derive(Debug, Clone)]
@@ -540,6 +556,17 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Destination) {
         Ok(a) => a,
         Err(code) => return Ok(code),
+    };
+    let _lock = match lock_destination(&anchored) {
+        Ok(lock) => lock,
+        Err(e) => {
+            let message = format!("{}: {e}", anchored.shown_dir().display());
+            // Retryable: the other receiver may finish (or be a leftover about to be killed).
+            return Ok(report_failure(
+                Failure::new(ErrorKind::Destination, false),
+                &message,
+            ));
+        }
     };
     let shown = Shown::of(&anchored);
     let mut cfg = ReceiverConfig {

@@ -11,6 +11,7 @@ use rustix::io::Errno;
 
 use crate::tree::dest::{list_dir, remove_at};
 use crate::tree::peer_path::STAGING_DIR;
+use crate::tree::subpath::{self, SubPathError};
 use crate::tree::{DestRoot, RelPath};
 
 #[derive(clap::Args, Debug)]
@@ -18,6 +19,10 @@ pub struct CleanStagingArgs {
     /// Destination root the receivers wrote to.
     #[arg(long)]
     pub root: PathBuf,
+    /// The destination beneath --root (as `receive --sub-path`), opened without following a
+    /// symlink.
+    #[arg(long, value_name = "REL")]
+    pub sub_path: Option<String>,
     /// Remove the staging directories whose transfer id starts with this (for example
     /// `<uid>.` for every run of one Transfer).
     #[arg(long)]
@@ -29,19 +34,32 @@ pub fn run(args: CleanStagingArgs) -> anyhow::Result<ExitCode> {
     if prefix.is_empty() || prefix.contains(&b'/') || prefix.starts_with(b".") {
         bail!("--transfer-prefix must be a non-empty transfer id prefix without '/'");
     }
-    if !args.root.is_dir() {
-        eprintln!("{} does not exist: nothing to clean", args.root.display());
+    // Never through a symlink: a tenant could have swapped the destination for one since.
+    let sub = subpath::parse(args.sub_path.as_deref().unwrap_or(""))?;
+    let anchored = match subpath::open_source(&args.root, sub.as_ref()) {
+        Ok(a) => a,
+        Err(SubPathError::RootMissing { .. } | SubPathError::Missing { .. }) => {
+            eprintln!("{} does not exist: nothing to clean", args.root.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if !anchored.effective().is_dir() {
+        eprintln!(
+            "{} is not a directory: nothing to clean",
+            anchored.shown_dir().display()
+        );
         return Ok(ExitCode::SUCCESS);
     }
-    let root = DestRoot::open(&args.root)
-        .with_context(|| format!("failed to open {}", args.root.display()))?;
+    let root = DestRoot::open(&anchored.effective())
+        .with_context(|| format!("failed to open {}", anchored.shown_dir().display()))?;
     let staging = RelPath::parse(STAGING_DIR.as_bytes())?;
     let dir = match root.open_dir(Some(&staging)) {
         Ok(d) => d,
         Err(e) if e.errno() == Some(libc::ENOENT) => {
             eprintln!(
                 "no {STAGING_DIR} in {}: nothing to clean",
-                args.root.display()
+                anchored.shown_dir().display()
             );
             return Ok(ExitCode::SUCCESS);
         }
