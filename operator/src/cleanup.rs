@@ -107,6 +107,7 @@ mod tests {
             node: None,
             message: None,
             exit_code: None,
+            finished_at: None,
             deleting: false,
         }
     }

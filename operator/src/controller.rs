@@ -585,7 +585,8 @@ fn pod_view(p: &Pod) -> PodView {
         .flatten()
         .find_map(|c| c.state.as_ref()?.terminated.clone());
     let message = terminated.as_ref().and_then(|t| t.message.clone());
-    let exit_code = terminated.map(|t| t.exit_code);
+    let exit_code = terminated.as_ref().map(|t| t.exit_code);
+    let finished_at = terminated.and_then(|t| t.finished_at).map(|t| t.0);
     PodView {
         name: p.name_any(),
         phase,
@@ -594,6 +595,7 @@ fn pod_view(p: &Pod) -> PodView {
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         message,
         exit_code,
+        finished_at,
         deleting: p.metadata.deletion_timestamp.is_some(),
     }
 }

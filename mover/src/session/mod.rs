@@ -165,7 +165,8 @@ pub(crate) async fn tell_peer<W: AsyncWrite + Unpin>(
     failure: Failure,
     message: &str,
 ) {
-    let mut message = message.to_owned();
+    // The peer knows the directories by the paths the user gave, not by held handles.
+    let mut message = crate::tree::subpath::shown_text(message);
     if message.len() > MAX_ERROR_MESSAGE {
         let mut end = MAX_ERROR_MESSAGE;
         while !message.is_char_boundary(end) {

@@ -161,7 +161,11 @@ impl Anchored {
     /// [`Anchored::shown_dir`].
     pub fn effective_dir(&self) -> PathBuf {
         match &self.dir {
-            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            Some(fd) => {
+                let effective = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                register_alias(&effective, &self.shown);
+                PathBuf::from(effective)
+            }
             None => self.shown.clone(),
         }
     }
@@ -176,6 +180,40 @@ impl Anchored {
 }
 
 use std::os::unix::ffi::OsStrExt as _;
+
+impl Drop for Anchored {
+    fn drop(&mut self) {
+        if let Some(fd) = &self.dir {
+            unregister_alias(&format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        }
+    }
+}
+
+/// The `/proc/self/fd/<n>` paths held open now, with the path people know them by: text that
+/// leaves the process (an Error frame to the peer, a log line) names the latter.
+static ALIASES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn register_alias(effective: &str, shown: &Path) {
+    let mut a = ALIASES.lock().unwrap_or_else(|e| e.into_inner());
+    if !a.iter().any(|(e, _)| e == effective) {
+        a.push((effective.to_owned(), shown.display().to_string()));
+    }
+}
+
+fn unregister_alias(effective: &str) {
+    let mut a = ALIASES.lock().unwrap_or_else(|e| e.into_inner());
+    a.retain(|(e, _)| e != effective);
+}
+
+/// `text` with every held `/proc/self/fd/<n>` directory replaced by the path it was opened as.
+pub fn shown_text(text: &str) -> String {
+    let mut a = ALIASES.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // fd 42 before fd 4, which is its prefix.
+    a.sort_by_key(|(effective, _)| std::cmp::Reverse(effective.len()));
+    a.iter().fold(text.to_owned(), |t, (effective, shown)| {
+        t.replace(effective.as_str(), shown)
+    })
+}
 
 fn shown(root: &Path, rel: &[u8]) -> String {
     root.join(std::ffi::OsStr::from_bytes(rel))
@@ -375,6 +413,31 @@ fn create_one(dir: BorrowedFd<'_>, one: &RelPath) -> Result<OwnedFd, Errno> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_leaving_the_process_names_the_directory_not_its_held_handle() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir_all(tmp.path().join("a/b")).expect("mkdir");
+        let sub = parse("a/b").expect("parse");
+        let anchored = open_source(tmp.path(), sub.as_ref()).expect("open");
+        let effective = anchored.effective().display().to_string();
+        assert!(effective.starts_with("/proc/self/fd/"), "{effective}");
+        let message = format!("failed to open directory {effective}/private: Permission denied");
+        let shown = shown_text(&message);
+        assert_eq!(
+            shown,
+            format!(
+                "failed to open directory {}/private: Permission denied",
+                tmp.path().join("a/b").display()
+            )
+        );
+        drop(anchored);
+        assert_eq!(
+            shown_text(&message),
+            message,
+            "a closed handle is forgotten"
+        );
+    }
 
     #[test]
     fn sub_paths_are_normalised_and_must_stay_beneath_the_root() {

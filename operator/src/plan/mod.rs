@@ -60,6 +60,8 @@ pub struct PodView {
     pub message: Option<String>,
     /// The container's exit status once it terminated (the mover's status says the error kind).
     pub exit_code: Option<i32>,
+    /// When the container terminated.
+    pub finished_at: Option<Timestamp>,
     /// Being deleted already.
     pub deleting: bool,
 }
@@ -345,6 +347,7 @@ impl Ctx<'_> {
             node: None,
             message: r.message.clone(),
             exit_code: r.exit_code,
+            finished_at: None,
             deleting: false,
         })
     }
@@ -620,9 +623,22 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
 
-    if let Some(Failure { message, permanent }) =
-        attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
+    if let Some(Failure {
+        message,
+        permanent,
+        settled,
+    }) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
     {
+        if !settled {
+            // The other mover's exit (a pod change) wakes the reconcile; this is the fallback.
+            cx.cond(
+                ConditionType::Ready,
+                false,
+                Reason::MoverFailed,
+                &format!("attempt {} failing: {message}", cx.st.attempts),
+            );
+            return Some(OTHER_VERDICT_GRACE);
+        }
         cx.st.throughput = None;
         cx.st.eta = None;
         let failures = cx.st.failures + 1;
@@ -836,6 +852,8 @@ struct Failure {
     message: String,
     /// Where the fault lies, when a mover reported one that a retry cannot fix.
     permanent: Option<ErrorKind>,
+    /// False while the other mover may still report a verdict of its own: decide later.
+    settled: bool,
 }
 
 /// The error kind a failed mover reported and whether a retry can help: its exit status (which
@@ -901,16 +919,31 @@ fn attempt_failure(
     if !failed.is_empty() {
         // A permanent fault on either side decides.
         let permanent = failed.iter().find_map(|(_, k)| *k);
+        // Each mover judges only its own faults (a receiver reports what its sender told it as a
+        // retryable peer fault): while the other one is still finishing, wait a moment for its
+        // own verdict, which may be that no retry can help.
         let message = failed
             .into_iter()
             .map(|(m, _)| m)
             .collect::<Vec<_>>()
             .join("; ");
-        return Some(Failure { message, permanent });
+        if permanent.is_none() && awaits_other_verdict(cx.obs.now, recv, send) {
+            return Some(Failure {
+                message,
+                permanent: None,
+                settled: false,
+            });
+        }
+        return Some(Failure {
+            message,
+            permanent,
+            settled: true,
+        });
     }
     let lost = |what: &str, name: &str| Failure {
         message: format!("{what} pod {name} disappeared"),
         permanent: None,
+        settled: true,
     };
     if recv.is_none_or(|p| p.deleting) && had(&cx.st.receiver, recv_name) {
         return Some(lost("receiver", recv_name));
@@ -919,6 +952,26 @@ fn attempt_failure(
         return Some(lost("sender", send_name));
     }
     None
+}
+
+/// How long a failed attempt waits for the other mover to exit with its own verdict.
+pub const OTHER_VERDICT_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether one mover failed recently and the other still runs (its exit may say more).
+fn awaits_other_verdict(now: Timestamp, recv: Option<&PodView>, send: Option<&PodView>) -> bool {
+    let recent = |p: &PodView| {
+        p.phase == PodPhase::Failed
+            && p.finished_at
+                .is_some_and(|at| until(at, now) < OTHER_VERDICT_GRACE)
+    };
+    let running = |p: Option<&PodView>| {
+        p.is_some_and(|p| matches!(p.phase, PodPhase::Pending | PodPhase::Running) && !p.deleting)
+    };
+    match (recv, send) {
+        (Some(r), s) if recent(r) && running(s) => true,
+        (r, Some(s)) if recent(s) && running(r) => true,
+        _ => false,
+    }
 }
 
 fn last_lines(s: &str, n: usize) -> String {
@@ -1099,6 +1152,7 @@ pub(crate) mod tests {
             node: Some("b".into()),
             message: None,
             exit_code: None,
+            finished_at: None,
             deleting: false,
         }
     }
@@ -1296,6 +1350,38 @@ pub(crate) mod tests {
         assert_eq!(p.status.phase, Phase::Failed);
         assert_eq!(cond(&p, "Failed").reason, "BackoffLimitExceeded");
         assert!(cond(&p, "Failed").message.contains("disappeared"));
+    }
+
+    #[test]
+    fn a_retryable_failure_waits_briefly_for_the_other_movers_own_verdict() {
+        // The receiver exits first, reporting its sender's fault as a retryable peer fault; the
+        // sender's own exit a moment later says no retry can help.
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let at = |secs: i64| {
+            let mut o = obs(secs);
+            o.pods = vec![
+                pod(1, 1, MoverRole::Receiver, PodPhase::Failed, false),
+                pod(1, 1, MoverRole::Sender, PodPhase::Running, false),
+            ];
+            o.pods[0].exit_code = Some(10);
+            o.pods[0].finished_at = Some(obs(1).now);
+            o
+        };
+        let waiting = plan(&t, &at(3));
+        assert_ne!(waiting.status.phase, Phase::Retrying);
+        assert_eq!(cond(&waiting, "Ready").status, "False");
+        assert_eq!(cond(&waiting, "Ready").reason, "MoverFailed");
+        assert!(waiting.actions.is_empty(), "{:?}", waiting.actions);
+        let mut o = at(4);
+        o.pods[1].phase = PodPhase::Failed;
+        o.pods[1].exit_code = Some(21);
+        let failed = plan(&t, &o);
+        assert_eq!(failed.status.phase, Phase::Failed);
+        assert_eq!(cond(&failed, "Failed").reason, "SourceUnreadable");
+        // A sender that does not finish within the grace is not waited for.
+        let later = plan(&t, &at(1 + OTHER_VERDICT_GRACE.as_secs() as i64 + 1));
+        assert_eq!(later.status.phase, Phase::Retrying);
     }
 
     #[test]
