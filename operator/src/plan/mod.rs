@@ -809,12 +809,12 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                         attempt,
                         receiver_ip: ip.clone(),
                     });
-                    cx.st.phase = Phase::Running;
+                    cx.st.phase = Phase::Pending;
                     cx.cond(
                         ConditionType::Ready,
-                        true,
-                        Reason::Running,
-                        &format!("attempt {attempt}: moving data"),
+                        false,
+                        Reason::Pending,
+                        &format!("attempt {attempt}: the receiver is ready; starting the sender"),
                     );
                 }
                 (None, _, _) => {
@@ -831,13 +831,27 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                         pod: s.name.clone(),
                         node: s.node.clone(),
                     });
-                    cx.st.phase = Phase::Running;
-                    cx.cond(
-                        ConditionType::Ready,
-                        true,
-                        Reason::Running,
-                        &format!("attempt {attempt}: moving data"),
-                    );
+                    // Running (and Ready) only once data moves: a sender that cannot open its
+                    // source, or a pod that never starts, is never reported as running.
+                    if moving_data(cx.obs) {
+                        cx.st.phase = Phase::Running;
+                        cx.cond(
+                            ConditionType::Ready,
+                            true,
+                            Reason::Running,
+                            &format!("attempt {attempt}: moving data"),
+                        );
+                    } else {
+                        cx.st.phase = Phase::Pending;
+                        cx.cond(
+                            ConditionType::Ready,
+                            false,
+                            Reason::Pending,
+                            &format!(
+                                "attempt {attempt}: the receiver is ready; the sender is starting and connecting"
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -952,6 +966,19 @@ fn attempt_failure(
         return Some(lost("sender", send_name));
     }
     None
+}
+
+/// Whether the current attempt's movers report that data moves (connected, past the handshake).
+fn moving_data(obs: &Observed) -> bool {
+    let moving = |u: &Option<ProgressUpdate>| {
+        u.as_ref().is_some_and(|u| {
+            matches!(
+                MoverPhase::try_from(u.phase),
+                Ok(MoverPhase::Transferring | MoverPhase::Finishing | MoverPhase::Succeeded)
+            )
+        })
+    };
+    moving(&obs.sender_progress) || moving(&obs.receiver_progress)
 }
 
 /// How long a failed attempt waits for the other mover to exit with its own verdict.
@@ -1211,6 +1238,27 @@ pub(crate) mod tests {
                 receiver_ip: "127.2.0.5".into()
             }]
         );
+        // Created is not running: Ready only once the movers report that data moves.
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert_eq!(cond(&p, "Ready").status, "False");
+        o.pods
+            .push(pod(1, 1, MoverRole::Sender, PodPhase::Running, false));
+        let p = advance(&mut t, &o);
+        assert_eq!(
+            p.status.phase,
+            Phase::Pending,
+            "a running pod is not yet moving data"
+        );
+        o.sender_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Connecting as i32,
+            ..ProgressUpdate::default()
+        });
+        assert_eq!(advance(&mut t, &o).status.phase, Phase::Pending);
+        o.sender_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Transferring as i32,
+            ..ProgressUpdate::default()
+        });
+        let p = advance(&mut t, &o);
         assert_eq!(p.status.phase, Phase::Running);
         assert_eq!(cond(&p, "Ready").status, "True");
     }
@@ -1754,6 +1802,10 @@ pub(crate) mod tests {
         o.secrets = vec![names::secret_name(UID, 1, 1)];
         o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
         called(&mut o, Some(report(1, SenderState::Running)));
+        o.sender_progress = Some(ProgressUpdate {
+            phase: MoverPhase::Transferring as i32,
+            ..ProgressUpdate::default()
+        });
         let p = advance(&mut t, &o);
         assert_eq!(p.status.phase, Phase::Running);
         assert_eq!(

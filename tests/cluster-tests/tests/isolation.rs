@@ -273,7 +273,8 @@ async fn a_missing_source_fails_at_once_and_is_never_ready() -> anyhow::Result<(
     OPERATOR.ensure().await?;
     let ns = TestNamespace::create("iso-missing").await?;
     let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
-    let src = format!("{HOST_ROOT}/{}/no-such-dir", ns.name);
+    let (parent, _) = node_dir(NODE_A, &ns.name, "here")?;
+    let src = format!("{parent}/no-such-dir");
     let api: Api<Transfer> = ns.api();
     api.create(
         &PostParams::default(),
