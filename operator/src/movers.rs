@@ -143,9 +143,9 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             if spec.on_unreadable == OnUnreadable::Skip {
                 push("--skip-unreadable");
             }
+            // One argument each: a pattern that begins with `-` is still a pattern.
             for pattern in &spec.exclude {
-                push("--exclude");
-                push(pattern);
+                push(&format!("--exclude={pattern}"));
             }
             if let Some(limit) = crate::plan::bandwidth_bytes(spec).ok().flatten() {
                 push("--bandwidth-limit");
@@ -399,6 +399,9 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
                 run_as_user: Some(uid_gid),
                 run_as_group: Some(uid_gid),
                 fs_group: (!(root_mover || reader)).then_some(cfg.mover_uid),
+                // Re-own a claim only when its root is not the movers' already: a recursive
+                // chown of a million-file volume at every attempt would dwarf the copy.
+                fs_group_change_policy: (!(root_mover || reader)).then(|| "OnRootMismatch".into()),
                 run_as_non_root: Some(!(root_mover || reader)),
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".into(),
@@ -614,6 +617,16 @@ mod tests {
             .find(|m| m.name == "data")
             .expect("data mount");
         assert_eq!(data.read_only, Some(true), "a reader's volume is read-only");
+        let receiver = pod(&allowed, MoverRole::Receiver);
+        let psc = receiver
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.clone());
+        assert_eq!(
+            psc.and_then(|p| p.fs_group_change_policy).as_deref(),
+            Some("OnRootMismatch"),
+            "no recursive re-own at every attempt"
+        );
         assert!(args_of(&sender).join(" ").contains("--skip-unreadable"));
         // The receiver stays unprivileged; without the operator's permission nothing changes.
         assert_eq!(
@@ -754,7 +767,7 @@ mod tests {
         );
         assert!(args.contains("--delete"), "{args}");
         assert!(args.contains("--bandwidth-limit 10000000"), "{args}");
-        assert!(args.contains("--exclude *.tmp --exclude /cache/"), "{args}");
+        assert!(args.contains("--exclude=*.tmp --exclude=/cache/"), "{args}");
         let vol = &pod
             .spec
             .as_ref()

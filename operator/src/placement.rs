@@ -67,6 +67,19 @@ pub fn clean_sub_path(path: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
+/// Whether `s` is a DNS subdomain name (what Kubernetes accepts as a node or claim name). The
+/// CRD's schema checks it too; this holds when that validation was bypassed.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
+}
+
 /// Places one side, or says why it cannot be placed.
 pub fn place_side(
     side: Side,
@@ -78,6 +91,15 @@ pub fn place_side(
     let which = side.as_str();
     match (&endpoint.pvc, &endpoint.host_path, &endpoint.remote) {
         (Some(pvc), None, None) => {
+            if !is_dns_subdomain(&pvc.claim_name) {
+                return Err(blocked(
+                    Reason::InvalidSpec,
+                    format!(
+                        "{which}.pvc.claimName {:?} is not a valid object name (a DNS subdomain)",
+                        pvc.claim_name
+                    ),
+                ));
+            }
             let sub_path = clean_sub_path(&pvc.path).ok_or_else(|| {
                 blocked(
                     Reason::InvalidSpec,
@@ -106,6 +128,15 @@ pub fn place_side(
             })
         }
         (None, Some(hp), None) => {
+            if !is_dns_subdomain(&hp.node) {
+                return Err(blocked(
+                    Reason::InvalidSpec,
+                    format!(
+                        "{which}.hostPath.node {:?} is not a valid node name (a DNS subdomain)",
+                        hp.node
+                    ),
+                ));
+            }
             if clean_sub_path(&hp.path).is_none() || !hp.path.starts_with('/') {
                 return Err(blocked(
                     Reason::InvalidSpec,
@@ -225,6 +256,38 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.reason, Reason::NodeNotFound);
+    }
+
+    #[test]
+    fn node_and_claim_names_must_be_dns_subdomains() {
+        for ok in ["node-a", "a.b-c.d", "0"] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "Node",
+            "-a",
+            "a-",
+            "a..b",
+            "a_b",
+            "a/b",
+            &"x".repeat(254),
+        ] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
+        let facts = SideFacts {
+            node_exists: true,
+            ..SideFacts::default()
+        };
+        let e = place_side(
+            Side::Source,
+            &host("--help", "/data/x"),
+            "ml",
+            &cfg(),
+            &facts,
+        )
+        .unwrap_err();
+        assert_eq!(e.reason, Reason::InvalidSpec);
     }
 
     #[test]

@@ -146,7 +146,11 @@ pub struct Endpoint {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PvcEndpoint {
+    /// A DNS subdomain name, as every object name.
     #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
     pub claim_name: String,
     /// Directory inside the volume (`/` or empty is the volume's root).
     #[serde(default)]
@@ -159,7 +163,11 @@ pub struct PvcEndpoint {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct HostPathEndpoint {
+    /// A node's name (a DNS subdomain name).
     #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
     pub node: String,
     #[schemars(length(min = 1, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("path must be absolute and must not contain '..'"))]

@@ -164,14 +164,18 @@ pub struct Plan {
 pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
     match &spec.bandwidth_limit {
         None => Ok(None),
-        Some(q) => parse_quantity(&q.0)
-            .map(|v| (v > 0).then_some(v))
-            .ok_or_else(|| {
-                format!(
-                    "bandwidthLimit {:?} is not a quantity of bytes per second (e.g. 50M, 1Gi)",
-                    q.0
-                )
-            }),
+        Some(q) => match parse_quantity(&q.0) {
+            None => Err(format!(
+                "bandwidthLimit {:?} is not a quantity of bytes per second (e.g. 50M, 1Gi)",
+                q.0
+            )),
+            // Zero would reach the mover as "no limit": the opposite of what was asked.
+            Some(0) => Err(format!(
+                "bandwidthLimit {:?} is under 1 byte per second; leave it unset for no limit",
+                q.0
+            )),
+            Some(v) => Ok(Some(v)),
+        },
     }
 }
 
@@ -219,13 +223,20 @@ fn backoff(failures: u32) -> Duration {
     (BACKOFF_BASE * (1u32 << shift)).min(BACKOFF_MAX)
 }
 
+/// `t + d`, or the end of time when that is past it (a deadline near i64::MAX seconds is "far
+/// away", never "now").
 fn add(t: Timestamp, d: Duration) -> Timestamp {
     t.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
-        .unwrap_or(t)
+        .unwrap_or(Timestamp::MAX)
 }
 
+/// The longest wait a plan asks for: a far deadline is looked at again now and then.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+
 fn until(now: Timestamp, then: Timestamp) -> Duration {
-    Duration::try_from(then.duration_since(now)).unwrap_or(Duration::ZERO)
+    Duration::try_from(then.duration_since(now))
+        .unwrap_or(Duration::ZERO)
+        .min(MAX_WAIT)
 }
 
 struct Ctx<'a> {
@@ -1430,6 +1441,33 @@ pub(crate) mod tests {
         // A sender that does not finish within the grace is not waited for.
         let later = plan(&t, &at(1 + OTHER_VERDICT_GRACE.as_secs() as i64 + 1));
         assert_eq!(later.status.phase, Phase::Retrying);
+    }
+
+    #[test]
+    fn far_deadlines_are_far_and_a_limit_under_one_byte_is_refused() {
+        let mut t = transfer();
+        t.spec.active_deadline_seconds = Some(i64::MAX);
+        t.spec.ttl_seconds_after_finished = Some(i64::MAX - 1);
+        advance(&mut t, &obs(0));
+        let mut o = obs(100);
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, false)];
+        let p = advance(&mut t, &o);
+        assert_ne!(p.status.phase, Phase::Failed, "{:?}", p.status.conditions);
+        assert!(p.requeue.is_some_and(|d| d <= MAX_WAIT));
+        assert_eq!(add(obs(0).now, Duration::MAX), Timestamp::MAX);
+        let with_limit = |q: &str| {
+            let mut t = transfer();
+            t.spec.bandwidth_limit = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                q.into(),
+            ));
+            bandwidth_bytes(&t.spec)
+        };
+        assert_eq!(with_limit("0.6"), Ok(Some(1)));
+        for under in ["0", "0.4", "0.0001k"] {
+            let e = with_limit(under).unwrap_err();
+            assert!(e.contains("under 1 byte per second"), "{under}: {e}");
+        }
     }
 
     #[test]
