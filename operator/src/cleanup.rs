@@ -108,6 +108,8 @@ mod tests {
             message: None,
             exit_code: None,
             finished_at: None,
+            created: None,
+            stuck: None,
             deleting: false,
         }
     }

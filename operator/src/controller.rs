@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    Event as CoreEvent, Namespace, Node, PersistentVolumeClaim, Pod, Secret, Service,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -30,7 +32,7 @@ use crate::peering::observe::{observe_remote, withdraw};
 use crate::peering::registry::Registry;
 use crate::pki::Authority;
 use crate::placement::{self, Blocked, SideFacts};
-use crate::plan::{self, Action, Observed, PodPhase, PodView};
+use crate::plan::{self, Action, Observed, PodPhase, PodView, Stuck};
 use crate::progress::Watchers;
 
 /// The Pod Security admission label that decides whether hostPath volumes are allowed.
@@ -193,9 +195,45 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
         return Ok(Requeue::requeue(Duration::ZERO));
     }
     let obs = observe(&t, &ctx).await?;
-    let plan = plan::plan(&t, &obs);
+    let mut plan = plan::plan(&t, &obs);
     log_failure(&t, &obs, &plan.status);
-    apply(&t, &ctx, &obs, &plan).await?;
+    if let Err(e) = apply(&t, &ctx, &obs, &plan).await {
+        // A change the API server refuses for good (admission: quota, LimitRange, Pod Security,
+        // a missing priority class; an invalid object) is the Transfer's news, not only the
+        // log's: it becomes its condition and an Event, and is tried again with backoff.
+        let Some(message) = refused(&e) else {
+            return Err(e);
+        };
+        let message = format!("the API server refused a change for this Transfer: {message}");
+        let repeated = t.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == Reason::MoverRejected.as_str())
+        });
+        plan.status.phase = Phase::Pending;
+        plan::set_refused(&mut plan.status, &message, t.metadata.generation);
+        if matches!(write_status(&t, &ctx, &plan.status).await?, Written::Stale) {
+            return Ok(Requeue::requeue(Duration::ZERO));
+        }
+        if !repeated {
+            record(
+                &t,
+                &ctx,
+                &[plan::Note {
+                    warning: true,
+                    reason: Reason::MoverRejected.as_str(),
+                    message,
+                }],
+            )
+            .await;
+        }
+        // Quota frees up, an admin fixes a policy: look again, less often while it repeats.
+        return Ok(Requeue::requeue(if repeated {
+            REFUSED_RETRY_MAX
+        } else {
+            REFUSED_RETRY_FIRST
+        }));
+    }
     let deferred = match write_status(&t, &ctx, &plan.status).await? {
         Written::Now => None,
         Written::Later(wait) => Some(wait),
@@ -213,6 +251,21 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
         Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
         None => Requeue::await_change(),
     })
+}
+
+/// When a refused change is tried again: soon after the first refusal, then every minute.
+const REFUSED_RETRY_FIRST: Duration = Duration::from_secs(10);
+const REFUSED_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The API server's message when it refused a change for good (a 4xx other than a conflict or a
+/// missing object, which the next reconcile sorts out by itself).
+fn refused(e: &Error) -> Option<String> {
+    match e {
+        Error::Api(kube::Error::Api(ae)) if matches!(ae.code, 400 | 403 | 422) => {
+            Some(ae.message.clone())
+        }
+        _ => None,
+    }
 }
 
 /// The Transfer as the API server holds it now, or None once it is gone (or was recreated).
@@ -359,13 +412,14 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let lp = ListParams::default().labels(&selector);
-    let pods: Vec<PodView> = pods_api
+    let mut pods: Vec<PodView> = pods_api
         .list(&lp)
         .await?
         .items
         .iter()
         .map(pod_view)
         .collect();
+    mount_failures(&ctx.client, &ns, &mut pods).await?;
     // Secrets are looked up by their deterministic names (current and previous attempt), so
     // the operator needs no right to list or watch Secrets.
     let st = t.status.clone().unwrap_or_default();
@@ -470,6 +524,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         privileged_readers_allowed: ctx.config.allow_privileged_readers,
         placement,
         may_start: may_start(t, ctx),
+        pending_timeout: ctx.config.mover_pending_timeout,
         pods,
         secrets,
         receiver_progress,
@@ -566,6 +621,44 @@ async fn claim_user_node(client: &Client, ns: &str, claim: &str) -> Result<Optio
     Ok(None)
 }
 
+/// How long a pod may be pending before its Events are read for a failed mount (most pods
+/// start within this; the Events list is not worth reading for them).
+const MOUNT_CHECK_AFTER: Duration = Duration::from_secs(5);
+
+/// Marks pending pods whose volume the kubelet cannot mount (a missing host root, a claim that
+/// cannot attach): that is only said in an Event, never in the pod's status.
+async fn mount_failures(client: &Client, ns: &str, pods: &mut [PodView]) -> Result<(), Error> {
+    let now = Timestamp::now();
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    for p in pods.iter_mut().filter(|p| {
+        p.phase == PodPhase::Pending
+            && p.stuck.is_none()
+            && !p.deleting
+            && p.created.is_some_and(|at| {
+                Duration::try_from(now.duration_since(at)).unwrap_or_default() >= MOUNT_CHECK_AFTER
+            })
+    }) {
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.name={},reason=FailedMount",
+            p.name
+        ));
+        let latest = events
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
+        if let Some(e) = latest {
+            p.stuck = Some(Stuck {
+                reason: Reason::MoverVolumeMountFailed,
+                cause: "FailedMount".into(),
+                message: e.message.unwrap_or_default(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn pod_view(p: &Pod) -> PodView {
     let status = p.status.clone().unwrap_or_default();
     let phase = match status.phase.as_deref() {
@@ -587,6 +680,39 @@ fn pod_view(p: &Pod) -> PodView {
     let message = terminated.as_ref().and_then(|t| t.message.clone());
     let exit_code = terminated.as_ref().map(|t| t.exit_code);
     let finished_at = terminated.and_then(|t| t.finished_at).map(|t| t.0);
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.clone());
+    let stuck = waiting
+        .and_then(|w| {
+            let cause = w.reason?;
+            let reason = match cause.as_str() {
+                "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull" => {
+                    Reason::MoverImagePullFailed
+                }
+                "CreateContainerConfigError" | "CreateContainerError" => Reason::MoverConfigError,
+                _ => return None,
+            };
+            Some(Stuck {
+                reason,
+                cause,
+                message: w.message.unwrap_or_default(),
+            })
+        })
+        .or_else(|| {
+            status.conditions.iter().flatten().find_map(|c| {
+                (c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable"))
+                .then(|| Stuck {
+                    reason: Reason::MoverUnschedulable,
+                    cause: "Unschedulable".into(),
+                    message: c.message.clone().unwrap_or_default(),
+                })
+            })
+        });
     PodView {
         name: p.name_any(),
         phase,
@@ -596,6 +722,8 @@ fn pod_view(p: &Pod) -> PodView {
         message,
         exit_code,
         finished_at,
+        created: p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        stuck,
         deleting: p.metadata.deletion_timestamp.is_some(),
     }
 }

@@ -54,6 +54,10 @@ struct Cli {
     /// Most Transfers with running movers on one node at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active_per_node: usize,
+    /// Seconds a mover pod may stay pending (unschedulable, image not pulled, volume not
+    /// mounted) before its attempt fails and is retried with backoff.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
+    mover_pending_timeout: u64,
     /// Tolerations of every mover pod unless its Transfer sets its own (JSON list, as in a pod
     /// spec; GPU nodes are usually tainted).
     #[arg(long, value_parser = parse_json::<Vec<Toleration>>)]
@@ -149,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         cas_cap_bytes: cli.cas_cap_bytes,
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
+        mover_pending_timeout: std::time::Duration::from_secs(cli.mover_pending_timeout),
         default_tolerations: cli.mover_tolerations.unwrap_or_default(),
         default_resources: cli.mover_resources,
         default_priority_class: cli.mover_priority_class,

@@ -64,6 +64,17 @@ pub enum Reason {
     DestinationInUse,
     /// `readAllFiles` asks for a privileged reader, which the operator is not allowed to run.
     PrivilegedReadersNotAllowed,
+    /// A mover pod cannot be scheduled.
+    MoverUnschedulable,
+    /// A mover pod's volume cannot be mounted (a missing host root, an unattachable claim).
+    MoverVolumeMountFailed,
+    /// A mover pod's image cannot be pulled.
+    MoverImagePullFailed,
+    /// A mover pod's container cannot be created from its spec.
+    MoverConfigError,
+    /// The API server refused a mover pod (admission: quota, LimitRange, Pod Security, a missing
+    /// priority class) or another object the operator writes.
+    MoverRejected,
 }
 
 impl Reason {
@@ -100,6 +111,11 @@ impl Reason {
             Reason::SourceDestinationOverlap => "SourceDestinationOverlap",
             Reason::DestinationInUse => "DestinationInUse",
             Reason::PrivilegedReadersNotAllowed => "PrivilegedReadersNotAllowed",
+            Reason::MoverUnschedulable => "MoverUnschedulable",
+            Reason::MoverVolumeMountFailed => "MoverVolumeMountFailed",
+            Reason::MoverImagePullFailed => "MoverImagePullFailed",
+            Reason::MoverConfigError => "MoverConfigError",
+            Reason::MoverRejected => "MoverRejected",
         }
     }
 }

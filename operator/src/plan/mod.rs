@@ -62,8 +62,23 @@ pub struct PodView {
     pub exit_code: Option<i32>,
     /// When the container terminated.
     pub finished_at: Option<Timestamp>,
+    /// When the pod was created (how long it has been pending).
+    pub created: Option<Timestamp>,
+    /// Why the pod does not start, as the cluster says it (scheduler, kubelet, image pull).
+    pub stuck: Option<Stuck>,
     /// Being deleted already.
     pub deleting: bool,
+}
+
+/// Why a mover pod does not start, with the cluster's own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stuck {
+    pub reason: Reason,
+    /// The cluster's reason (`ErrImagePull`, `Unschedulable`, `FailedMount`, ...).
+    pub cause: String,
+    /// The object's own message (the scheduler's condition, the container's waiting state, the
+    /// kubelet's Event).
+    pub message: String,
 }
 
 /// Everything reconcile observed, for one Transfer.
@@ -80,6 +95,8 @@ pub struct Observed {
     pub sender_progress: Option<ProgressUpdate>,
     /// Whether the concurrency limits let this Transfer start movers now.
     pub may_start: bool,
+    /// How long a mover pod may stay pending before its attempt fails (`--mover-pending-timeout`).
+    pub pending_timeout: Duration,
     /// The namespace's Pod Security level forbids hostPath volumes (baseline or restricted).
     pub host_path_forbidden: bool,
     /// The operator may run root movers (`--allow-root-movers`), which `preserveOwnership`
@@ -359,6 +376,8 @@ impl Ctx<'_> {
             message: r.message.clone(),
             exit_code: r.exit_code,
             finished_at: None,
+            created: None,
+            stuck: None,
             deleting: false,
         })
     }
@@ -702,6 +721,38 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         return Some(wait);
     }
 
+    // A mover pod that cannot start says why (the scheduler, the kubelet, the image pull): the
+    // Transfer is not running, and its status carries the cluster's own words.
+    if let Some((pod, stuck)) = [&recv, &send]
+        .into_iter()
+        .flatten()
+        .filter(|p| p.phase == PodPhase::Pending && !p.deleting)
+        .find_map(|p| p.stuck.as_ref().map(|s| (p.name.clone(), s.clone())))
+    {
+        let message = format!(
+            "attempt {}: mover pod {pod} cannot start: {}: {}",
+            cx.st.attempts, stuck.cause, stuck.message
+        );
+        let already =
+            cx.st.conditions.iter().any(|c| {
+                c.type_ == ConditionType::Ready.as_str() && c.reason == stuck.reason.as_str()
+            });
+        if !already {
+            cx.notes.push(Note {
+                warning: true,
+                reason: stuck.reason.as_str(),
+                message: message.clone(),
+            });
+        }
+        cx.st.phase = Phase::Pending;
+        cx.cond(ConditionType::Ready, false, stuck.reason, &message);
+        cx.st.last_error = Some(LastError {
+            reason: stuck.reason.as_str().to_owned(),
+            message,
+        });
+        return Some(RESYNC_BLOCKED);
+    }
+
     if let (Some(r), Some(s)) = (&recv, &send)
         && r.phase == PodPhase::Succeeded
         && s.phase == PodPhase::Succeeded
@@ -965,6 +1016,29 @@ fn attempt_failure(
             settled: true,
         });
     }
+    // A pod that never starts fails its attempt after the pending timeout: retried with
+    // backoff (an image may be pushed, a node may free up), and no slot is held meanwhile.
+    let timeout = cx.obs.pending_timeout;
+    if let Some(p) = [recv, send].into_iter().flatten().find(|p| {
+        p.phase == PodPhase::Pending
+            && !p.deleting
+            && p.created.is_some_and(|at| until(at, cx.obs.now) >= timeout)
+    }) {
+        let why = p
+            .stuck
+            .as_ref()
+            .map(|s| format!("{}: {}", s.cause, s.message))
+            .unwrap_or_else(|| "still Pending".into());
+        return Some(Failure {
+            message: format!(
+                "mover pod {} did not start within {} s ({why})",
+                p.name,
+                timeout.as_secs()
+            ),
+            permanent: None,
+            settled: true,
+        });
+    }
     let lost = |what: &str, name: &str| Failure {
         message: format!("{what} pod {name} disappeared"),
         permanent: None,
@@ -1015,6 +1089,25 @@ fn awaits_other_verdict(now: Timestamp, recv: Option<&PodView>, send: Option<&Po
 fn last_lines(s: &str, n: usize) -> String {
     let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
+}
+
+/// The status of a Transfer whose change the API server refused (`message` names the object
+/// and the API server's reason).
+pub fn set_refused(st: &mut TransferStatus, message: &str, generation: Option<i64>) {
+    let now = Time(Timestamp::now());
+    set_condition(
+        &mut st.conditions,
+        ConditionType::Ready,
+        false,
+        Reason::MoverRejected,
+        message,
+        generation,
+        &now,
+    );
+    st.last_error = Some(LastError {
+        reason: Reason::MoverRejected.as_str().to_owned(),
+        message: message.to_owned(),
+    });
 }
 
 /// Folds the movers' latest updates into status. The receiver's figures (what was written) are
@@ -1174,6 +1267,7 @@ pub(crate) mod tests {
             receiver_progress: None,
             sender_progress: None,
             may_start: true,
+            pending_timeout: Duration::from_secs(300),
             host_path_forbidden: false,
             root_movers_allowed: false,
             privileged_readers_allowed: false,
@@ -1191,6 +1285,8 @@ pub(crate) mod tests {
             message: None,
             exit_code: None,
             finished_at: None,
+            created: None,
+            stuck: None,
             deleting: false,
         }
     }
@@ -1441,6 +1537,48 @@ pub(crate) mod tests {
         // A sender that does not finish within the grace is not waited for.
         let later = plan(&t, &at(1 + OTHER_VERDICT_GRACE.as_secs() as i64 + 1));
         assert_eq!(later.status.phase, Phase::Retrying);
+    }
+
+    #[test]
+    fn a_mover_that_cannot_start_is_named_and_times_out_into_a_retry() {
+        let mut t = transfer();
+        advance(&mut t, &obs(0));
+        let mut o = obs(10);
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        let mut recv = pod(1, 1, MoverRole::Receiver, PodPhase::Pending, false);
+        recv.created = Some(obs(1).now);
+        recv.stuck = Some(Stuck {
+            reason: Reason::MoverImagePullFailed,
+            cause: "ImagePullBackOff".into(),
+            message: "Back-off pulling image \"r/ferry-mover:x\"".into(),
+        });
+        o.pods = vec![recv];
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Pending);
+        let ready = cond(&p, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "MoverImagePullFailed")
+        );
+        assert!(ready.message.contains("-recv") && ready.message.contains("ImagePullBackOff"));
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.warning && n.reason == "MoverImagePullFailed")
+        );
+        // Said once, not at every reconcile.
+        let again = advance(&mut t, &o);
+        assert!(again.notes.is_empty(), "{:?}", again.notes);
+        // Past the pending timeout the attempt fails and is retried.
+        let mut late = o.clone();
+        late.now = obs(1 + o.pending_timeout.as_secs() as i64).now;
+        let p = advance(&mut t, &late);
+        assert_eq!(p.status.phase, Phase::Retrying);
+        assert!(
+            cond(&p, "Ready")
+                .message
+                .contains("did not start within 300 s")
+        );
     }
 
     #[test]

@@ -172,11 +172,13 @@ impl OperatorProcess {
             .append(true)
             .open(&log)?;
         let mut cmd = Command::new(workspace_bin("ferry-operator")?);
+        // A test may name its own mover image (one that does not exist, say).
+        if !extra.contains(&"--mover-image") {
+            cmd.args(["--mover-image", &crate::mover_image()]);
+        }
         cmd.args([
             "--namespace",
             "ferry-system",
-            "--mover-image",
-            &crate::mover_image(),
             "--host-root",
             &format!("*={host_root}"),
             "--cas-root",

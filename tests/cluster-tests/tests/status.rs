@@ -1,0 +1,201 @@
+//! Honest status on the real nodes: a mover pod that cannot start (its image cannot be pulled,
+//! no node fits it, its volume cannot be mounted, admission refuses it) shows in the Transfer's
+//! condition with the cluster's own words and an Event, never as Ready=True, and a pod that
+//! stays pending fails its attempt after the pending timeout.
+//!
+//! The operator of this file names a mover image that does not exist: none of these movers
+//! ever runs (the kubelet mounts volumes before it pulls images; an unschedulable or refused
+//! pod never reaches a kubelet).
+
+use std::time::Duration;
+
+use ferry_cluster_tests::TestNamespace;
+use ferry_cluster_tests::operator::kubectl;
+use ferry_cluster_tests::transfers::{self, NODE_A, NODE_B, SharedOperator, transfer};
+use ferry_operator::api::{Phase, Transfer};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+
+const HOST_ROOT: &str = "/data/ferry-status";
+/// Granted, but no node has it.
+const MISSING_ROOT: &str = "/data/ferry-status-missing";
+/// Long enough to see each reason first, short enough for a test.
+const PENDING_TIMEOUT: &str = "30";
+
+static OPERATOR: SharedOperator = SharedOperator::with_flags(
+    "ferry-operator-status",
+    HOST_ROOT,
+    &[
+        "--mover-image",
+        "10.99.0.2:5000/ferry/no-such-mover:0",
+        "--host-root",
+        "*=/data/ferry-status-missing",
+        "--mover-pending-timeout",
+        PENDING_TIMEOUT,
+    ],
+);
+
+fn node_dir(node: &str, ns: &str, name: &str) -> anyhow::Result<String> {
+    Ok(transfers::node_dir(HOST_ROOT, node, ns, name)?.0)
+}
+
+/// Waits until the Ready condition has `reason`, asserting on the way that Ready is never True;
+/// returns the condition's message.
+async fn wait_reason(api: &Api<Transfer>, name: &str, reason: &str) -> anyhow::Result<String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let st = api.get(name).await?.status.unwrap_or_default();
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready");
+        anyhow::ensure!(
+            ready.is_none_or(|c| c.status != "True"),
+            "{name} showed Ready=True: {:?}",
+            st.conditions
+        );
+        anyhow::ensure!(st.phase != Phase::Running, "{name} showed Running: {st:?}");
+        if let Some(c) = ready.filter(|c| c.reason == reason) {
+            return Ok(c.message.clone());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{name} did not report {reason}: {:?}",
+            st.conditions
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn has_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Result<bool> {
+    let events: Api<Event> = ns.api();
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+                && e.type_.as_deref() == Some("Warning")
+        }))
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_is_named_and_the_attempt_times_out() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("status-image").await?;
+    let (src, dst) = (
+        node_dir(NODE_A, &ns.name, "src")?,
+        node_dir(NODE_B, &ns.name, "dst")?,
+    );
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "pull",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let message = wait_reason(&api, "pull", "MoverImagePullFailed").await?;
+    assert!(
+        message.contains("-recv") && message.contains("no-such-mover"),
+        "the message names neither the pod nor the image: {message}"
+    );
+    assert!(has_warning(&ns, "pull", "MoverImagePullFailed").await?);
+    // After the pending timeout the attempt fails and is retried with backoff.
+    let message = wait_reason(&api, "pull", "Retrying").await?;
+    assert!(
+        message.contains(&format!("did not start within {PENDING_TIMEOUT} s")),
+        "{message}"
+    );
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn a_granted_root_missing_on_the_node_is_a_failed_mount() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("status-mount").await?;
+    let src = node_dir(NODE_A, &ns.name, "src")?;
+    let api: Api<Transfer> = ns.api();
+    // The receiver comes first; its granted root is missing on node-b. (Its image cannot be
+    // pulled either, but the kubelet mounts volumes first.)
+    let dst = format!("{MISSING_ROOT}/{}/dst", ns.name);
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "mount",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let message = wait_reason(&api, "mount", "MoverVolumeMountFailed").await?;
+    assert!(
+        message.contains("FailedMount") && message.contains(MISSING_ROOT),
+        "{message}"
+    );
+    assert!(has_warning(&ns, "mount", "MoverVolumeMountFailed").await?);
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn an_unschedulable_mover_is_named_with_the_schedulers_words() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("status-sched").await?;
+    let (src, dst) = (
+        node_dir(NODE_A, &ns.name, "src")?,
+        node_dir(NODE_B, &ns.name, "dst")?,
+    );
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "huge",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({"mover": {"resources": {"requests": {"cpu": "500"}}}}),
+        )?,
+    )
+    .await?;
+    let message = wait_reason(&api, "huge", "MoverUnschedulable").await?;
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn a_pod_admission_refuses_is_a_condition_and_an_event() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("status-quota").await?;
+    kubectl(&[
+        "-n",
+        &ns.name,
+        "create",
+        "quota",
+        "no-pods",
+        "--hard=pods=0",
+    ])?;
+    let (src, dst) = (
+        node_dir(NODE_A, &ns.name, "src")?,
+        node_dir(NODE_B, &ns.name, "dst")?,
+    );
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "quota",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let message = wait_reason(&api, "quota", "MoverRejected").await?;
+    assert!(
+        message.contains("exceeded quota") && message.contains("-recv"),
+        "{message}"
+    );
+    assert!(has_warning(&ns, "quota", "MoverRejected").await?);
+    ns.delete().await
+}
