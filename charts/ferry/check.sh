@@ -240,7 +240,7 @@ for a in --cluster-name=prod-eu-1 \
   --mover-image-pull-secret=regcred --mover-image-pull-secret=mirror-cred \
   --mover-uid=10001 --allow-root-movers --allow-privileged-readers --host-root=ml=/data --host-root=ml=/scratch/ \
   '--host-root=*=/srv/shared:ro' '--host-root=*=/data/tenants/{namespace}' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
-  --max-active=20 --max-active-per-node=2 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
+  --max-active=20 --max-active-per-node=2 --max-active-per-namespace=5 --mover-pending-timeout=600 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
   --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
   '--metrics-addr=[::]:9090' '--peering-listen=[::]:7543' --peering-service-type=LoadBalancer \
   --leader-election-id=ferry-operator-lease --log-format=json; do

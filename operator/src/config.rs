@@ -115,6 +115,7 @@ pub struct Config {
     /// Transfers with running movers at once, in the cluster and per node (0 = no limit).
     pub max_active: usize,
     pub max_active_per_node: usize,
+    pub max_active_per_namespace: usize,
     /// How long a mover pod may stay pending (unschedulable, image not pulled, volume not
     /// mounted) before its attempt fails and is retried.
     pub mover_pending_timeout: std::time::Duration,
@@ -151,6 +152,7 @@ impl Default for Config {
             cas_cap_bytes: None,
             max_active: 0,
             max_active_per_node: 0,
+            max_active_per_namespace: 0,
             mover_pending_timeout: std::time::Duration::from_secs(300),
             default_tolerations: Vec::new(),
             default_resources: None,

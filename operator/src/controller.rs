@@ -554,8 +554,13 @@ fn transfer_nodes(t: &Transfer) -> BTreeSet<String> {
 
 /// Whether the concurrency limits leave room for `t`'s movers.
 fn may_start(t: &Transfer, ctx: &Context) -> bool {
-    let (total, per_node) = (ctx.config.max_active, ctx.config.max_active_per_node);
-    if total == 0 && per_node == 0 {
+    let c = &ctx.config;
+    let limits = limits::Limits {
+        total: c.max_active,
+        per_node: c.max_active_per_node,
+        per_namespace: c.max_active_per_namespace,
+    };
+    if limits == limits::Limits::default() {
         return true;
     }
     let others: Vec<limits::Active> = ctx
@@ -563,17 +568,18 @@ fn may_start(t: &Transfer, ctx: &Context) -> bool {
         .state()
         .iter()
         .filter(|o| o.uid() != t.uid())
-        .filter(|o| {
-            o.status.as_ref().is_some_and(|s| {
-                matches!(s.phase, Phase::Running)
-                    || (s.phase == Phase::Pending && s.start_time.is_some())
-            })
-        })
+        .filter(|o| o.status.as_ref().is_some_and(limits::holds_a_slot))
         .map(|o| limits::Active {
+            namespace: o.namespace().unwrap_or_default(),
             nodes: transfer_nodes(o),
         })
         .collect();
-    limits::admits(total, per_node, &transfer_nodes(t), &others)
+    limits::admits(
+        limits,
+        &t.namespace().unwrap_or_default(),
+        &transfer_nodes(t),
+        &others,
+    )
 }
 
 async fn side_facts(

@@ -54,6 +54,10 @@ struct Cli {
     /// Most Transfers with running movers on one node at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active_per_node: usize,
+    /// Most Transfers of one namespace with running movers at once (0: no limit), so that one
+    /// namespace cannot take every slot of --max-active.
+    #[arg(long, default_value_t = 0)]
+    max_active_per_namespace: usize,
     /// Seconds a mover pod may stay pending (unschedulable, image not pulled, volume not
     /// mounted) before its attempt fails and is retried with backoff.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
@@ -153,6 +157,7 @@ fn main() -> anyhow::Result<()> {
         cas_cap_bytes: cli.cas_cap_bytes,
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
+        max_active_per_namespace: cli.max_active_per_namespace,
         mover_pending_timeout: std::time::Duration::from_secs(cli.mover_pending_timeout),
         default_tolerations: cli.mover_tolerations.unwrap_or_default(),
         default_resources: cli.mover_resources,
