@@ -241,7 +241,7 @@ for a in --cluster-name=prod-eu-1 \
   --mover-uid=10001 --allow-root-movers --allow-privileged-readers --host-root=ml=/data --host-root=ml=/scratch/ \
   '--host-root=*=/srv/shared:ro' '--host-root=*=/data/tenants/{namespace}' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
   --max-active=20 --max-active-per-node=2 --max-active-per-namespace=5 --mover-pending-timeout=600 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
-  --mover-priority-class=ferry-movers --mover-label=cost-center=1234 --mover-label=team=vision \
+  --mover-priority-class=ferry-movers --allowed-priority-class=batch-low --allowed-priority-class=batch-high --mover-label=cost-center=1234 --mover-label=team=vision \
   '--metrics-addr=[::]:9090' '--peering-listen=[::]:7543' --peering-service-type=LoadBalancer \
   --leader-election-id=ferry-operator-lease --log-format=json; do
   expect_arg "$a"
@@ -278,7 +278,7 @@ res = json.loads(flag(args, "--mover-resources")[0])
 if res != {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1", "memory": "1073741824"}}:
     sys.exit(f"FAIL full: --mover-resources {res}")
 names = [x.split("=", 1)[0] for x in args
-         if not x.startswith(("--host-root", "--mover-label", "--mover-image-pull-secret"))]
+         if not x.startswith(("--host-root", "--mover-label", "--mover-image-pull-secret", "--allowed-priority-class"))]
 if len(names) != len(set(names)):
     sys.exit(f"FAIL full: a flag is repeated: {names}")
 print("ok   full: --mover-tolerations and --mover-resources are the values as JSON (quantities strings); no flag repeated")

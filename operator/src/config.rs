@@ -122,6 +122,8 @@ pub struct Config {
     pub default_tolerations: Vec<Toleration>,
     pub default_resources: Option<ResourceRequirements>,
     pub default_priority_class: Option<String>,
+    /// Priority classes a Transfer may ask for besides the default.
+    pub allowed_priority_classes: Vec<String>,
     /// Days a mover certificate stays valid.
     pub cert_days: u32,
     /// Ports the movers listen on (data, progress).
@@ -157,6 +159,7 @@ impl Default for Config {
             default_tolerations: Vec::new(),
             default_resources: None,
             default_priority_class: None,
+            allowed_priority_classes: Vec::new(),
             cert_days: 2,
             data_port: 7400,
             progress_port: 7401,
@@ -170,6 +173,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether a Transfer may run its movers at priority class `name`: the admin's default or
+    /// one the admin allows (a tenant must not preempt others' pods by choosing a high one).
+    pub fn priority_class_allowed(&self, name: &str) -> bool {
+        self.default_priority_class.as_deref() == Some(name)
+            || self.allowed_priority_classes.iter().any(|c| c == name)
+    }
+
     /// The grant that covers `path` for `namespace`: the deepest granted root containing it that
     /// allows writing when `write` is asked for.
     pub fn grant_for(

@@ -522,6 +522,12 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         host_path_forbidden,
         root_movers_allowed: ctx.config.allow_root_movers,
         privileged_readers_allowed: ctx.config.allow_privileged_readers,
+        priority_class_refused: t
+            .spec
+            .mover
+            .as_ref()
+            .and_then(|m| m.priority_class_name.clone())
+            .filter(|c| !ctx.config.priority_class_allowed(c)),
         placement,
         may_start: may_start(t, ctx),
         pending_timeout: ctx.config.mover_pending_timeout,

@@ -73,6 +73,10 @@ struct Cli {
     /// Priority class of mover pods unless the Transfer sets one.
     #[arg(long)]
     mover_priority_class: Option<String>,
+    /// Priority classes a Transfer may choose in spec.mover.priorityClassName besides the
+    /// default (repeatable); any other is refused (PriorityClassNotAllowed).
+    #[arg(long = "allowed-priority-class")]
+    allowed_priority_classes: Vec<String>,
     /// Extra label of every mover pod (KEY=VALUE, repeatable).
     #[arg(long = "mover-label", value_parser = parse_label)]
     mover_labels: Vec<(String, String)>,
@@ -158,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
         max_active_per_namespace: cli.max_active_per_namespace,
+        allowed_priority_classes: cli.allowed_priority_classes,
         mover_pending_timeout: std::time::Duration::from_secs(cli.mover_pending_timeout),
         default_tolerations: cli.mover_tolerations.unwrap_or_default(),
         default_resources: cli.mover_resources,

@@ -7,7 +7,8 @@ use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HostPathVolumeSource, KeyToPath,
     LocalObjectReference, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod,
     PodSecurityContext, PodSpec, Probe, SeccompProfile, Secret, SecretVolumeSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Toleration, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -62,14 +63,31 @@ pub fn owner_ref(t: &Transfer) -> Option<OwnerReference> {
     t.controller_owner_ref(&())
 }
 
+/// The admin's default tolerations plus the Transfer's own: a Transfer can add tolerations (for
+/// its GPU nodes' taints) but not drop the admin's, and never one that tolerates every taint
+/// (an empty key with `Exists`), which would override every taint an admin placed.
+fn tolerations(admin: &[Toleration], tenant: Option<&[Toleration]>) -> Option<Vec<Toleration>> {
+    let mut all = admin.to_vec();
+    for t in tenant.unwrap_or_default() {
+        let everything = t.key.as_deref().unwrap_or_default().is_empty()
+            && t.operator.as_deref() == Some("Exists");
+        if !everything && !all.contains(t) {
+            all.push(t.clone());
+        }
+    }
+    (!all.is_empty()).then_some(all)
+}
+
 /// Pod labels: the Transfer's plus role, attempt and the user's extra labels.
 fn pod_labels(input: &MoverPodInput<'_>, uid: &str) -> BTreeMap<String, String> {
     let t = input.transfer;
     let mut labels = BTreeMap::new();
-    labels.extend(input.config.extra_labels.clone());
+    // The tenant's labels, then the admin's over them (a NetworkPolicy or cost label the admin
+    // sets cannot be replaced by a Transfer), then ferry's own over both.
     if let Some(m) = &t.spec.mover {
         labels.extend(m.labels.clone());
     }
+    labels.extend(input.config.extra_labels.clone());
     labels.extend(names::labels(
         &t.metadata.name.clone().unwrap_or_default(),
         uid,
@@ -387,10 +405,7 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
                 .node
                 .as_ref()
                 .map(|n| BTreeMap::from([(NODE_LABEL.to_owned(), n.clone())])),
-            tolerations: settings
-                .tolerations
-                .clone()
-                .or_else(|| Some(cfg.default_tolerations.clone()).filter(|t| !t.is_empty())),
+            tolerations: tolerations(&cfg.default_tolerations, settings.tolerations.as_deref()),
             priority_class_name: settings
                 .priority_class_name
                 .clone()
@@ -563,6 +578,68 @@ mod tests {
 
     /// preserveOwnership (allowed by the operator) makes a root receiver that keeps owners and
     /// setuid/setgid bits; without it the receiver is neither root nor asked to.
+    #[test]
+    fn the_admins_labels_and_tolerations_hold_against_a_transfers_own() {
+        let toleration = |key: &str, op: &str| Toleration {
+            key: (!key.is_empty()).then(|| key.to_owned()),
+            operator: Some(op.into()),
+            ..Toleration::default()
+        };
+        let mut t = transfer();
+        t.spec.mover = Some(crate::api::MoverSettings {
+            labels: BTreeMap::from([
+                ("team".to_owned(), "mine".to_owned()),
+                ("extra".to_owned(), "x".to_owned()),
+            ]),
+            tolerations: Some(vec![toleration("gpu", "Exists"), toleration("", "Exists")]),
+            ..Default::default()
+        });
+        let cfg = Config {
+            extra_labels: BTreeMap::from([("team".to_owned(), "admins".to_owned())]),
+            default_tolerations: vec![toleration("ferry.dev/movers", "Exists")],
+            ..Config::default()
+        };
+        let placement = SidePlacement {
+            volume: VolumeRef::HostPath {
+                path: "/data".into(),
+            },
+            sub_path: String::new(),
+            node: Some("a".into()),
+        };
+        let pod = mover_pod(&MoverPodInput {
+            transfer: &t,
+            config: &cfg,
+            role: MoverRole::Receiver,
+            run: 1,
+            attempt: 1,
+            placement: &placement,
+            receiver_ip: None,
+            use_cas: false,
+            remote: None,
+        });
+        let labels = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(labels["team"], "admins", "the admin's label wins");
+        assert_eq!(labels["extra"], "x");
+        let keys: Vec<Option<String>> = pod
+            .spec
+            .and_then(|s| s.tolerations)
+            .expect("tolerations")
+            .into_iter()
+            .map(|t| t.key)
+            .collect();
+        // The admin's stay, the Transfer's are added, a tolerate-everything one is dropped.
+        assert_eq!(keys, [Some("ferry.dev/movers".into()), Some("gpu".into())]);
+        let allowed = Config {
+            default_priority_class: Some("movers".into()),
+            allowed_priority_classes: vec!["batch-low".into()],
+            ..Config::default()
+        };
+        assert!(
+            allowed.priority_class_allowed("movers") && allowed.priority_class_allowed("batch-low")
+        );
+        assert!(!allowed.priority_class_allowed("system-cluster-critical"));
+    }
+
     #[test]
     fn read_all_files_runs_a_sender_with_one_read_capability_and_nothing_else() {
         let mut t = transfer();

@@ -218,6 +218,9 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- with $v.moverDefaults.priorityClassName }}
 {{- $args = append $args (printf "--mover-priority-class=%s" .) }}
 {{- end }}
+{{- range $v.moverDefaults.allowedPriorityClasses }}
+{{- $args = append $args (printf "--allowed-priority-class=%s" .) }}
+{{- end }}
 {{- range $k, $val := $v.moverDefaults.labels }}
 {{- $args = append $args (printf "--mover-label=%s=%s" $k (toString $val)) }}
 {{- end }}
@@ -247,7 +250,7 @@ must be reachable through its Service. */}}
 {{- end }}
 {{- range $v.extraArgs }}
 {{- $flag := regexReplaceAll "=.*$" . "" }}
-{{- if and (has $flag $rendered) (not (has $flag (list "--host-root" "--mover-label" "--mover-image-pull-secret"))) }}
+{{- if and (has $flag $rendered) (not (has $flag (list "--host-root" "--mover-label" "--mover-image-pull-secret" "--allowed-priority-class"))) }}
 {{- fail (printf "extraArgs: %s is already rendered from a value (the operator rejects a repeated flag); set the value instead" $flag) }}
 {{- end }}
 {{- $args = append $args . }}

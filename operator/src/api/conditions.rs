@@ -75,6 +75,8 @@ pub enum Reason {
     /// The API server refused a mover pod (admission: quota, LimitRange, Pod Security, a missing
     /// priority class) or another object the operator writes.
     MoverRejected,
+    /// `spec.mover.priorityClassName` names a class the admin does not allow.
+    PriorityClassNotAllowed,
 }
 
 impl Reason {
@@ -116,6 +118,7 @@ impl Reason {
             Reason::MoverImagePullFailed => "MoverImagePullFailed",
             Reason::MoverConfigError => "MoverConfigError",
             Reason::MoverRejected => "MoverRejected",
+            Reason::PriorityClassNotAllowed => "PriorityClassNotAllowed",
         }
     }
 }

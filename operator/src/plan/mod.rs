@@ -102,6 +102,9 @@ pub struct Observed {
     /// The operator may run root movers (`--allow-root-movers`), which `preserveOwnership`
     /// needs.
     pub root_movers_allowed: bool,
+    /// The priority class `spec.mover.priorityClassName` asks for, when the admin does not allow
+    /// it (`--allowed-priority-class`).
+    pub priority_class_refused: Option<String>,
     /// The operator may run senders with CAP_DAC_READ_SEARCH (`--allow-privileged-readers`),
     /// which `readAllFiles` needs.
     pub privileged_readers_allowed: bool,
@@ -207,6 +210,16 @@ fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked> {
                       operator does not start (an administrator allows it with the chart's \
                       allowPrivilegedReaders, the operator's --allow-privileged-readers)"
                 .into(),
+        });
+    }
+    if let Some(class) = &obs.priority_class_refused {
+        return Some(Blocked {
+            reason: Reason::PriorityClassNotAllowed,
+            message: format!(
+                "spec.mover.priorityClassName {class:?} is not one this operator allows (an \
+                 administrator lists them with --allowed-priority-class); leave it unset for the \
+                 default"
+            ),
         });
     }
     if spec.preserve_ownership && !obs.root_movers_allowed {
@@ -1271,6 +1284,7 @@ pub(crate) mod tests {
             host_path_forbidden: false,
             root_movers_allowed: false,
             privileged_readers_allowed: false,
+            priority_class_refused: None,
             remote: None,
         }
     }
