@@ -84,7 +84,7 @@ mod tests {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
         let status = |phase, started: bool, reason: &str| TransferStatus {
             phase,
-            start_time: started.then(|| Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
+            start_time: started.then_some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)),
             conditions: vec![Condition {
                 type_: "Ready".into(),
                 reason: reason.into(),
