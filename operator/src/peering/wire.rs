@@ -112,6 +112,10 @@ pub struct SenderFigures {
     pub throughput_average: f64,
     pub last_error: String,
     pub error_kind: i32,
+    /// Whether the sender judged its failure one a retry cannot fix (absent from older
+    /// operators: retryable).
+    #[serde(default)]
+    pub permanent: bool,
     pub digest: String,
 }
 
@@ -129,6 +133,7 @@ impl From<&ProgressUpdate> for SenderFigures {
             throughput_average: u.throughput_average,
             last_error: u.last_error.clone(),
             error_kind: u.error_kind,
+            permanent: u.permanent,
             digest: u.digest.clone(),
         }
     }
@@ -148,6 +153,7 @@ impl From<&SenderFigures> for ProgressUpdate {
             throughput_average: f.throughput_average,
             last_error: f.last_error.clone(),
             error_kind: f.error_kind,
+            permanent: f.permanent,
             digest: f.digest.clone(),
             role: "sender".into(),
             ..ProgressUpdate::default()
@@ -199,6 +205,7 @@ mod tests {
             totals_final: true,
             digest: "ab".into(),
             error_kind: 3,
+            permanent: true,
             ..ProgressUpdate::default()
         };
         let back = ProgressUpdate::from(&SenderFigures::from(&u));
@@ -206,7 +213,10 @@ mod tests {
             (back.files_total, back.bytes_total, back.totals_final),
             (7, 9, true)
         );
-        assert_eq!((back.digest.as_str(), back.error_kind), ("ab", 3));
+        assert_eq!(
+            (back.digest.as_str(), back.error_kind, back.permanent),
+            ("ab", 3, true)
+        );
     }
 
     #[test]
