@@ -690,7 +690,9 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         if let Some(kind) = permanent {
             let reason = match kind {
                 ErrorKind::Source => Reason::SourceUnreadable,
-                _ => Reason::DestinationUnwritable,
+                ErrorKind::Destination => Reason::DestinationUnwritable,
+                // A refused identity, an incompatible mover: neither side's data is at fault.
+                _ => Reason::MoverFailed,
             };
             cx.finish(
                 Phase::Failed,
@@ -1647,7 +1649,9 @@ pub(crate) mod tests {
         let src = failed_with(21);
         assert_eq!(cond(&src, "Failed").reason, "SourceUnreadable");
         // A refused identity is permanent too; it is not a source fault.
-        assert_eq!(failed_with(20).status.phase, Phase::Failed);
+        let refused = failed_with(20);
+        assert_eq!(refused.status.phase, Phase::Failed);
+        assert_eq!(cond(&refused, "Failed").reason, "MoverFailed");
         // The kind alone does not decide: digests that differ (12) and a file changed during the
         // copy (11) may pass on a retry, as may a block store fault (16).
         for retryable in [10, 11, 12, 13, 14, 15, 16, 1, 137] {
