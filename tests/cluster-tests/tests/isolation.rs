@@ -28,6 +28,7 @@ static OPERATOR: SharedOperator = SharedOperator::with_flags(
         "*=/data/ferry-iso-shared:ro",
         "--host-root",
         "*=/data/ferry-iso-tenants/{namespace}",
+        "--allow-privileged-readers",
     ],
 );
 
@@ -361,5 +362,67 @@ async fn a_second_transfer_into_the_same_destination_waits_for_the_first() -> an
         "the second started ({s:?}) before the first finished ({f:?})"
     );
     assert_same_tree(&src2_host, &dst_host)?;
+    ns.delete().await
+}
+
+#[tokio::test]
+async fn a_root_owned_source_is_read_only_by_a_privileged_reader() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("iso-reader").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    make_tree(&src_host, 10, 1, &ns.name)?;
+    // What the movers' uid cannot read: a root-owned 0640 file in a root-owned 0700 directory.
+    let private = src_host.join("private");
+    std::fs::create_dir(&private)?;
+    std::fs::write(private.join("secret.bin"), b"root's own bytes")?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        private.join("secret.bin"),
+        std::fs::Permissions::from_mode(0o640),
+    )?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))?;
+    let api: Api<Transfer> = ns.api();
+    // As the movers' uid it fails at once, naming the directory.
+    let (dst1, _) = node_dir(NODE_B, &ns.name, "plain")?;
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "plain",
+            (NODE_A, &src),
+            (NODE_B, &dst1),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let t = wait_phase(&api, "plain", Duration::from_secs(120), Phase::Failed).await?;
+    let st = t.status.context("status")?;
+    assert_eq!(st.attempts, 1, "permission denied is no reason to retry");
+    let text = format!("{:?}", st.conditions);
+    assert!(
+        text.contains("SourceUnreadable") && text.contains("private"),
+        "{text}"
+    );
+    // With readAllFiles the sender (uid 0, CAP_DAC_READ_SEARCH alone) reads it all.
+    let (dst2, dst2_host) = node_dir(NODE_B, &ns.name, "reader")?;
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "reader",
+            (NODE_A, &src),
+            (NODE_B, &dst2),
+            serde_json::json!({"readAllFiles": true}),
+        )?,
+    )
+    .await?;
+    wait_phase(&api, "reader", Duration::from_secs(120), Phase::Succeeded).await?;
+    assert_eq!(
+        std::fs::read(dst2_host.join("private/secret.bin"))?,
+        b"root's own bytes"
+    );
+    // The source is untouched: the reader writes nothing.
+    assert_eq!(
+        std::fs::read(private.join("secret.bin"))?,
+        b"root's own bytes"
+    );
     ns.delete().await
 }
