@@ -137,19 +137,10 @@ pub fn destination_taken_by(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{HostPathEndpoint, PvcEndpoint, TransferStatus};
+    use crate::api::{PvcEndpoint, TransferStatus};
+    use crate::placement::tests::host;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
-
-    fn host(node: &str, path: &str) -> Endpoint {
-        Endpoint {
-            host_path: Some(HostPathEndpoint {
-                node: node.into(),
-                path: path.into(),
-            }),
-            ..Endpoint::default()
-        }
-    }
 
     fn claim(name: &str, path: &str) -> Endpoint {
         Endpoint {

@@ -195,7 +195,7 @@ pub fn place_side(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{HostPathEndpoint, PvcEndpoint};
     use crate::config::HostRootGrant;
@@ -207,7 +207,7 @@ mod tests {
         }
     }
 
-    fn host(node: &str, path: &str) -> Endpoint {
+    pub(crate) fn host(node: &str, path: &str) -> Endpoint {
         Endpoint {
             host_path: Some(HostPathEndpoint {
                 node: node.into(),

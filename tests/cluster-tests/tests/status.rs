@@ -64,6 +64,30 @@ async fn wait_reason(api: &Api<Transfer>, name: &str, reason: &str) -> anyhow::R
     }
 }
 
+/// A Transfer node-a -> node-b in a new namespace `prefix`; `dst` replaces the default
+/// destination under the granted root.
+async fn start(
+    prefix: &str,
+    name: &str,
+    dst: Option<&str>,
+    extra: serde_json::Value,
+) -> anyhow::Result<(TestNamespace, Api<Transfer>)> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create(prefix).await?;
+    let src = node_dir(NODE_A, &ns.name, "src")?;
+    let dst = match dst {
+        Some(d) => d.replace("{ns}", &ns.name),
+        None => node_dir(NODE_B, &ns.name, "dst")?,
+    };
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer(name, (NODE_A, &src), (NODE_B, &dst), extra)?,
+    )
+    .await?;
+    Ok((ns, api))
+}
+
 async fn has_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Result<bool> {
     let events: Api<Event> = ns.api();
     Ok(events
@@ -142,23 +166,8 @@ async fn a_granted_root_missing_on_the_node_is_a_failed_mount() -> anyhow::Resul
 
 #[tokio::test]
 async fn an_unschedulable_mover_is_named_with_the_schedulers_words() -> anyhow::Result<()> {
-    OPERATOR.ensure().await?;
-    let ns = TestNamespace::create("status-sched").await?;
-    let (src, dst) = (
-        node_dir(NODE_A, &ns.name, "src")?,
-        node_dir(NODE_B, &ns.name, "dst")?,
-    );
-    let api: Api<Transfer> = ns.api();
-    api.create(
-        &PostParams::default(),
-        &transfer(
-            "huge",
-            (NODE_A, &src),
-            (NODE_B, &dst),
-            serde_json::json!({"mover": {"resources": {"requests": {"cpu": "500"}}}}),
-        )?,
-    )
-    .await?;
+    let extra = serde_json::json!({"mover": {"resources": {"requests": {"cpu": "500"}}}});
+    let (ns, api) = start("status-sched", "huge", None, extra).await?;
     let message = wait_reason(&api, "huge", "MoverUnschedulable").await?;
     assert!(message.contains("Insufficient cpu"), "{message}");
     ns.delete().await
