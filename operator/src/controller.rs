@@ -569,12 +569,19 @@ fn may_start(t: &Transfer, ctx: &Context) -> bool {
     if limits == limits::Limits::default() {
         return true;
     }
+    // A retry (its last attempt failed or stalled) lets Transfers queued for their first start
+    // go first, so a stuck Transfer cannot take its slot back before them again and again.
+    let retry = t.status.as_ref().is_some_and(|s| s.failures > 0);
     let others: Vec<limits::Active> = ctx
         .store
         .state()
         .iter()
         .filter(|o| o.uid() != t.uid())
-        .filter(|o| o.status.as_ref().is_some_and(limits::holds_a_slot))
+        .filter(|o| {
+            o.status
+                .as_ref()
+                .is_some_and(|s| limits::holds_a_slot(s) || (retry && limits::queued_first(s)))
+        })
         .map(|o| limits::Active {
             namespace: o.namespace().unwrap_or_default(),
             nodes: transfer_nodes(o),

@@ -18,13 +18,26 @@ const STARTING: [&str; 7] = [
     "MoverConfigError",
 ];
 
+/// Whether a Transfer waits in the queue for its first start.
+pub fn queued_first(s: &TransferStatus) -> bool {
+    s.phase == Phase::Pending
+        && s.start_time.is_none()
+        && s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "Pending" && c.message.starts_with(QUEUED))
+}
+
+/// The start of the `Ready` message of a Transfer the limits hold back.
+pub const QUEUED: &str = "queued:";
+
 /// Whether a Transfer takes one of the limited slots: its movers run or are starting.
 pub fn holds_a_slot(s: &TransferStatus) -> bool {
+    // A queued Transfer has no movers: counting it would let queued Transfers block each other.
     let starting = s
         .conditions
         .iter()
         .find(|c| c.type_ == "Ready")
-        .is_none_or(|c| STARTING.contains(&c.reason.as_str()));
+        .is_none_or(|c| STARTING.contains(&c.reason.as_str()) && !c.message.starts_with(QUEUED));
     match s.phase {
         Phase::Running => true,
         Phase::Pending => s.start_time.is_some() && starting,
@@ -113,6 +126,14 @@ mod tests {
             "never started"
         );
         assert!(!holds_a_slot(&status(Phase::Retrying, true, "Retrying")));
+        let mut queued = status(Phase::Pending, false, "Pending");
+        queued.conditions[0].message = format!("{QUEUED} the operator's limit ...");
+        assert!(queued_first(&queued) && !holds_a_slot(&queued));
+        assert!(!queued_first(&status(Phase::Pending, true, "Pending")));
+        // A queued retry holds no slot either.
+        let mut queued_retry = status(Phase::Pending, true, "Pending");
+        queued_retry.conditions[0].message = queued.conditions[0].message.clone();
+        assert!(!holds_a_slot(&queued_retry));
     }
 
     #[test]

@@ -819,7 +819,10 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
             ConditionType::Ready,
             false,
             Reason::Pending,
-            "queued: the operator's limit of concurrently running Transfers is reached",
+            &format!(
+                "{} the operator's limit of concurrently running Transfers is reached",
+                crate::limits::QUEUED
+            ),
         );
         return Some(RESYNC_BLOCKED);
     }

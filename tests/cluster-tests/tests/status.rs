@@ -19,7 +19,8 @@ use kube::api::{Api, ListParams, PostParams};
 const HOST_ROOT: &str = "/data/ferry-status";
 /// Granted, but no node has it.
 const MISSING_ROOT: &str = "/data/ferry-status-missing";
-/// Long enough to see each reason first, short enough for a test.
+/// Long enough to see each reason first, short enough for a test. (Each test here has its own
+/// namespace, so the operator's `--max-active-per-namespace 1` lets each start one Transfer.)
 const PENDING_TIMEOUT: &str = "30";
 
 static OPERATOR: SharedOperator = SharedOperator::with_flags(
@@ -32,6 +33,8 @@ static OPERATOR: SharedOperator = SharedOperator::with_flags(
         "*=/data/ferry-status-missing",
         "--mover-pending-timeout",
         PENDING_TIMEOUT,
+        "--max-active-per-namespace",
+        "1",
     ],
 );
 
@@ -206,5 +209,55 @@ async fn a_pod_admission_refuses_is_a_condition_and_an_event() -> anyhow::Result
         "{message}"
     );
     assert!(has_warning(&ns, "quota", "MoverRejected").await?);
+    ns.delete().await
+}
+
+/// The Ready condition's reason and message.
+async fn ready(api: &Api<Transfer>, name: &str) -> anyhow::Result<(String, String)> {
+    let st = api.get(name).await?.status.unwrap_or_default();
+    Ok(st
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.reason, c.message))
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn one_namespace_gets_its_slot_and_a_stuck_transfer_gives_it_back() -> anyhow::Result<()> {
+    // The first Transfer of the namespace takes its one slot and is stuck (its image cannot be
+    // pulled); the second queues behind it until the first's pending timeout frees the slot.
+    let (ns, api) = start("status-slots", "first", None, serde_json::json!({})).await?;
+    wait_reason(&api, "first", "MoverImagePullFailed").await?;
+    let src = node_dir(NODE_A, &ns.name, "src2")?;
+    let dst = node_dir(NODE_B, &ns.name, "dst2")?;
+    api.create(
+        &PostParams::default(),
+        &transfer(
+            "second",
+            (NODE_A, &src),
+            (NODE_B, &dst),
+            serde_json::json!({}),
+        )?,
+    )
+    .await?;
+    let (reason, message) = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = ready(&api, "second").await?;
+            if r.1.contains("queued") || tokio::time::Instant::now() >= deadline {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    assert!(message.contains("queued"), "second: {reason}: {message}");
+    // Still queued while the first holds the slot (its pods exist and may start).
+    assert_eq!(ready(&api, "first").await?.0, "MoverImagePullFailed");
+    // Past the pending timeout the first retries (no slot while it waits) and the second starts.
+    let message = wait_reason(&api, "second", "MoverImagePullFailed").await?;
+    assert!(message.contains("-recv"), "{message}");
+    let first = api.get("first").await?.status.unwrap_or_default();
+    assert!(first.failures >= 1, "{first:?}");
     ns.delete().await
 }
