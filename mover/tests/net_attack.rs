@@ -544,6 +544,7 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         timeouts: stall_timeouts(),
         filter: Default::default(),
         dry_run: false,
+        on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
     };
     let started = std::time::Instant::now();

@@ -273,6 +273,9 @@ where
                     .ok()
                     .and_then(|d| d.map(|d| digest::hex(&d)))
                     .unwrap_or_default(),
+                // The sender's walk decides what it may not read; this end never hears of it.
+                unreadable: 0,
+                unreadable_paths: Vec::new(),
             };
             summary.set_outcome(&progress);
             Ok(summary)
