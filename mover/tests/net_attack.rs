@@ -335,6 +335,50 @@ async fn a_forged_part_and_manifest_on_disk_are_not_trusted() {
     assert_eq!(sent.digest, received.digest);
 }
 
+/// A Block frame that fails validation (its hash does not match its data) followed by silence
+/// is answered with an Error at once, not when the next frame or the idle timeout comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_block_followed_by_silence_is_answered_at_once() {
+    let pki = pki("bad-block-silence");
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("big.bin"), &random_bytes(6 * MIB, 3));
+    let mut peer = connect(dst.path(), &pki.transfer, caps::SUPPORTED).await;
+    let want = peer.offer(entry_of(src.path(), "big.bin")).await;
+    assert!(!want.skip);
+    let data = random_bytes(BLOCK_SIZE, 4);
+    let bad = Message::Block {
+        header: pb::BlockHeader {
+            file_id: want.file_id,
+            index: 0,
+            raw_len: data.len() as u32,
+            codec: codec::RAW,
+            hash: blake3::hash(b"something else").as_bytes().to_vec(),
+        },
+        data: Bytes::copy_from_slice(&data),
+    };
+    let sent = tokio::time::Instant::now();
+    peer.writer.send(&bad).await.unwrap();
+    peer.writer.flush().await.unwrap();
+    // Nothing more is sent; the answer must come well before the 10 s idle timeout.
+    let deadline = sent + Duration::from_secs(2);
+    let error = loop {
+        match tokio::time::timeout_at(deadline, peer.reader.expect()).await {
+            Err(_) => panic!("no Error within 2 s of a bad Block frame"),
+            Ok(Ok(Message::Error(e))) => break e,
+            Ok(Ok(Message::Keepalive | Message::Busy(_))) => {}
+            Ok(other) => panic!("expected Error, got {other:?}"),
+        }
+    };
+    assert_eq!(error.kind, pb::ErrorKind::Peer as i32, "{error:?}");
+    assert!(error.message.contains("big.bin"), "{error:?}");
+    let r = tokio::time::timeout(Duration::from_secs(5), peer.receiver)
+        .await
+        .expect("the receiver ends")
+        .unwrap();
+    assert!(r.is_err(), "the receiver failed the session");
+}
+
 /// The staging manifest header of `e` (docs/protocol.md, "Resume"), with no block recorded.
 fn manifest_header(e: &pb::Entry) -> Vec<u8> {
     let mut m = b"FERRYMF2".to_vec();
