@@ -630,3 +630,43 @@ pub async fn watch_progress(
     }
     updates
 }
+
+/// The lines a child writes to stderr, read by a thread of their own (the child never blocks
+/// on a full pipe); the channel closes when the child closes its stderr.
+pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let err = std::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line matching `pred` among `lines` until `within` passed; every line seen up to
+/// then (the matching one last) is appended to `seen`. `true` when one matched.
+pub fn wait_for_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    within: Duration,
+    seen: &mut String,
+    pred: impl Fn(&str) -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if pred(&line) {
+                    return true;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
