@@ -502,6 +502,7 @@ async fn a_parent_swapped_for_a_symlink_mid_send_reads_nothing_outside_the_root(
                 std::os::unix::fs::symlink(&o, s.join("d")).unwrap();
                 return true;
             }
+            // Poll interval of a condition wait with a deadline, not synchronization.
             std::thread::sleep(Duration::from_millis(5));
         }
         false

@@ -670,3 +670,35 @@ pub fn wait_for_line(
         }
     }
 }
+
+/// Connections waiting in the accept queue of the IPv4 socket listening on `port` (the kernel
+/// shows a listening socket's backlog as its rx_queue in /proc/net/tcp); `None` when no socket
+/// listens there.
+pub fn accept_backlog(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let want = format!(":{port:04X}");
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // local_address, rem_address, st (0A = LISTEN), tx_queue:rx_queue
+        let (local, state, queues) = (f.get(1)?, f.get(3)?, f.get(4)?);
+        if !local.ends_with(&want) || *state != "0A" {
+            return None;
+        }
+        u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+    })
+}
+
+/// Waits until the listener on `port` has accepted every connection made to it (its accept
+/// queue is empty), for at most `within`; `true` when it did.
+pub fn wait_until_accepted(port: u16, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if accept_backlog(port) == Some(0) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
