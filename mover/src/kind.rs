@@ -353,6 +353,7 @@ impl crate::session::ScanError {
     pub fn permanent(&self) -> bool {
         match self {
             crate::session::ScanError::Closed => false,
+            crate::session::ScanError::Unreadable { .. } => true,
             e => has_permanent_os_error(e),
         }
     }

@@ -50,6 +50,7 @@ fn killed_copy_leaves_only_temp_names_and_next_run_finishes() {
             if child.try_wait().unwrap().is_some() {
                 break;
             }
+            // Poll interval of a condition wait with a deadline, not synchronization.
             std::thread::sleep(Duration::from_micros(200));
         }
         let _ = child.wait();

@@ -335,6 +335,127 @@ async fn a_forged_part_and_manifest_on_disk_are_not_trusted() {
     assert_eq!(sent.digest, received.digest);
 }
 
+/// A Block frame that fails validation (its hash does not match its data) followed by silence
+/// is answered with an Error at once, not when the next frame or the idle timeout comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_block_followed_by_silence_is_answered_at_once() {
+    let pki = pki("bad-block-silence");
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    write(&src.path().join("big.bin"), &random_bytes(6 * MIB, 3));
+    let mut peer = connect(dst.path(), &pki.transfer, caps::SUPPORTED).await;
+    let want = peer.offer(entry_of(src.path(), "big.bin")).await;
+    assert!(!want.skip);
+    let data = random_bytes(BLOCK_SIZE, 4);
+    let bad = Message::Block {
+        header: pb::BlockHeader {
+            file_id: want.file_id,
+            index: 0,
+            raw_len: data.len() as u32,
+            codec: codec::RAW,
+            hash: blake3::hash(b"something else").as_bytes().to_vec(),
+        },
+        data: Bytes::copy_from_slice(&data),
+    };
+    let sent = tokio::time::Instant::now();
+    peer.writer.send(&bad).await.unwrap();
+    peer.writer.flush().await.unwrap();
+    // Nothing more is sent; the answer must come well before the 10 s idle timeout.
+    let deadline = sent + Duration::from_secs(2);
+    let error = loop {
+        match tokio::time::timeout_at(deadline, peer.reader.expect()).await {
+            Err(_) => panic!("no Error within 2 s of a bad Block frame"),
+            Ok(Ok(Message::Error(e))) => break e,
+            Ok(Ok(Message::Keepalive | Message::Busy(_))) => {}
+            Ok(other) => panic!("expected Error, got {other:?}"),
+        }
+    };
+    assert_eq!(error.kind, pb::ErrorKind::Peer as i32, "{error:?}");
+    assert!(error.message.contains("big.bin"), "{error:?}");
+    let r = tokio::time::timeout(Duration::from_secs(5), peer.receiver)
+        .await
+        .expect("the receiver ends")
+        .unwrap();
+    assert!(r.is_err(), "the receiver failed the session");
+}
+
+/// The staging manifest header of `e` (docs/protocol.md, "Resume"), with no block recorded.
+fn manifest_header(e: &pb::Entry) -> Vec<u8> {
+    let mut m = b"FERRYMF2".to_vec();
+    m.extend(e.size.to_le_bytes());
+    m.extend(e.mtime_sec.to_le_bytes());
+    m.extend(e.mtime_nsec.to_le_bytes());
+    m.extend((e.path.len() as u32).to_le_bytes());
+    m.extend(&e.path);
+    m
+}
+
+/// Hard links planted in `.ferry-staging/<id>/` to files outside the root, as a part file and
+/// as the manifest of a resumable transfer (a header that matches), and (as root) a part file of
+/// another owner: the receiver discards and recreates them, never writes through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn staging_files_linked_outside_or_owned_by_another_are_never_written_through() {
+    use std::os::unix::fs::MetadataExt;
+    let pki = pki("staging-links");
+    let src = tempfile::tempdir().unwrap();
+    // The destination and the victims on one file system, so hard links can be made.
+    let base = tempfile::tempdir().unwrap();
+    let (dst, outside) = (base.path().join("dst"), base.path().join("outside"));
+    let names = ["a.bin", "b.bin", "c.bin"];
+    for (i, name) in names.iter().enumerate() {
+        write(
+            &src.path().join(name),
+            &random_bytes(5 * MIB + 7, 20 + i as u64),
+        );
+    }
+    let dir = dst.join(".ferry-staging").join(&pki.transfer);
+    std::fs::create_dir_all(&dir).unwrap();
+    let staged = |name: &str, ext: &str| {
+        let key = blake3::hash(name.as_bytes()).to_hex();
+        dir.join(format!("{}.{ext}", &key.as_str()[..32]))
+    };
+    // a.bin: its part file is a hard link to a victim outside.
+    let victim_part = random_bytes(3 * MIB, 77);
+    write(&outside.join("victim-part"), &victim_part);
+    std::fs::hard_link(outside.join("victim-part"), staged("a.bin", "part")).unwrap();
+    // b.bin: its manifest is a hard link to a victim that holds a matching header, so the
+    // receiver would resume with it and record block hashes into it.
+    let victim_manifest = manifest_header(&entry_of(src.path(), "b.bin"));
+    write(&outside.join("victim-manifest"), &victim_manifest);
+    std::fs::hard_link(outside.join("victim-manifest"), staged("b.bin", "manifest")).unwrap();
+    // c.bin: a part file of another owner (only root can plant one; as another user the two
+    // links above are the whole test).
+    let root = rustix::process::geteuid().is_root();
+    if root {
+        write(&staged("c.bin", "part"), b"someone else's");
+        std::os::unix::fs::chown(staged("c.bin", "part"), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+
+    let (sent, received) = round_trip(&pki, src.path(), &dst, &SendOpts::default()).await;
+    assert!(
+        std::fs::read(outside.join("victim-part")).unwrap() == victim_part,
+        "wrote through a part file linked outside the root"
+    );
+    assert!(
+        std::fs::read(outside.join("victim-manifest")).unwrap() == victim_manifest,
+        "wrote through a manifest linked outside the root"
+    );
+    for (i, name) in names.iter().enumerate() {
+        assert!(
+            std::fs::read(dst.join(name)).unwrap() == random_bytes(5 * MIB + 7, 20 + i as u64),
+            "{name} differs"
+        );
+        let md = std::fs::metadata(dst.join(name)).unwrap();
+        assert_eq!(md.nlink(), 1, "{name} is still linked to a victim");
+        assert_eq!(
+            md.uid(),
+            rustix::process::geteuid().as_raw(),
+            "{name}: another owner's staging file became the destination file"
+        );
+    }
+    assert_eq!(sent.digest, received.digest);
+}
+
 /// Every regular file under `dir` (staging included).
 fn all_files(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
@@ -381,6 +502,7 @@ async fn a_parent_swapped_for_a_symlink_mid_send_reads_nothing_outside_the_root(
                 std::os::unix::fs::symlink(&o, s.join("d")).unwrap();
                 return true;
             }
+            // Poll interval of a condition wait with a deadline, not synchronization.
             std::thread::sleep(Duration::from_millis(5));
         }
         false
@@ -544,6 +666,7 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         timeouts: stall_timeouts(),
         filter: Default::default(),
         dry_run: false,
+        on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
     };
     let started = std::time::Instant::now();

@@ -142,7 +142,7 @@ async fn memory_and_staging_files_per_session_are_bounded_whatever_the_offer_dec
     let dst = tempfile::tempdir().unwrap();
     let recv = spawn_receiver(&pki, dst.path());
     let pid = recv.child.id();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Measured once it printed its address: bound and idle, its baseline.
     let (_, before) = memory_kib(pid);
     // About 30 KB on the wire: 1024 files of 15 TiB each.
     let entries: Vec<_> = (0..1024)

@@ -251,13 +251,15 @@ fn a_sender_with_connect_retry_waits_for_a_receiver_that_listens_late() {
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
     mixed_tree(&src);
     let addr = format!("127.0.0.1:{}", free_port_below_ephemeral());
-    let sender = std::process::Command::new(BIN)
+    let mut sender = std::process::Command::new(BIN)
         .args([
             "send",
             "--connect",
             &addr,
             "--connect-retry",
             "30",
+            "--log-level",
+            "info",
             "--root",
         ])
         .arg(&src)
@@ -266,8 +268,14 @@ fn a_sender_with_connect_retry_waits_for_a_receiver_that_listens_late() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Refused for a while: the sender keeps trying.
-    std::thread::sleep(Duration::from_millis(700));
+    // Refused at least once: the sender says it keeps trying.
+    let lines = stderr_lines(&mut sender);
+    let mut log = String::new();
+    assert!(
+        wait_for_line(&lines, Duration::from_secs(10), &mut log, |l| l
+            .contains("retrying in")),
+        "the sender did not retry a refused connection: {log}"
+    );
     let mut recv = std::process::Command::new(BIN)
         .args(["receive", "--listen", &addr, "--once", "--root"])
         .arg(&dst)
@@ -275,12 +283,9 @@ fn a_sender_with_connect_retry_waits_for_a_receiver_that_listens_late() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let out = sender.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let status = sender.wait().unwrap();
+    log.extend(lines.iter().map(|l| l + "\n"));
+    assert!(status.success(), "{log}");
     assert!(recv.wait().unwrap().success());
     assert_same_tree(&src, &dst);
 

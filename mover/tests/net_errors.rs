@@ -6,46 +6,22 @@
 mod common;
 
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::*;
 
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-}
-
 /// A receive command that cannot write into `dst/d`: as root (which ignores permission bits)
 /// the receiver runs as `nobody`, owner of `dst` but not of the root-owned `dst/d`; otherwise
-/// `dst/d` is made read-only.
-fn receiver_that_cannot_write_d(pki: &Pki, base: &Path, dst: &Path) -> Option<Command> {
+/// `dst/d` is made read-only. Never skipped (see [`unprivileged_mover`]).
+fn receiver_that_cannot_write_d(pki: &Pki, base: &Path, dst: &Path) -> Command {
     std::fs::create_dir_all(dst.join("d")).unwrap();
-    if !rustix::process::geteuid().is_root() {
+    if rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(dst, Some(NOBODY), Some(NOBODY)).unwrap();
+    } else {
         chmod(&dst.join("d"), 0o555);
-        return Some(Command::new(BIN));
     }
-    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())?;
-    const NOBODY: u32 = 65534;
-    std::os::unix::fs::chown(dst, Some(NOBODY), Some(NOBODY)).unwrap();
-    chmod(base, 0o755);
-    chmod(&pki.path, 0o755);
-    for f in std::fs::read_dir(&pki.path).unwrap() {
-        chmod(&f.unwrap().path(), 0o644);
-    }
-    let mut cmd = Command::new(setpriv);
-    cmd.args([
-        "--reuid",
-        "65534",
-        "--regid",
-        "65534",
-        "--clear-groups",
-        "--",
-    ])
-    .arg(BIN);
-    Some(cmd)
+    unprivileged_mover(pki, &[base])
 }
 
 #[test]
@@ -65,10 +41,7 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
     }
     write(&src.join("d/big.bin"), &random_bytes(24 << 20, 9));
     std::fs::create_dir_all(&dst).unwrap();
-    let Some(mut recv) = receiver_that_cannot_write_d(&pki, base.path(), &dst) else {
-        eprintln!("skipped: running as root without setpriv");
-        return;
-    };
+    let mut recv = receiver_that_cannot_write_d(&pki, base.path(), &dst);
     let mut recv = recv
         .args([
             "receive",
@@ -143,26 +116,33 @@ fn an_unwritable_destination_fails_the_sender_with_the_receivers_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sender_tells_the_receiver_why_it_stops() {
     // An unreadable source directory ends the walk: the sender fails with kind source and the
-    // receiver hears why (instead of a connection closed under it).
-    if rustix::process::geteuid().is_root() {
-        // Root reads any directory; the walk cannot be made to fail this way.
-        eprintln!("skipped: running as root");
-        return;
-    }
+    // receiver hears why (instead of a connection closed under it). The sender runs as an
+    // unprivileged uid (nobody through setpriv as root, which reads any directory).
     let pki = pki("errors-2");
-    let src = tempfile::tempdir().unwrap();
-    let dst = tempfile::tempdir().unwrap();
-    write(&src.path().join("ok/f"), b"x");
-    write(&src.path().join("locked/f"), b"x");
-    chmod(&src.path().join("locked"), 0o000);
-    let (addr, recv) = start_receiver(&pki, dst.path()).await;
-    let err = send(&pki, src.path(), addr, &SendOpts::default())
+    let base = tempfile::tempdir().unwrap();
+    let (src, dst) = (base.path().join("src"), base.path().join("dst"));
+    write(&src.join("ok/f"), b"x");
+    write(&src.join("locked/f"), b"x");
+    chmod(&src.join("locked"), 0o000);
+    std::fs::create_dir_all(&dst).unwrap();
+    let (addr, recv) = start_receiver(&pki, &dst).await;
+    let mut sender = unprivileged_mover(&pki, &[base.path()]);
+    sender
+        .args(["send", "--connect", &addr.to_string(), "--root"])
+        .arg(&src)
+        .args(pki.args("sender"));
+    let out = tokio::task::spawn_blocking(move || sender.output().unwrap())
         .await
-        .unwrap_err();
-    chmod(&src.path().join("locked"), 0o755);
-    assert!(err.contains("locked"), "{err}");
+        .unwrap();
+    chmod(&src.join("locked"), 0o755);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(21), "{err}");
+    assert!(
+        err.contains("error (source, permanent)") && err.contains("locked"),
+        "{err}"
+    );
     let r = recv.await.unwrap().unwrap_err();
-    assert!(r.contains("sender: ") && r.contains("locked"), "{r}");
+    assert!(r.contains("sender (source") && r.contains("locked"), "{r}");
 }
 
 /// A sender holding the certificate of an earlier attempt refuses the receiver's certificate
@@ -204,22 +184,24 @@ fn an_identity_mismatch_is_explained_on_both_ends() {
         .spawn()
         .unwrap();
     let (addr, _out) = bound_addr(&mut recv);
+    let recv_lines = stderr_lines(&mut recv);
     let send = Command::new(BIN)
         .args(["send", "--connect", addr.trim(), "--streams", "1", "--root"])
         .arg(src.path())
         .args(&stale_sender_args)
         .output()
         .unwrap();
-    // Give the receiver a moment to log the refused handshake, then stop it.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The receiver logs the refused handshake; then it is stopped.
+    let mut log = String::new();
+    let logged = wait_for_line(
+        &recv_lines,
+        std::time::Duration::from_secs(10),
+        &mut log,
+        |l| l.contains("refused connection"),
+    );
     recv.kill().unwrap();
     let _ = recv.wait();
-    let mut log = String::new();
-    recv.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut log)
-        .unwrap();
+    assert!(logged, "no refusal logged within 10 s: {log}");
     let stderr = String::from_utf8_lossy(&send.stderr);
     // A refused identity stays refused: a retry with the same certificates cannot help.
     assert_eq!(send.status.code(), Some(20), "{stderr}");

@@ -22,8 +22,13 @@ async fn idle_connections_do_not_starve_an_honest_handshake() {
     let idle: Vec<TcpStream> = (0..200)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
-    // Let the receiver accept them all.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The receiver accepted them all (they hold handshake slots, not the kernel's queue).
+    let port = addr.port();
+    let accepted =
+        tokio::task::spawn_blocking(move || wait_until_accepted(port, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert!(accepted, "the receiver did not accept the idle connections");
     let started = Instant::now();
     let sent = send(&pki, src.path(), addr, &SendOpts::default()).await;
     let took = started.elapsed();
@@ -66,14 +71,25 @@ fn the_listener_survives_running_out_of_descriptors() {
         .stderr(Stdio::piped());
     let mut recv = cmd.spawn().unwrap();
     let (addr, _out) = bound_addr(&mut recv);
+    let log = stderr_lines(&mut recv);
 
     // More connections than descriptors: accept fails with EMFILE for some of them.
     let flood: Vec<TcpStream> = (0..80)
         .filter_map(|_| TcpStream::connect(&addr).ok())
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    let mut seen = String::new();
+    assert!(
+        wait_for_line(&log, Duration::from_secs(10), &mut seen, |l| l
+            .contains("accept failed")),
+        "the receiver never ran out of descriptors: {seen}"
+    );
     drop(flood);
-    std::thread::sleep(Duration::from_millis(500));
+    // Descriptors are free again once it accepted (and closed) what the flood left queued.
+    let port: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(
+        wait_until_accepted(port, Duration::from_secs(20)),
+        "the receiver stopped accepting"
+    );
 
     let send = Command::new(BIN)
         .args(["send", "--connect", &addr, "--json", "--root"])
@@ -87,13 +103,8 @@ fn the_listener_survives_running_out_of_descriptors() {
         String::from_utf8_lossy(&send.stderr)
     );
     let status = recv.wait().unwrap();
-    assert!(status.success());
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut recv.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(
-        stderr.contains("accept failed"),
-        "the receiver never ran out of descriptors, so this test proves nothing: {stderr}"
-    );
+    seen.extend(log.iter().map(|l| l + "\n"));
+    assert!(status.success(), "{seen}");
     assert_same_tree(src.path(), dst.path());
 }
 
@@ -137,6 +148,7 @@ async fn a_half_assembled_session_is_dropped_after_its_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stalled_session_does_not_block_an_honest_one() {
     use ferry_mover::wire::{Message, caps};
+    use ferry_proto::wire::v1 as pb;
 
     let pki = pki("stalled-beside");
     let src = tempfile::tempdir().unwrap();
@@ -147,21 +159,48 @@ async fn a_stalled_session_does_not_block_an_honest_one() {
         &random_bytes(9 * 1024 * 1024, 4),
     );
     let (addr, recv) = start_receiver(&pki, dst.path()).await;
-    let (reader, mut writer, _) = greet(
+    let (mut reader, mut writer, _) = greet(
         connect_as_sender(&pki, addr).await,
         Duration::from_secs(60),
         hello(&pki.transfer, caps::SUPPORTED, vec![4; 16], 0, 1),
     )
     .await;
+    // The stalled session runs before the honest one starts: the receiver answers its Offer
+    // (the file's data never comes).
+    let offer = Message::Offer(pb::Offer {
+        offer_id: 1,
+        entries: vec![pb::Entry {
+            path: b"stalled.txt".to_vec(),
+            kind: pb::EntryKind::File as i32,
+            mode: 0o644,
+            size: 5,
+            mtime_sec: 1_600_000_000,
+            ..Default::default()
+        }],
+    });
+    writer.send(&offer).await.unwrap();
+    writer.flush().await.unwrap();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), reader.expect())
+            .await
+            .expect("the stalled session answers its Offer")
+            .unwrap()
+        {
+            Message::Want(_) => break,
+            Message::Keepalive | Message::Busy(_) => {}
+            other => panic!("expected a Want, got {other:?}"),
+        }
+    }
     let stall = tokio::spawn(async move {
         loop {
             if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {
                 return;
             }
+            // The stalling peer's pace (keepalives inside the idle timeout), not
+            // synchronization.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     let sent = tokio::time::timeout(
         Duration::from_secs(20),

@@ -28,6 +28,7 @@ fn watch(pid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<A
             if let Some(v) = vm_hwm_kib(pid) {
                 p.fetch_max(v, Ordering::Relaxed);
             }
+            // The memory sampler's interval (what is measured), not synchronization.
             std::thread::sleep(Duration::from_millis(20));
         }
     });

@@ -70,6 +70,7 @@ fn wait_for_progress(dst: &Path, bytes: u64, deadline: Duration) {
     let start = Instant::now();
     while staged_bytes(dst) < bytes {
         assert!(start.elapsed() < deadline, "transfer made no progress");
+        // Poll interval of a condition wait with a deadline, not synchronization.
         std::thread::sleep(Duration::from_millis(50));
     }
 }

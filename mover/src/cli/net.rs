@@ -142,6 +142,11 @@ pub struct SendArgs {
     /// Compare file contents (BLAKE3) instead of size and mtime to skip unchanged files.
     #[arg(long)]
     pub checksum: bool,
+    /// Leave out source entries this mover may not read (permission denied), name each, and
+    /// exit 1; without it such an entry fails the transfer at once (exit 21). The receiver
+    /// keeps its copy of a left-out entry even with --delete.
+    #[arg(long)]
+    pub skip_unreadable: bool,
     /// Cap on bytes per second written to the network, over all streams: a quantity (`50M` =
     /// 50 000 000, `1Gi` = 2^30, as a Transfer's bandwidthLimit); 0 means no limit.
     #[arg(long, value_parser = crate::quantity::bandwidth_limit)]
@@ -310,6 +315,9 @@ pub fn human_summary(s: &SessionSummary) -> String {
         s.failed,
         if s.digest.is_empty() { "-" } else { &s.digest }
     ));
+    if s.unreadable > 0 {
+        line.push_str(&format!("; {} unreadable, left out", s.unreadable));
+    }
     line
 }
 
@@ -335,6 +343,16 @@ fn dropped_line(s: &SessionSummary) -> Option<String> {
 /// The receiver's first few failure messages on the sender's stderr (the receiver logged each
 /// one itself), with how many more there were.
 fn print_failures(role: &str, s: &SessionSummary) {
+    for path in &s.unreadable_paths {
+        eprintln!(
+            "{role}: unreadable, left out: {}",
+            session::escape_text(path)
+        );
+    }
+    let more = s.unreadable.saturating_sub(s.unreadable_paths.len() as u64);
+    if more > 0 {
+        eprintln!("{role}: ... and {more} more unreadable entries (see the log)");
+    }
     for msg in &s.failures {
         eprintln!("{role}: failed: {}", session::escape_text(msg));
     }
@@ -346,7 +364,7 @@ fn print_failures(role: &str, s: &SessionSummary) {
 
 /// Exit status 1 when entries were left out, though the rest was transferred.
 fn exit_code(s: &SessionSummary) -> ExitCode {
-    if s.failed > 0 {
+    if s.left_out() {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
@@ -485,6 +503,11 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
             f
         },
         dry_run: args.dry_run,
+        on_unreadable: if args.skip_unreadable {
+            session::OnUnreadable::Skip
+        } else {
+            session::OnUnreadable::Fail
+        },
         // Set to the process's signals inside the runtime.
         shutdown: session::Shutdown::never(),
     };

@@ -76,9 +76,10 @@ pub async fn connect_tls_retrying(
     let mut pause = Duration::from_millis(100);
     loop {
         match connect_tls(addr, config.clone(), timeout).await {
-            Err(TransportError::Connect { .. })
+            Err(e @ TransportError::Connect { .. })
                 if tokio::time::Instant::now() + pause < deadline =>
             {
+                tracing::info!("{e}; retrying in {} ms", pause.as_millis());
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }

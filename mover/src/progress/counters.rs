@@ -62,6 +62,8 @@ pub struct Progress {
     error_kind: Mutex<Option<Failure>>,
     /// The transfer digest (hex) once this end computed it.
     digest: Mutex<String>,
+    /// Source entries the sender left out because it may not read them (`--skip-unreadable`).
+    unreadable: Mutex<Unreadable>,
     start: Mutex<Instant>,
     pub transfer_id: String,
     pub role: String,
@@ -95,6 +97,29 @@ pub struct Snapshot {
     /// The transfer digest (hex), empty until this end computed it.
     pub digest: String,
     pub elapsed: f64,
+    /// Source entries left out as unreadable: how many, and the first few names.
+    pub unreadable: Unreadable,
+}
+
+/// Most unreadable entries named in a progress update and a summary (the count goes on): the
+/// operator copies them into a status, which must stay small.
+pub const MAX_UNREADABLE_PATHS: usize = 100;
+
+/// Source entries the sender left out because it may not read them (`--skip-unreadable`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unreadable {
+    pub count: u64,
+    /// The first [`MAX_UNREADABLE_PATHS`], relative to the source root.
+    pub paths: Vec<String>,
+}
+
+impl Unreadable {
+    pub fn add(&mut self, rel: &str) {
+        self.count += 1;
+        if self.paths.len() < MAX_UNREADABLE_PATHS {
+            self.paths.push(rel.to_owned());
+        }
+    }
 }
 
 impl Progress {
@@ -128,6 +153,7 @@ impl Progress {
             last_error: Mutex::new(String::new()),
             error_kind: Mutex::new(None),
             digest: Mutex::new(String::new()),
+            unreadable: Mutex::new(Unreadable::default()),
             start: Mutex::new(Instant::now()),
             transfer_id: transfer_id.to_owned(),
             role: role.to_owned(),
@@ -248,6 +274,20 @@ impl Progress {
         }
     }
 
+    /// The sender left the source entry `rel` out: it may not read it.
+    pub fn note_unreadable(&self, rel: &str) {
+        if let Ok(mut u) = self.unreadable.lock() {
+            u.add(rel);
+        }
+    }
+
+    pub fn unreadable(&self) -> Unreadable {
+        self.unreadable
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_default()
+    }
+
     pub fn add(&self, c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
         if let Some(parent) = &self.parent
@@ -318,6 +358,7 @@ impl Progress {
                 .is_some_and(|f| f.permanent),
             digest: self.digest.lock().map(|s| s.clone()).unwrap_or_default(),
             elapsed: self.elapsed(),
+            unreadable: self.unreadable(),
         }
     }
 }

@@ -4,5 +4,5 @@
 mod counters;
 mod service;
 
-pub use counters::{Phase, Progress, Snapshot};
+pub use counters::{MAX_UNREADABLE_PATHS, Phase, Progress, Snapshot, Unreadable};
 pub use service::{ProgressServiceError, connect_progress, serve_progress};

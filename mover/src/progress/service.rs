@@ -65,6 +65,8 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
         dedup_blocks: s.dedup_blocks,
         dedup_bytes: s.dedup_bytes,
         digest: s.digest.clone(),
+        unreadable_paths: s.unreadable.paths.clone(),
+        unreadable_count: s.unreadable.count,
     }
 }
 

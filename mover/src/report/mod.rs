@@ -247,6 +247,7 @@ mod tests {
             permanent: false,
             digest: String::new(),
             elapsed: secs,
+            unreadable: Default::default(),
         }
     }
 

@@ -35,7 +35,7 @@ pub use receiver::{
     Accepted, Keep, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
     failure_message, receive_session,
 };
-pub use scan::ScanError;
+pub use scan::{OnUnreadable, ScanError};
 pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session};
 pub use shutdown::{Shutdown, ShutdownTrigger};
 
@@ -315,6 +315,11 @@ pub struct SessionSummary {
     pub failed: u64,
     /// The first few of those failures' messages (at most [`MAX_REPORTED_FAILURES`]).
     pub failures: Vec<String>,
+    /// Sender only (`--skip-unreadable`): source entries left out because this mover may not
+    /// read them (permission denied). They are not in `failed`: the receiver never heard of them.
+    pub unreadable: u64,
+    /// The first [`crate::progress::MAX_UNREADABLE_PATHS`] of them, relative to the source root.
+    pub unreadable_paths: Vec<String>,
     /// Receiver only: metadata the sender sent that this receiver did not apply because it was
     /// not asked to (`--special-bits`, `--xattrs`, `--owner`): entries whose setuid/setgid/sticky
     /// bits were masked, extended attributes left out, entries whose owner was not applied.
@@ -335,26 +340,51 @@ impl SessionSummary {
         }
         match self.failure_line() {
             Some(line) => {
-                // Entries are left out for reasons at the destination (a non-empty directory in
-                // the way, a hard link whose target is not a file there).
-                progress.set_failure(Failure::new(ErrorKind::Destination, false), &line);
+                // Unreadable entries are the source's; other entries are left out for reasons
+                // at the destination (a non-empty directory in the way, a hard link whose target
+                // is not a file there). Not permanent: the exit status is 1 either way, and a
+                // rerun after a chmod or chown copies them.
+                let kind = if self.unreadable > 0 {
+                    ErrorKind::Source
+                } else {
+                    ErrorKind::Destination
+                };
+                progress.set_failure(Failure::new(kind, false), &line);
                 progress.set_phase(Phase::Failed);
             }
             None => progress.set_phase(Phase::Succeeded),
         }
     }
 
-    /// "N entries failed, e.g. <first message>", or `None` when nothing failed.
+    /// Entries were left out (exit status 1): failed at the receiver or unreadable here.
+    pub fn left_out(&self) -> bool {
+        self.failed > 0 || self.unreadable > 0
+    }
+
+    /// "N entries failed, e.g. <first message>" and/or "N source entries unreadable, left out,
+    /// e.g. <first path>", or `None` when nothing was left out.
     pub fn failure_line(&self) -> Option<String> {
-        if self.failed == 0 {
-            return None;
+        let mut parts = Vec::new();
+        if self.unreadable > 0 {
+            let mut line = format!(
+                "{} source entries unreadable (permission denied), left out",
+                self.unreadable
+            );
+            if let Some(first) = self.unreadable_paths.first() {
+                line.push_str(", e.g. ");
+                line.push_str(first);
+            }
+            parts.push(line);
         }
-        let mut line = format!("{} entries failed", self.failed);
-        if let Some(first) = self.failures.first() {
-            line.push_str(", e.g. ");
-            line.push_str(first);
+        if self.failed > 0 {
+            let mut line = format!("{} entries failed", self.failed);
+            if let Some(first) = self.failures.first() {
+                line.push_str(", e.g. ");
+                line.push_str(first);
+            }
+            parts.push(line);
         }
-        Some(line)
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
 

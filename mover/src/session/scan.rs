@@ -38,8 +38,66 @@ pub enum ScanError {
         #[source]
         source: tree::ScanError,
     },
+    /// Permission denied on a source entry, without `--skip-unreadable`.
+    #[error(
+        "cannot read source entry {path}: this mover may not read it (--skip-unreadable leaves \
+         such entries out, names them and exits 1)"
+    )]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the receiver went away while the tree was being walked")]
     Closed,
+}
+
+/// What the sender does with a source entry it may not read (permission denied on its open,
+/// its stat or its listing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnUnreadable {
+    /// Fail the transfer at once, naming the entry (a permanent source fault).
+    #[default]
+    Fail,
+    /// Leave it out and name it (exit status 1). Its parent's listing still holds its name, so
+    /// a receiver with `--delete` keeps its copy, as for an excluded entry.
+    Skip,
+}
+
+/// Permission denied: the mover's uid may not read the entry (a retry cannot help).
+fn is_denied(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM))
+}
+
+/// A walk error that is a permission denial, as the entry it is about and the OS error; any
+/// other error back as it was.
+fn denial(e: tree::ScanError) -> Result<(String, std::io::Error), tree::ScanError> {
+    match e {
+        tree::ScanError::Io { path, source, .. } if is_denied(&source) => Ok((path, source)),
+        e => Err(e),
+    }
+}
+
+/// An unreadable entry `rel` met by the walk: with [`OnUnreadable::Skip`] it is counted and
+/// named in `progress`, otherwise the walk fails naming it.
+fn left_out(
+    root: &Path,
+    rel: &str,
+    source: std::io::Error,
+    policy: OnUnreadable,
+    progress: &Progress,
+) -> Result<(), ScanError> {
+    match policy {
+        OnUnreadable::Skip => {
+            tracing::warn!(path = %rel, "source entry unreadable (permission denied): left out");
+            progress.note_unreadable(rel);
+            Ok(())
+        }
+        OnUnreadable::Fail => Err(ScanError::Unreadable {
+            path: root.join(rel),
+            source,
+        }),
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ScanError + '_ {
@@ -125,13 +183,16 @@ pub fn source_path(root: &Path, rel: &[u8]) -> PathBuf {
     root.join(std::ffi::OsStr::from_bytes(rel))
 }
 
-/// What the walk reads beyond each entry's stat.
+/// What the walk reads beyond each entry's stat, and what it does with an entry it may not
+/// read.
 #[derive(Debug, Clone, Copy)]
 pub struct Collect {
     /// Each file's BLAKE3 (`--checksum`), read during the walk.
     pub checksum: bool,
     /// `user.*` extended attributes (the receiver keeps them).
     pub xattrs: bool,
+    /// A source entry this mover may not read: fail, or leave it out and name it.
+    pub unreadable: OnUnreadable,
 }
 
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
@@ -178,8 +239,19 @@ pub fn scan(
     };
 
     for event in scanner {
-        // A source that cannot be read completely cannot be transferred faithfully: stop.
-        let entry = match event.map_err(|e| walk_error(root, e))? {
+        // A source that cannot be read completely cannot be transferred faithfully: stop,
+        // unless the entry is one this mover may not read and the user said to leave those out.
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => match denial(e) {
+                Ok((rel, source)) => {
+                    left_out(root, &rel, source, collect.unreadable, &progress)?;
+                    continue;
+                }
+                Err(e) => return Err(walk_error(root, e)),
+            },
+        };
+        let entry = match event {
             tree::ScanEvent::Entry(entry) => entry,
             tree::ScanEvent::DirDone { rel, .. } => {
                 let path = rel.as_ref().map(RelPath::as_bytes).unwrap_or_default();
@@ -203,6 +275,23 @@ pub fn scan(
                 group.push(e);
             }
             Kind::File => {
+                // Opened now, not when its data is due: an unreadable file fails the transfer
+                // (or is left out) before the bytes of the rest are sent, not at 97 %. Other
+                // open errors (removed meanwhile) surface when the data is read.
+                let opened = match open_in(&entry.parent, entry.rel.file_name()) {
+                    Ok(f) => Some(f),
+                    Err(e) if is_denied(&e) => {
+                        left_out(
+                            root,
+                            &entry.rel.to_string(),
+                            e,
+                            collect.unreadable,
+                            &progress,
+                        )?;
+                        continue;
+                    }
+                    Err(_) => None,
+                };
                 if let Some(first) = &entry.hardlink_of
                     && hardlinks.len() < MAX_HARDLINKS
                 {
@@ -217,7 +306,10 @@ pub fn scan(
                 }
                 if collect.checksum {
                     let abs = source_path(root, &e.path);
-                    let mut f = open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?;
+                    let mut f = match opened {
+                        Some(f) => f,
+                        None => open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?,
+                    };
                     let mut counted = digest::CountingReader {
                         inner: &mut f,
                         count: &progress.hashed_bytes,
@@ -291,6 +383,7 @@ pub fn walk_dirs(
     filter: &Arc<Filter>,
     with_names: bool,
     xattrs: bool,
+    unreadable: OnUnreadable,
     tx: mpsc::Sender<pb::DirDone>,
 ) -> Result<(), ScanError> {
     let walk_err = |source| ScanError::Walk {
@@ -305,7 +398,19 @@ pub fn walk_dirs(
     .map_err(walk_err)?
     .exclude_at_root(STAGING_DIR.as_bytes());
     for visit in walk {
-        let v = visit.map_err(walk_err)?;
+        let v = match visit {
+            Ok(v) => v,
+            // Left out by the scan already (named there): no metadata and, above all, no
+            // listing for it, so a receiver with --delete leaves its copy alone.
+            Err(e) if unreadable == OnUnreadable::Skip => match denial(e) {
+                Ok((rel, _)) => {
+                    tracing::debug!(path = %rel, "unreadable directory: no final metadata");
+                    continue;
+                }
+                Err(e) => return Err(walk_err(e)),
+            },
+            Err(e) => return Err(walk_err(e)),
+        };
         let rel = v.rel.as_ref().map_or(&[][..], RelPath::as_bytes);
         let mut dir = entry_of(rel.to_vec(), &v.meta, pb::EntryKind::Dir);
         // A directory's xattrs travel with its final metadata, here.

@@ -190,14 +190,8 @@ impl StagingDir {
         // commit sets the final size (all-zero blocks stay holes). A fresh manifest replaces
         // whatever has its name (created exclusively: never a FIFO or a link left there).
         self.remove(&manifest_name);
-        let mut manifest = rustix::fs::openat(
-            &self.dir,
-            manifest_name.as_str(),
-            OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map(File::from)
-        .map_err(|e| serr("create manifest", shown)(e.into()))?;
+        let mut manifest = create_new(&self.dir, &manifest_name)
+            .map_err(|e| serr("create manifest", shown)(e.into()))?;
         manifest
             .write_all(&header)
             .map_err(serr("write manifest", shown))?;
@@ -222,7 +216,7 @@ impl StagingDir {
         size: u64,
         shown: &str,
     ) -> Result<Option<(File, File)>, StagingError> {
-        let Some(m) = open_regular(&self.dir, manifest) else {
+        let Some(m) = open_own(&self.dir, manifest) else {
             return Ok(None);
         };
         let mut got = vec![0u8; header.len()];
@@ -388,41 +382,72 @@ impl LargeStaging {
     }
 }
 
-/// Opens a staging file only if it is a regular file (no FIFO can block, no symlink is
-/// followed).
-fn open_regular(dir: &DirFd, name: &str) -> Option<File> {
-    let f = rustix::fs::openat(
+/// A staging file this receiver can trust as its own: a regular file with a single link, owned
+/// by this process's effective uid. A second link (a hard link planted in the staging directory
+/// to a file elsewhere) or another owner would let a write meant for staging land in a file
+/// beyond it, so such a file is never opened for writing.
+fn is_own(st: &rustix::fs::Stat) -> bool {
+    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+        && st.st_nlink == 1
+        && st.st_uid == rustix::process::geteuid().as_raw()
+}
+
+/// Opens the existing staging file `name` for reading and writing only if it is this
+/// receiver's own ([`is_own`], checked before opening, so no FIFO or device is opened, and
+/// again on the open file, so a link made in between is seen). Anything else there is unlinked:
+/// discarded and recreated by the caller, never written through. `None` when there is no usable
+/// file (no symlink is followed).
+fn open_own(dir: &DirFd, name: &str) -> Option<File> {
+    let discard = || {
+        tracing::warn!(
+            name,
+            "discarding a staging file that is not this receiver's own"
+        );
+        let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+    };
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Err(_) => return None,
+        Ok(st) if !is_own(&st) => {
+            discard();
+            return None;
+        }
+        Ok(_) => {}
+    }
+    let opened = rustix::fs::openat(
         dir,
         name,
         OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .ok()
-    .map(File::from)?;
-    f.metadata().ok().filter(|m| m.is_file())?;
-    Some(f)
+    );
+    match opened.and_then(|fd| rustix::fs::fstat(&fd).map(|st| (fd, st))) {
+        Ok((fd, st)) if is_own(&st) => Some(File::from(fd)),
+        Ok(_) => {
+            discard();
+            None
+        }
+        Err(_) => None,
+    }
 }
 
-/// Opens (creating if needed) a part file and takes its exclusive lock: two sessions of one
-/// transfer never write one staging file.
-fn open_locked(dir: &DirFd, name: &str, shown: &str) -> Result<File, StagingError> {
-    let f = rustix::fs::openat(
+/// Creates the staging file `name` afresh (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600): a name that
+/// appeared since [`open_own`] discarded it fails the open instead of being written through.
+fn create_new(dir: &DirFd, name: &str) -> rustix::io::Result<File> {
+    rustix::fs::openat(
         dir,
         name,
-        OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )
     .map(File::from)
-    .map_err(|e| serr("open part file", shown)(e.into()))?;
-    if !f
-        .metadata()
-        .map_err(serr("open part file", shown))?
-        .is_file()
-    {
-        return Err(serr("open part file", shown)(std::io::Error::other(
-            "not a regular file",
-        )));
-    }
+}
+
+/// Opens this receiver's own part file ([`open_own`]) or creates one, and takes its exclusive
+/// lock: two sessions of one transfer never write one staging file.
+fn open_locked(dir: &DirFd, name: &str, shown: &str) -> Result<File, StagingError> {
+    let f = match open_own(dir, name) {
+        Some(f) => f,
+        None => create_new(dir, name).map_err(|e| serr("create part file", shown)(e.into()))?,
+    };
     match rustix::fs::flock(&f, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(f),
         Err(Errno::WOULDBLOCK) => Err(StagingError::Busy(shown.to_owned())),

@@ -394,6 +394,7 @@ pub async fn send_watched(
         timeouts: fast_timeouts(),
         filter: o.filter.clone(),
         dry_run: false,
+        on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
     };
     session::send_session(&cfg, streams, progress)
@@ -541,4 +542,163 @@ pub async fn connect_as_sender(
     net::connect_tls(addr, client, Duration::from_secs(5))
         .await
         .unwrap()
+}
+
+/// The uid (and gid) the unprivileged movers of the tests run as when the tests run as root.
+pub const NOBODY: u32 = 65534;
+
+/// `path`'s permission bits set to `mode`.
+pub fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A command that runs the mover binary as an unprivileged uid, so permission bits apply to it:
+/// as root (as in CI, where root reads and writes anything) through `setpriv` as nobody
+/// (65534, no groups), otherwise as this user. The certificates of `pki` and each of `open` (the
+/// temporary directories above the trees: tempdirs are 0700) are opened to every uid. Never
+/// skips: without setpriv as root it panics, so CI cannot pass by skipping.
+pub fn unprivileged_mover(pki: &Pki, open: &[&Path]) -> std::process::Command {
+    chmod(&pki.path, 0o755);
+    for f in std::fs::read_dir(&pki.path).unwrap() {
+        chmod(&f.unwrap().path(), 0o644);
+    }
+    for dir in open {
+        chmod(dir, 0o755);
+    }
+    if !rustix::process::geteuid().is_root() {
+        return std::process::Command::new(BIN);
+    }
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("running as root: setpriv (util-linux) is needed to run a mover as nobody");
+    let mut cmd = std::process::Command::new(setpriv);
+    let id = NOBODY.to_string();
+    cmd.args(["--reuid", &id, "--regid", &id, "--clear-groups", "--"])
+        .arg(BIN);
+    cmd
+}
+
+/// Reads a mover's stderr lines until "progress service on ADDR"; the rest is collected in the
+/// background and handed back by the returned thread, so the child never blocks on a full pipe.
+pub fn progress_addr(
+    child: &mut std::process::Child,
+) -> (SocketAddr, std::thread::JoinHandle<String>) {
+    use std::io::{BufRead as _, Read as _};
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let mut seen = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "no progress address: {seen}"
+        );
+        seen.push_str(&line);
+        if let Some(addr) = line.trim().strip_prefix("progress service on ") {
+            let addr = addr.parse().unwrap();
+            let rest = std::thread::spawn(move || {
+                let mut rest = String::new();
+                let _ = err.read_to_string(&mut rest);
+                rest
+            });
+            return (addr, rest);
+        }
+    }
+}
+
+/// Every update of one progress Watch (an operator's certificate), until the stream ends.
+pub async fn watch_progress(
+    pki: &Pki,
+    addr: SocketAddr,
+) -> Vec<ferry_proto::progress::v1::ProgressUpdate> {
+    let tls = Arc::new(
+        net::client_config(&pki.files(Role::Operator), &[Role::Sender, Role::Receiver]).unwrap(),
+    );
+    let mut client = ferry_mover::progress::connect_progress(addr, tls)
+        .await
+        .unwrap();
+    let mut stream = client
+        .watch(ferry_proto::progress::v1::ProgressRequest { interval_ms: 100 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut updates = Vec::new();
+    while let Some(u) = stream.message().await.unwrap() {
+        updates.push(u);
+    }
+    updates
+}
+
+/// The lines a child writes to stderr, read by a thread of their own (the child never blocks
+/// on a full pipe); the channel closes when the child closes its stderr.
+pub fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let err = std::io::BufReader::new(child.stderr.take().expect("stderr piped"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in err.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line matching `pred` among `lines` until `within` passed; every line seen up to
+/// then (the matching one last) is appended to `seen`. `true` when one matched.
+pub fn wait_for_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    within: Duration,
+    seen: &mut String,
+    pred: impl Fn(&str) -> bool,
+) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+                if pred(&line) {
+                    return true;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Connections waiting in the accept queue of the IPv4 socket listening on `port` (the kernel
+/// shows a listening socket's backlog as its rx_queue in /proc/net/tcp); `None` when no socket
+/// listens there.
+pub fn accept_backlog(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let want = format!(":{port:04X}");
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // local_address, rem_address, st (0A = LISTEN), tx_queue:rx_queue
+        let (local, state, queues) = (f.get(1)?, f.get(3)?, f.get(4)?);
+        if !local.ends_with(&want) || *state != "0A" {
+            return None;
+        }
+        u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+    })
+}
+
+/// Waits until the listener on `port` has accepted every connection made to it (its accept
+/// queue is empty), for at most `within`; `true` when it did.
+pub fn wait_until_accepted(port: u16, within: Duration) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if accept_backlog(port) == Some(0) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -273,6 +273,9 @@ where
                     .ok()
                     .and_then(|d| d.map(|d| digest::hex(&d)))
                     .unwrap_or_default(),
+                // The sender's walk decides what it may not read; this end never hears of it.
+                unreadable: 0,
+                unreadable_paths: Vec::new(),
             };
             summary.set_outcome(&progress);
             Ok(summary)
@@ -391,7 +394,17 @@ where
     let work = move || sh.work();
     let r: Result<(), ReceiveError> = async {
         loop {
-            let msg = reader.expect().await?;
+            let msg = tokio::select! {
+                m = reader.expect() => m?,
+                // The worker stops before Done only when a data frame failed validation or its
+                // write: answer now, not when the sender's next frame (or the idle timeout)
+                // comes. The stream ends here, so the cancelled read loses nothing.
+                r = worker_stopped(&mut worker) => {
+                    worker = None;
+                    r??;
+                    return Err(ReceiveError::Internal("the data worker stopped before Done"));
+                }
+            };
             shared.saw(&msg);
             match (rules.route(msg.frame_type())?, msg) {
                 (Route::Offer, Message::Offer(o)) => {
@@ -484,6 +497,16 @@ where
         done.add_permits(1);
     }
     Ok(())
+}
+
+/// Resolves when the stream's data worker ended (never once it was taken for Done).
+async fn worker_stopped<T>(
+    worker: &mut Option<tokio::task::JoinHandle<T>>,
+) -> Result<T, tokio::task::JoinError> {
+    match worker.as_mut() {
+        Some(w) => w.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Finish on stream 0: every file asked for is complete; the digest is computed and the

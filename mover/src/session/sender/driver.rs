@@ -198,17 +198,35 @@ where
     let p = progress.clone();
     let filter = cfg.filter.clone();
     let xattrs = negotiated & caps::XATTRS != 0;
+    let on_unreadable = cfg.on_unreadable;
+    let walk_ctx = ctx.clone();
     // The walk lives as long as the session: a thread of its own (see `session::blocking`).
-    let scanner = tokio::task::spawn_blocking(move || {
-        scan::scan(
+    let mut scanner = tokio::task::spawn_blocking(move || {
+        let r = scan::scan(
             &root_dir,
             only.as_deref(),
             &filter,
-            scan::Collect { checksum, xattrs },
+            scan::Collect {
+                checksum,
+                xattrs,
+                unreadable: on_unreadable,
+            },
             work_tx,
             p,
             &tree,
-        )
+        );
+        // A walk that fails stops the streams now (each tells the receiver why), not once
+        // they sent everything offered so far. `Closed` is a stream's failure, recorded there.
+        if let Err(e) = &r
+            && !matches!(e, scan::ScanError::Closed)
+        {
+            walk_ctx.abort.set(Reason {
+                failure: crate::kind::Failure::new(e.kind(), e.permanent()),
+                message: anyhow_chain(e),
+                from_peer: false,
+            });
+        }
+        r
     });
 
     let mut futs = Vec::new();
@@ -252,7 +270,13 @@ where
             }
         }
     }
-    if let Some(e) = failure {
+    if let Some(mut e) = failure {
+        // Every stream stopped because another end of the session failed: the walk did.
+        if matches!(e, SendError::Aborted)
+            && let Ok(Ok(Err(walk))) = tokio::time::timeout(PEER_GRACE, &mut scanner).await
+        {
+            e = walk.into();
+        }
         // Streams that had finished their data hear it too.
         tell_receiver(&mut ends, &e).await;
         return Err(e);
@@ -315,7 +339,10 @@ where
         .resumed_bytes
         .store(summary.resumed_bytes, Ordering::Relaxed);
     progress.failed.store(summary.failed, Ordering::Relaxed);
+    let unreadable = progress.unreadable();
     Ok(SessionSummary {
+        unreadable: unreadable.count,
+        unreadable_paths: unreadable.paths,
         dry_run: ctx.dry_run,
         files: summary.files,
         bytes: summary.bytes,
@@ -410,13 +437,14 @@ where
     let with_names = cfg.delete && negotiated & caps::DELETE != 0;
     let xattrs = negotiated & caps::XATTRS != 0;
     let filter = cfg.filter.clone();
+    let on_unreadable = cfg.on_unreadable;
     // As long as the directories take: a thread of its own (see `session::blocking`).
     let walker = tokio::task::spawn_blocking(move || {
         // A single file has no directory of its own to finish (nor siblings to delete).
         if split_source(&root).1.is_some() {
             return Ok(());
         }
-        scan::walk_dirs(&root, &filter, with_names, xattrs, tx)
+        scan::walk_dirs(&root, &filter, with_names, xattrs, on_unreadable, tx)
     });
     let mut dirs = DirList::default();
     while let Some(d) = rx.recv().await {

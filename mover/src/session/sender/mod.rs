@@ -17,7 +17,7 @@ use super::Timeouts;
 use super::compress::Compress;
 use super::framed::FramedError;
 use super::handshake::HandshakeError;
-use super::scan::ScanError;
+use super::scan::{OnUnreadable, ScanError};
 use crate::digest::HashError;
 use crate::kind::ErrorKind;
 use crate::tree::Filter;
@@ -116,6 +116,8 @@ pub struct SenderConfig {
     pub filter: Arc<Filter>,
     /// Ask the receiver what it would write and delete; send no data, change nothing.
     pub dry_run: bool,
+    /// A source entry this mover may not read: fail at once, or leave it out and name it.
+    pub on_unreadable: OnUnreadable,
     /// Ends the session, telling the receiver why.
     pub shutdown: crate::session::Shutdown,
 }
