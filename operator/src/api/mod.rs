@@ -18,7 +18,7 @@ pub use conditions::{ConditionType, Reason, set_condition};
 pub use peer::{Peer, PeerSpec};
 pub use status::{
     LastError, MoverRef, Phase, ProgressStatus, RemoteStatus, ThroughputStatus, TransferStatus,
-    WireStatus,
+    UnreadableStatus, WireStatus,
 };
 
 /// Default number of parallel TLS streams.

@@ -26,6 +26,17 @@ impl Phase {
     }
 }
 
+/// What `onUnreadable: Skip` left out.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UnreadableStatus {
+    /// How many entries were left out.
+    pub count: u64,
+    /// The first of them (at most 100), relative to the source directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+}
+
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferStatus {
@@ -75,6 +86,9 @@ pub struct TransferStatus {
     pub sender: Option<MoverRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver: Option<MoverRef>,
+    /// Source entries the sender could not read and left out (`onUnreadable: Skip`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<UnreadableStatus>,
     /// A cross-cluster Transfer's pairing with its other half.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteStatus>,

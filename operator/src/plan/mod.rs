@@ -17,8 +17,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::api::{
-    ConditionType, LastError, MoverRef, Phase, ProgressStatus, Reason, ThroughputStatus, Transfer,
-    TransferSpec, TransferStatus, WireStatus, set_condition,
+    ConditionType, LastError, MoverRef, OnUnreadable, Phase, ProgressStatus, Reason,
+    ThroughputStatus, Transfer, TransferSpec, TransferStatus, UnreadableStatus, WireStatus,
+    set_condition,
 };
 use crate::names::{self, MoverRole};
 use crate::peering::registry::Counterpart;
@@ -662,6 +663,24 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     } else {
         cx.pod(MoverRole::Sender, uid).cloned()
     };
+    // With `onUnreadable: Skip`, a sender that left out only what it may not read (exit 1 with
+    // unreadable entries named) finished its job.
+    let skipped_only = |s: &PodView| {
+        spec.on_unreadable == OnUnreadable::Skip
+            && s.phase == PodPhase::Failed
+            && s.exit_code == Some(i32::from(ferry_mover::kind::EXIT_FAILED_ENTRIES))
+            && cx
+                .obs
+                .sender_progress
+                .as_ref()
+                .is_some_and(|u| u.unreadable_count > 0)
+    };
+    let send = send.map(|mut s| {
+        if skipped_only(&s) {
+            s.phase = PodPhase::Succeeded;
+        }
+        s
+    });
     let recv_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Receiver);
     let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
@@ -801,10 +820,25 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
             p.display = "100%".into();
             p.totals_final = true;
         }
-        let message = match &cx.st.progress {
+        let mut message = match &cx.st.progress {
             Some(p) => format!("{} files, {} bytes transferred", p.files_done, p.bytes_done),
             None => "transfer complete".to_owned(),
         };
+        if let Some(u) = &cx.st.unreadable {
+            message.push_str(&format!(
+                "; {} source entries could not be read and were left out (status.unreadable)",
+                u.count
+            ));
+            cx.notes.push(Note {
+                warning: true,
+                reason: "EntriesSkipped",
+                message: format!(
+                    "{} unreadable source entries left out, first: {}",
+                    u.count,
+                    u.paths.first().map(String::as_str).unwrap_or("?")
+                ),
+            });
+        }
         cx.finish(Phase::Succeeded, Reason::Completed, &message);
         let secret = names::secret_name(uid, cx.st.run, cx.st.attempts);
         if cx.obs.secrets.contains(&secret) {
@@ -1133,6 +1167,12 @@ pub fn set_refused(st: &mut TransferStatus, message: &str, generation: Option<i6
 /// previous figures, so a finished Transfer keeps its totals.
 pub fn fold_progress(st: &mut TransferStatus, obs: &Observed) {
     let (recv, send) = (obs.receiver_progress.as_ref(), obs.sender_progress.as_ref());
+    if let Some(u) = send.filter(|u| u.unreadable_count > 0) {
+        st.unreadable = Some(UnreadableStatus {
+            count: u.unreadable_count,
+            paths: u.unreadable_paths.iter().take(100).cloned().collect(),
+        });
+    }
     if recv.is_none() && send.is_none() {
         return;
     }
@@ -1598,6 +1638,47 @@ pub(crate) mod tests {
                 .message
                 .contains("did not start within 300 s")
         );
+    }
+
+    #[test]
+    fn unreadable_entries_skipped_on_request_end_in_success_and_are_listed() {
+        let finished = |skip: bool| {
+            let mut t = transfer();
+            if skip {
+                t.spec.on_unreadable = OnUnreadable::Skip;
+            }
+            advance(&mut t, &obs(0));
+            let mut o = obs(5);
+            o.secrets = vec![names::secret_name(UID, 1, 1)];
+            o.pods = vec![
+                pod(1, 1, MoverRole::Receiver, PodPhase::Succeeded, false),
+                pod(1, 1, MoverRole::Sender, PodPhase::Failed, false),
+            ];
+            o.pods[1].exit_code = Some(1);
+            o.sender_progress = Some(ProgressUpdate {
+                phase: MoverPhase::Succeeded as i32,
+                unreadable_count: 2,
+                unreadable_paths: vec!["private/a".into(), "private/b".into()],
+                ..ProgressUpdate::default()
+            });
+            plan(&t, &o)
+        };
+        let p = finished(true);
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        let u = p.status.unreadable.clone().expect("listed");
+        assert_eq!((u.count, u.paths.len()), (2, 2));
+        assert!(
+            cond(&p, "Succeeded")
+                .message
+                .contains("2 source entries could not be read")
+        );
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.warning && n.reason == "EntriesSkipped")
+        );
+        // Without Skip the same exit is a failed attempt.
+        assert_eq!(finished(false).status.phase, Phase::Retrying);
     }
 
     #[test]
