@@ -82,6 +82,16 @@ fn encode(msgs: &[Message]) -> Vec<u8> {
 /// Runs a receiver on one in-memory stream, feeds it `script` (raw bytes after Hello), then
 /// closes; returns the receiver's error text (or "OK").
 async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
+    run_script_keeping(root, negotiated, script, Default::default()).await
+}
+
+/// The same against a receiver that keeps what `keep` says (`--xattrs`, ...).
+async fn run_script_keeping(
+    root: &Path,
+    negotiated: u64,
+    script: Vec<u8>,
+    keep: ferry_mover::session::Keep,
+) -> String {
     let (client, server) = tokio::io::duplex(32 * 1024 * 1024);
     let cfg = ReceiverConfig {
         root: root.to_owned(),
@@ -90,7 +100,7 @@ async fn run_script(root: &Path, negotiated: u64, script: Vec<u8>) -> String {
         sync: false,
         cas: None,
         identity: None,
-        keep: Default::default(),
+        keep,
         shutdown: ferry_mover::session::Shutdown::never(),
     };
     let recv = tokio::spawn(async move {
@@ -598,30 +608,63 @@ async fn a_peer_that_floods_without_reading_is_cut_off() {
 }
 
 #[tokio::test]
-async fn foreign_or_oversized_xattrs_are_refused() {
-    let with = |name: &[u8], value: Vec<u8>| {
+async fn foreign_or_oversized_xattrs_are_refused_by_a_receiver_that_keeps_xattrs() {
+    let with = |xattrs: Vec<(&[u8], Vec<u8>)>| {
         let mut e = file("f", 1);
-        e.xattrs = vec![pb::Xattr {
-            name: name.to_vec(),
-            value,
-        }];
+        e.xattrs = xattrs
+            .into_iter()
+            .map(|(name, value)| pb::Xattr {
+                name: name.to_vec(),
+                value,
+            })
+            .collect();
         e
     };
+    let keeping = ferry_mover::session::Keep {
+        xattrs: true,
+        ..Default::default()
+    };
+    let many: Vec<(&[u8], Vec<u8>)> = (0..5000).map(|_| (&b"user.a"[..], vec![1])).collect();
     for (e, why) in [
         (
-            with(b"security.capability", vec![1]),
+            with(vec![(b"security.capability", vec![1])]),
             "is not a user.* name",
         ),
-        (with(b"trusted.x", vec![1]), "is not a user.* name"),
-        (with(b"user.a\0b", vec![1]), "is not a user.* name"),
+        (with(vec![(b"trusted.x", vec![1])]), "is not a user.* name"),
+        (with(vec![(b"user.a\0b", vec![1])]), "is not a user.* name"),
+        (with(vec![(b"user.", vec![1])]), "is not a user.* name"),
+        (with(many), "extended attributes (at most 128)"),
         (
-            with(b"user.big", vec![0; 70 * 1024]),
+            with(vec![(b"user.big", vec![0; 70 * 1024])]),
             "bytes of extended attributes",
         ),
     ] {
         let w = world();
-        let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![e])])).await;
+        let out = run_script_keeping(
+            &w.root,
+            caps::SUPPORTED,
+            encode(&[offer(1, vec![e])]),
+            keeping,
+        )
+        .await;
+        // A protocol error of the peer's, not a destination fault or a full disk.
         assert!(out.contains(why), "{why}: {out}");
+        assert!(!out.contains("No space left"), "{out}");
         assert!(!w.root.join("f").exists());
     }
+}
+
+#[tokio::test]
+async fn without_xattrs_a_receiver_ignores_whatever_attributes_arrive() {
+    let mut e = file("f", 1);
+    e.xattrs = vec![pb::Xattr {
+        name: b"security.capability".to_vec(),
+        value: vec![1],
+    }];
+    let w = world();
+    let out = run_script(&w.root, caps::SUPPORTED, encode(&[offer(1, vec![e])])).await;
+    assert!(
+        !out.contains("user.* name"),
+        "the session failed on ignored xattrs: {out}"
+    );
 }

@@ -58,21 +58,46 @@ impl Drop for Kept {
 }
 
 impl Kept {
-    /// Applies the extended attributes to the open file or directory `fd`.
+    /// Applies the extended attributes to the open file or directory `fd`. One the destination
+    /// file system refuses (a name it does not support, no room for more attributes on this
+    /// inode) is left out and counted in `dropped`, with a warning naming it: it says nothing
+    /// about the file's data, and must not read as a destination fault or a full disk.
     fn set_xattrs(
         &self,
         fd: std::os::fd::BorrowedFd<'_>,
         path: &PeerPath,
+        dropped: &AtomicU64,
     ) -> Result<(), ReceiveError> {
+        use rustix::io::Errno;
         for (name, value) in &self.xattrs {
-            rustix::fs::fsetxattr(fd, name.as_slice(), value, rustix::fs::XattrFlags::empty())
-                .map_err(|e| ReceiveError::Write {
-                    path: format!(
-                        "{path} (extended attribute {})",
+            match rustix::fs::fsetxattr(fd, name.as_slice(), value, rustix::fs::XattrFlags::empty())
+            {
+                Ok(()) => {}
+                Err(
+                    e @ (Errno::NOSPC
+                    | Errno::TOOBIG
+                    | Errno::RANGE
+                    | Errno::INVAL
+                    | Errno::NOTSUP
+                    | Errno::PERM
+                    | Errno::DQUOT),
+                ) => {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        "{path}: extended attribute {} left out: the destination refused it ({e})",
                         String::from_utf8_lossy(name)
-                    ),
-                    source: e.into(),
-                })?;
+                    );
+                }
+                Err(e) => {
+                    return Err(ReceiveError::Write {
+                        path: format!(
+                            "{path} (extended attribute {})",
+                            String::from_utf8_lossy(name)
+                        ),
+                        source: e.into(),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -593,7 +618,13 @@ fn tolerate_refusal<T>(sh: &Session, r: Result<T, DestError>) -> Result<Option<T
 /// Checks the owner and extended attributes the sender sent for `e` and returns what this
 /// receiver applies; what it does not apply is counted as dropped.
 fn kept_attrs(sh: &Session, e: &pb::Entry, path: &PeerPath) -> Result<Kept, ReceiveError> {
-    let total = state::check_xattrs(path, &e.xattrs, MAX_XATTR_BYTES)?;
+    // Without --xattrs they are ignored, whatever they are (docs/protocol.md); only attributes
+    // this receiver would apply are held to its rules.
+    let total = if sh.keep.xattrs {
+        state::check_xattrs(path, &e.xattrs, MAX_XATTR_BYTES)?
+    } else {
+        0
+    };
     if e.mode & 0o7000 != 0 && !sh.keep.special_bits {
         sh.dropped.special_bits.fetch_add(1, Ordering::Relaxed);
     }
@@ -822,7 +853,8 @@ fn write_small(
             path: meta.path.to_string(),
             source: e.into(),
         })?;
-    meta.kept.set_xattrs(staged.fd(), &meta.path)?;
+    meta.kept
+        .set_xattrs(staged.fd(), &meta.path, &sh.dropped.xattrs)?;
     let m = owned(
         sh.dest.meta(Kind::File, meta.mode, meta.size, meta.mtime),
         meta.kept.owner,
@@ -1037,9 +1069,11 @@ fn commit_large(sh: &Session, lf: &LargeFile) -> Result<bool, ReceiveError> {
             .meta(Kind::File, lf.meta.mode, lf.meta.size, lf.meta.mtime),
         lf.meta.kept.owner,
     );
-    lf.meta
-        .kept
-        .set_xattrs(std::os::fd::AsFd::as_fd(&st.data), &lf.meta.path)?;
+    lf.meta.kept.set_xattrs(
+        std::os::fd::AsFd::as_fd(&st.data),
+        &lf.meta.path,
+        &sh.dropped.xattrs,
+    )?;
     // Errors name the file's path, then the staging file they happened on.
     let publish = |source| ReceiveError::Publish {
         path: path.to_owned(),
@@ -1126,7 +1160,7 @@ pub(super) fn handle_dir_done(sh: &Session, d: pb::DirDone) -> Result<(), Receiv
                 .set_dir_meta(Some(&p), dir.mode, mtime, kept.owner)?;
             if !kept.xattrs.is_empty() {
                 let fd = sh.dest.open_dir(Some(p.rel()))?;
-                kept.set_xattrs(std::os::fd::AsFd::as_fd(&*fd), &p)?;
+                kept.set_xattrs(std::os::fd::AsFd::as_fd(&*fd), &p, &sh.dropped.xattrs)?;
             }
             // The digest's `dirs` list, read back, in the order DirDone frames come.
             let (mode, mtime) = match sh.dest.lookup(&p)? {

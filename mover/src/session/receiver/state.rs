@@ -130,8 +130,16 @@ pub enum SenderViolation {
     ListingName(String),
     #[error("filter rules: {0}")]
     FilterRules(String),
-    #[error("{path}: extended attribute name {name:?} is not a user.* name")]
+    #[error(
+        "{path}: extended attribute name {name:?} is not a user.* name (user.<name>, at most 255 bytes)"
+    )]
     XattrName { path: String, name: String },
+    #[error("{path}: {count} extended attributes (at most {max})")]
+    XattrCount {
+        path: String,
+        count: usize,
+        max: usize,
+    },
     #[error("{path}: {total} bytes of extended attributes (at most {max})")]
     XattrSize {
         path: String,
@@ -728,16 +736,32 @@ pub fn check_listing(names: Vec<Vec<u8>>) -> Result<HashSet<Vec<u8>>, SenderViol
     Ok(keep)
 }
 
-/// An entry's extended attributes: `user.*` names of at most 255 bytes without NUL, at most
-/// `max` bytes of names and values together. Returns that total.
+/// Most extended attributes one entry may carry: file systems keep a few per inode (ext4: one
+/// block), so thousands of tiny ones are an attack on the destination, not metadata.
+pub const MAX_XATTRS_PER_ENTRY: usize = 128;
+
+/// An entry's extended attributes: `user.<something>` names of at most 255 bytes without NUL,
+/// at most [`MAX_XATTRS_PER_ENTRY`] of them and `max` bytes of names and values together.
+/// Returns that total.
 pub fn check_xattrs(
     path: &PeerPath,
     xattrs: &[pb::Xattr],
     max: usize,
 ) -> Result<u64, SenderViolation> {
+    if xattrs.len() > MAX_XATTRS_PER_ENTRY {
+        return Err(SenderViolation::XattrCount {
+            path: path.to_string(),
+            count: xattrs.len(),
+            max: MAX_XATTRS_PER_ENTRY,
+        });
+    }
     let mut total = 0u64;
     for x in xattrs {
-        if !x.name.starts_with(b"user.") || x.name.len() > 255 || x.name.contains(&0) {
+        if !x.name.starts_with(b"user.")
+            || x.name.len() == b"user.".len()
+            || x.name.len() > 255
+            || x.name.contains(&0)
+        {
             return Err(SenderViolation::XattrName {
                 path: path.to_string(),
                 name: String::from_utf8_lossy(&x.name).into_owned(),

@@ -434,6 +434,18 @@ fn listings_and_attributes_are_checked() {
         value: vec![0; value],
     };
     assert_eq!(check_xattrs(&p("f"), &[x(b"user.a", 4)], 100), Ok(10));
+    // `user.` alone names nothing; thousands of tiny ones are refused by count.
+    assert!(matches!(
+        check_xattrs(&p("f"), &[x(b"user.", 1)], 100),
+        Err(SenderViolation::XattrName { .. })
+    ));
+    let many: Vec<pb::Xattr> = (0..=MAX_XATTRS_PER_ENTRY)
+        .map(|_| x(b"user.a", 0))
+        .collect();
+    assert!(matches!(
+        check_xattrs(&p("f"), &many, 1 << 20),
+        Err(SenderViolation::XattrCount { .. })
+    ));
     assert!(matches!(
         check_xattrs(&p("f"), &[x(b"security.capability", 4)], 100),
         Err(SenderViolation::XattrName { .. })
