@@ -408,3 +408,26 @@ async fn two_receivers_share_one_store_at_the_same_time() {
     assert_eq!(r.dedup_blocks, 8);
     assert_same_tree(&src1, &d3);
 }
+
+#[test]
+fn a_block_store_that_cannot_be_opened_is_a_store_fault_a_retry_may_pass() {
+    let pki = pki("cas-broken");
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("cas");
+    std::fs::write(&not_a_dir, b"a file where the store should be").unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["receive", "--listen", "127.0.0.1:0", "--once", "--cas"])
+        .arg(&not_a_dir)
+        .arg("--root")
+        .arg(tmp.path().join("dst"))
+        .args(pki.args("receiver"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit 16: kind store, retryable (the operator goes on without the store).
+    assert_eq!(out.status.code(), Some(16), "{stderr}");
+    assert!(
+        stderr.contains("error (store)") && stderr.contains("block store"),
+        "{stderr}"
+    );
+}

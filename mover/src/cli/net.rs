@@ -564,16 +564,30 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let files = load_tls(&args.tls, &transfer, Role::Receiver)?;
     let server = Arc::new(net::server_config(&files, &[Role::Sender])?);
     let cas = match &args.cas {
-        Some(dir) => Some(Arc::new(
-            crate::cas::CasStore::open_with(
+        Some(dir) => {
+            let opened = crate::cas::CasStore::open_with(
                 dir,
                 crate::cas::CasOptions {
                     cap_bytes: args.cas_cap,
                     fsync: args.tls.sync,
                 },
-            )
-            .with_context(|| format!("failed to open block store {}", dir.display()))?,
-        )),
+            );
+            match opened {
+                Ok(store) => Some(Arc::new(store)),
+                // A store fault, not a usage error: the operator retries without the store.
+                Err(e) => {
+                    let message = format!(
+                        "failed to open block store {}: {}",
+                        dir.display(),
+                        session::anyhow_chain(&e)
+                    );
+                    return Ok(report_failure(
+                        Failure::new(ErrorKind::Store, false),
+                        &message,
+                    ));
+                }
+            }
+        }
         None => None,
     };
     let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Destination) {

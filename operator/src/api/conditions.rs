@@ -77,6 +77,8 @@ pub enum Reason {
     MoverRejected,
     /// `spec.mover.priorityClassName` names a class the admin does not allow.
     PriorityClassNotAllowed,
+    /// The node's block store failed; the run goes on without it (`Dedup=False`).
+    BlockStoreFailed,
 }
 
 impl Reason {
@@ -119,6 +121,7 @@ impl Reason {
             Reason::MoverConfigError => "MoverConfigError",
             Reason::MoverRejected => "MoverRejected",
             Reason::PriorityClassNotAllowed => "PriorityClassNotAllowed",
+            Reason::BlockStoreFailed => "BlockStoreFailed",
         }
     }
 }

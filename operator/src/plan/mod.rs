@@ -515,10 +515,13 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
             });
         }
     }
+    let store_failed = cx.st.conditions.iter().any(|c| {
+        c.type_ == ConditionType::Dedup.as_str() && c.reason == Reason::BlockStoreFailed.as_str()
+    });
     Plan {
         status: cx.st,
         actions: cx.actions,
-        dedup: t.spec.dedup && !obs.host_path_forbidden,
+        dedup: t.spec.dedup && !obs.host_path_forbidden && !store_failed,
         requeue,
         notes: cx.notes,
     }
@@ -689,6 +692,7 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         message,
         permanent,
         settled,
+        store_fault,
     }) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
     {
         if !settled {
@@ -733,6 +737,17 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
                 ),
             );
             return None;
+        }
+        if store_fault {
+            cx.cond(
+                ConditionType::Dedup,
+                false,
+                Reason::BlockStoreFailed,
+                &format!(
+                    "attempt {} failed in the node's block store; the rest of this run goes on without it: {message}",
+                    cx.st.attempts
+                ),
+            );
         }
         let wait = backoff(failures);
         cx.st.phase = Phase::Retrying;
@@ -865,10 +880,12 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
         cx.st.start_time = Some(cx.now.clone());
     }
     if !(spec.dedup && cx.obs.host_path_forbidden) {
-        // The block store is usable again (or not wanted): no condition about it.
-        cx.st
-            .conditions
-            .retain(|c| c.type_ != ConditionType::Dedup.as_str());
+        // The block store is usable again (or not wanted): no condition about it, unless it
+        // failed earlier in this run.
+        cx.st.conditions.retain(|c| {
+            c.type_ != ConditionType::Dedup.as_str()
+                || c.reason == Reason::BlockStoreFailed.as_str()
+        });
     } else {
         cx.cond(
             ConditionType::Dedup,
@@ -982,6 +999,9 @@ struct Failure {
     permanent: Option<ErrorKind>,
     /// False while the other mover may still report a verdict of its own: decide later.
     settled: bool,
+    /// A mover reported a fault of the node's block store (a cache: the next attempt goes on
+    /// without it).
+    store_fault: bool,
 }
 
 /// The error kind a failed mover reported and whether a retry can help: its exit status (which
@@ -1044,6 +1064,16 @@ fn attempt_failure(
     .into_iter()
     .flatten()
     .collect();
+    let store_fault = [
+        recv.map(|p| (p, &cx.obs.receiver_progress)),
+        send.map(|p| (p, &cx.obs.sender_progress)),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|(p, _)| p.phase == PodPhase::Failed)
+    .any(|(p, progress)| {
+        reported_kind(p, progress).is_some_and(|(kind, _)| kind == ErrorKind::Store)
+    });
     if !failed.is_empty() {
         // A permanent fault on either side decides.
         let permanent = failed.iter().find_map(|(_, k)| *k);
@@ -1060,12 +1090,14 @@ fn attempt_failure(
                 message,
                 permanent: None,
                 settled: false,
+                store_fault,
             });
         }
         return Some(Failure {
             message,
             permanent,
             settled: true,
+            store_fault,
         });
     }
     // A pod that never starts fails its attempt after the pending timeout: retried with
@@ -1089,12 +1121,14 @@ fn attempt_failure(
             ),
             permanent: None,
             settled: true,
+            store_fault: false,
         });
     }
     let lost = |what: &str, name: &str| Failure {
         message: format!("{what} pod {name} disappeared"),
         permanent: None,
         settled: true,
+        store_fault: false,
     };
     if recv.is_none_or(|p| p.deleting) && had(&cx.st.receiver, recv_name) {
         return Some(lost("receiver", recv_name));
@@ -1679,6 +1713,38 @@ pub(crate) mod tests {
         );
         // Without Skip the same exit is a failed attempt.
         assert_eq!(finished(false).status.phase, Phase::Retrying);
+    }
+
+    #[test]
+    fn a_block_store_fault_is_retried_without_the_store() {
+        let mut t = transfer();
+        let p = advance(&mut t, &obs(0));
+        assert!(p.dedup);
+        let mut o = obs(1);
+        o.pods = vec![
+            pod(1, 1, MoverRole::Receiver, PodPhase::Failed, false),
+            pod(1, 1, MoverRole::Sender, PodPhase::Failed, false),
+        ];
+        o.pods[0].exit_code = Some(16);
+        o.pods[1].exit_code = Some(10);
+        let p = advance(&mut t, &o);
+        assert_eq!(p.status.phase, Phase::Retrying);
+        let dedup = cond(&p, "Dedup");
+        assert_eq!(
+            (dedup.status.as_str(), dedup.reason.as_str()),
+            ("False", "BlockStoreFailed")
+        );
+        assert!(!p.dedup, "the next attempt goes on without the store");
+        // The next attempt starts its receiver without the store, and the condition stays.
+        let p = advance(&mut t, &obs(30));
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 2 }),
+            "{:?}",
+            p.actions
+        );
+        assert!(!p.dedup);
+        assert_eq!(cond(&p, "Dedup").reason, "BlockStoreFailed");
     }
 
     #[test]
