@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use ferry_mover::net::{self, Role};
-use ferry_mover::progress::connect_progress;
-use ferry_proto::progress::v1::{Phase, ProgressRequest, ProgressUpdate};
+use ferry_proto::progress::v1::{Phase, ProgressUpdate};
 
 /// Reads stderr lines until the "progress service on ADDR" line; the rest is drained in the
 /// background so the child never blocks on a full pipe.
@@ -46,24 +44,6 @@ fn mover(pki: &Pki, role: &str, args: &[&str], root: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// Every update of one Watch, until the stream ends.
-async fn watch(pki: &Pki, addr: SocketAddr) -> Vec<ProgressUpdate> {
-    let tls = Arc::new(
-        net::client_config(&pki.files(Role::Operator), &[Role::Sender, Role::Receiver]).unwrap(),
-    );
-    let mut client = connect_progress(addr, tls).await.unwrap();
-    let mut stream = client
-        .watch(ProgressRequest { interval_ms: 100 })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut updates = Vec::new();
-    while let Some(u) = stream.message().await.unwrap() {
-        updates.push(u);
-    }
-    updates
 }
 
 fn check(updates: &[ProgressUpdate], role: &str, files: u64, bytes: u64) {
@@ -123,7 +103,7 @@ async fn operator_watches_both_binaries_to_the_outcome() {
     let recv_progress = progress_addr(&mut receiver);
     let recv_watch = tokio::spawn({
         let pki = pki.clone();
-        async move { watch(&pki, recv_progress).await }
+        async move { watch_progress(&pki, recv_progress).await }
     });
 
     // About 4 s, so a watcher that connects late under load still sees data flow.
@@ -145,7 +125,7 @@ async fn operator_watches_both_binaries_to_the_outcome() {
         &src,
     );
     let send_progress = progress_addr(&mut sender);
-    let send_updates = watch(&pki, send_progress).await;
+    let send_updates = watch_progress(&pki, send_progress).await;
     let recv_updates = tokio::time::timeout(Duration::from_secs(60), recv_watch)
         .await
         .expect("receiver watch never ended")
