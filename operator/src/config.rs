@@ -137,6 +137,15 @@ pub struct Config {
     pub peering_listen: Option<std::net::SocketAddr>,
     /// Type of the Service in front of a cross-cluster destination's receiver.
     pub peering_service_type: String,
+    /// Progress status patches per second for the whole operator (changes of state are never
+    /// held back).
+    pub status_patch_qps: f64,
+    /// Progress streams read at once.
+    pub max_progress_watchers: usize,
+    /// How long the other half of a cross-cluster Transfer may stay silent (unreachable,
+    /// answering 429 or 503) before this half stops its mover; measured from this operator's
+    /// own start at the earliest.
+    pub peer_silence_grace: std::time::Duration,
 }
 
 impl Default for Config {
@@ -168,6 +177,9 @@ impl Default for Config {
             default_compression: Compression::Auto,
             peering_listen: None,
             peering_service_type: "NodePort".into(),
+            status_patch_qps: crate::status::DEFAULT_PATCH_QPS,
+            max_progress_watchers: 1000,
+            peer_silence_grace: std::time::Duration::from_secs(60),
         }
     }
 }

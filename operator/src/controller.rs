@@ -7,25 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, Namespace, Node, PersistentVolumeClaim, Pod, Secret, Service,
-};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 
 use crate::api::{Peer, Phase, Reason, Side, Transfer, TransferStatus};
+use crate::cache::{self, Caches, OwnWrites, SecretBook};
+use crate::census;
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
 use crate::limits;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput, RemoteMover};
-use crate::names::{self, FINALIZER, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER, MoverRole};
+use crate::names::{self, FINALIZER, MANAGER, MoverRole};
 use crate::overlap;
 use crate::peering::client::PeerClient;
 use crate::peering::observe::{observe_remote, withdraw};
@@ -74,8 +73,19 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Transfers the controller knows (for the concurrency limit).
     pub store: kube::runtime::reflector::Store<Transfer>,
-    pub limiter: crate::status::PatchLimiter,
+    pub limiter: Arc<crate::status::PatchLimiter>,
+    /// Everything else reconcile observes.
+    pub caches: Caches,
+    pub secrets: SecretBook,
+    pub own_writes: OwnWrites,
+    /// When this operator began to act (it leads): silences of the other cluster are measured
+    /// from here at the earliest, since nothing before was heard by this process.
+    pub acting_since: Timestamp,
 }
+
+/// Reconciles at once: paces the storm of a start (every Transfer is looked at once) so the
+/// status writes it causes spread out.
+const RECONCILE_CONCURRENCY: u16 = 16;
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
@@ -94,7 +104,8 @@ pub async fn run(
         .await?,
     );
     let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
-    let peers = watch_peers(client.clone());
+    let (caches, triggers) = cache::start(&client);
+    let peers = caches.peers.clone();
     let registry = Arc::new(Registry::default());
     if let Some(addr) = config.peering_listen {
         let tls = crate::peering::server::tls_config(authority.clone(), peers.clone())?;
@@ -114,32 +125,38 @@ pub async fn run(
         });
         crate::peering::leader::mark_own_pod(&client, &config.namespace, true).await;
     }
+    // Nothing is planned from a cache that has not listed once.
+    caches.synced().await;
+    tracing::info!("caches synced");
     let wake = futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx));
-    let transfers: Api<Transfer> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
-    let controller = Controller::new(transfers, watcher::Config::default())
-        .owns(
-            pods,
-            watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGER}")),
-        )
+    let controller = Controller::for_stream(triggers.transfers, caches.transfers.clone())
+        .owns_stream(triggers.pods)
+        .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
         .reconcile_on(wake)
         .graceful_shutdown_on(shutdown);
     let reporter = Reporter {
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let limiter = Arc::new(crate::status::PatchLimiter::new(config.status_patch_qps));
+    let watchers = Watchers::new(wake_tx, config.max_progress_watchers, limiter.clone());
+    census::spawn(caches.transfers.clone(), limiter.clone(), metrics.clone());
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
-        store: controller.store(),
+        store: caches.transfers.clone(),
         client,
         config,
         peer_client: PeerClient::new(authority.clone()),
         authority,
         peers,
         registry,
-        watchers: Watchers::new(wake_tx),
+        watchers,
         metrics: metrics.clone(),
-        limiter: Default::default(),
+        limiter,
+        caches,
+        secrets: SecretBook::default(),
+        own_writes: OwnWrites::default(),
+        acting_since: Timestamp::now(),
     });
     metrics.set_ready(true);
     controller
@@ -153,27 +170,6 @@ pub async fn run(
     Ok(())
 }
 
-/// A reflector of the cluster's Peers, kept current in the background (a cluster without the
-/// Peer CRD just has none).
-fn watch_peers(client: Client) -> kube::runtime::reflector::Store<Peer> {
-    let (store, writer) = kube::runtime::reflector::store();
-    let api: Api<Peer> = Api::all(client);
-    let stream = kube::runtime::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(r) = stream.next().await {
-            if let Err(e) = r {
-                tracing::warn!("watching Peers: {e}");
-            }
-        }
-    });
-    store
-}
-
 fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_error(e.category());
     tracing::warn!(transfer = %t.name_any(), category = e.category(), "reconcile failed: {e}");
@@ -183,21 +179,26 @@ fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
 /// One reconcile of one Transfer.
 pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconcile();
-    let Some(t) = current(&cached, &ctx).await? else {
-        return Ok(Requeue::await_change());
-    };
+    // The Transfer store is ready before the first reconcile; the pod store fills alongside,
+    // and a plan without the pods would take running movers for lost ones.
+    ctx.caches.triggers_synced().await;
+    if ctx.own_writes.is_stale(&cached) {
+        // Our own write's watch event wakes the reconcile that sees it; this is the fallback.
+        return Ok(Requeue::requeue(STALE_RETRY));
+    }
+    let t = cached.as_ref();
     if t.metadata.deletion_timestamp.is_some() {
-        return cleanup(&t, &ctx).await;
+        return cleanup(t, &ctx).await;
     }
     if !t.finalizers().iter().any(|f| f == FINALIZER) {
         // The finalizer is there before anything is written, so a deletion always cleans up.
-        set_finalizer(&t, &ctx, true).await?;
+        set_finalizer(t, &ctx, true).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
-    let obs = observe(&t, &ctx).await?;
-    let mut plan = plan::plan(&t, &obs);
-    log_failure(&t, &obs, &plan.status);
-    if let Err(e) = apply(&t, &ctx, &obs, &plan).await {
+    let obs = observe(t, &ctx).await?;
+    let mut plan = plan::plan(t, &obs);
+    log_failure(t, &obs, &plan.status);
+    if let Err(e) = apply(t, &ctx, &obs, &plan).await {
         // A change the API server refuses for good (admission: quota, LimitRange, Pod Security,
         // a missing priority class; an invalid object) is the Transfer's news, not only the
         // log's: it becomes its condition and an Event, and is tried again with backoff.
@@ -212,12 +213,12 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
         });
         plan.status.phase = Phase::Pending;
         plan::set_refused(&mut plan.status, &message, t.metadata.generation);
-        if matches!(write_status(&t, &ctx, &plan.status).await?, Written::Stale) {
-            return Ok(Requeue::requeue(Duration::ZERO));
+        if matches!(write_status(t, &ctx, &plan.status).await?, Written::Stale) {
+            return Ok(Requeue::requeue(STALE_RETRY));
         }
         if !repeated {
             record(
-                &t,
+                t,
                 &ctx,
                 &[plan::Note {
                     warning: true,
@@ -234,15 +235,16 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
             REFUSED_RETRY_FIRST
         }));
     }
-    let deferred = match write_status(&t, &ctx, &plan.status).await? {
+    let deferred = match write_status(t, &ctx, &plan.status).await? {
         Written::Now => None,
         Written::Later(wait) => Some(wait),
-        // Planned from a version that changed meanwhile: plan again from the new one, and
-        // announce nothing of a status that did not land.
-        Written::Stale => return Ok(Requeue::requeue(Duration::ZERO)),
+        // Planned from a version that changed meanwhile: plan again once the cache has the
+        // new one (its watch event wakes the reconcile), and announce nothing of a status
+        // that did not land.
+        Written::Stale => return Ok(Requeue::requeue(STALE_RETRY)),
     };
-    record(&t, &ctx, &plan.notes).await;
-    ctx.metrics.observe(&t, &plan.status);
+    record(t, &ctx, &plan.notes).await;
+    ctx.metrics.observe(t, &plan.status);
     let requeue = match (plan.requeue, deferred) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -268,19 +270,8 @@ fn refused(e: &Error) -> Option<String> {
     }
 }
 
-/// The Transfer as the API server holds it now, or None once it is gone (or was recreated).
-/// The controller's cache can lag behind the status this operator wrote a moment ago: its watch
-/// event may not have arrived when the deletion of the pods that status retired triggers the
-/// next reconcile. A plan from that older status would take its decision a second time, e.g.
-/// retry an attempt already found failed for good, now that its pods are gone.
-async fn current(cached: &Transfer, ctx: &Context) -> Result<Option<Transfer>, Error> {
-    let ns = cached.namespace().ok_or(Error::Malformed("namespace"))?;
-    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
-    Ok(api
-        .get_opt(&cached.name_any())
-        .await?
-        .filter(|t| t.uid() == cached.uid()))
-}
+/// How soon a reconcile that found the cache behind this operator's own write looks again.
+const STALE_RETRY: Duration = Duration::from_secs(2);
 
 /// An attempt that just failed, with what each mover pod showed: the operator's log is where an
 /// admin looks first, and the Transfer's message keeps only the movers' words.
@@ -327,6 +318,9 @@ async fn set_finalizer(t: &Transfer, ctx: &Context, present: bool) -> Result<(),
         &Patch::Merge(&patch),
     )
     .await?;
+    if let Some(uid) = t.uid() {
+        ctx.own_writes.wrote(&uid, t.resource_version());
+    }
     Ok(())
 }
 
@@ -394,6 +388,8 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
         ctx.metrics.forget(&uid);
         ctx.limiter.forget(&uid);
         ctx.registry.forget(&uid);
+        ctx.secrets.forget(&uid);
+        ctx.own_writes.forget(&uid);
         return Ok(Requeue::await_change());
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
@@ -408,34 +404,33 @@ fn pod_prefix(uid: &str) -> String {
 async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let selector = format!("{LABEL_TRANSFER_UID}={uid}");
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let lp = ListParams::default().labels(&selector);
-    let mut pods: Vec<PodView> = pods_api
-        .list(&lp)
-        .await?
-        .items
+    let mut pods: Vec<PodView> = ctx
+        .caches
+        .pods_of(&ns, &uid)
         .iter()
-        .map(pod_view)
+        .map(|p| pod_view(p))
         .collect();
-    mount_failures(&ctx.client, &ns, &mut pods).await?;
+    mount_failures(&ctx.caches, &ns, &mut pods);
     // Secrets are looked up by their deterministic names (current and previous attempt), so
-    // the operator needs no right to list or watch Secrets.
+    // the operator needs no right to list or watch Secrets; after the first look, the
+    // operator's own creates and deletes keep the book.
     let st = t.status.clone().unwrap_or_default();
-    let mut secrets = Vec::new();
-    for attempt in [st.attempts.saturating_sub(1), st.attempts, st.attempts + 1] {
-        if attempt == 0 {
-            continue;
-        }
-        let name = names::secret_name(&uid, st.run, attempt);
-        if secrets_api.get_metadata_opt(&name).await?.is_some() {
-            secrets.push(name);
-        }
-    }
+    let candidates: Vec<String> = [st.attempts.saturating_sub(1), st.attempts, st.attempts + 1]
+        .into_iter()
+        .filter(|a| *a > 0)
+        .map(|a| names::secret_name(&uid, st.run, a))
+        .collect();
+    let secrets_api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets = ctx
+        .secrets
+        .existing(&secrets_api, &uid, &candidates)
+        .await?
+        .into_iter()
+        .filter(|s| candidates.contains(s))
+        .collect();
 
-    let source = side_facts(t, Side::Source, &ctx.client, &ns).await?;
-    let destination = side_facts(t, Side::Destination, &ctx.client, &ns).await?;
+    let source = side_facts(t, Side::Source, &ctx.caches, &ns);
+    let destination = side_facts(t, Side::Destination, &ctx.caches, &ns);
     let placement = placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &source)
         .and_then(|s| {
             placement::place_side(
@@ -509,11 +504,9 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
     let keep: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
     ctx.watchers.retain(&pod_prefix(&uid), &keep);
 
-    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
-    let host_path_forbidden = namespaces
-        .get_opt(&ns)
-        .await?
-        .and_then(|n| n.metadata.labels)
+    let host_path_forbidden = ctx
+        .caches
+        .namespace_labels(&ns)
         .and_then(|l| l.get(PSA_ENFORCE).cloned())
         .is_some_and(|level| level == "baseline" || level == "restricted");
 
@@ -595,60 +588,29 @@ fn may_start(t: &Transfer, ctx: &Context) -> bool {
     )
 }
 
-async fn side_facts(
-    t: &Transfer,
-    side: Side,
-    client: &Client,
-    ns: &str,
-) -> Result<SideFacts, Error> {
+fn side_facts(t: &Transfer, side: Side, caches: &Caches, ns: &str) -> SideFacts {
     let ep = t.endpoint(side);
     let mut facts = SideFacts::default();
     if let Some(hp) = &ep.host_path {
-        let nodes: Api<Node> = Api::all(client.clone());
-        facts.node_exists = nodes.get_opt(&hp.node).await?.is_some();
+        facts.node_exists = caches.node(&hp.node).is_some();
     }
     if let Some(pvc) = &ep.pvc {
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-        facts.claim_exists = claims.get_opt(&pvc.claim_name).await?.is_some();
+        facts.claim_exists = caches.claim_exists(ns, &pvc.claim_name);
         if facts.claim_exists {
-            facts.claim_in_use_on = claim_user_node(client, ns, &pvc.claim_name).await?;
+            facts.claim_in_use_on = caches.claim_users.node_of(ns, &pvc.claim_name);
         }
     }
-    Ok(facts)
+    facts
 }
 
-/// The node of a running pod (not one of ferry's) that mounts `claim`.
-async fn claim_user_node(client: &Client, ns: &str, claim: &str) -> Result<Option<String>, Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let lp = ListParams::default().fields("status.phase=Running");
-    for p in pods.list(&lp).await?.items {
-        let ours = p
-            .labels()
-            .get(LABEL_MANAGED_BY)
-            .is_some_and(|m| m == MANAGER);
-        let mounts = p.spec.as_ref().is_some_and(|s| {
-            s.volumes.iter().flatten().any(|v| {
-                v.persistent_volume_claim
-                    .as_ref()
-                    .is_some_and(|c| c.claim_name == claim)
-            })
-        });
-        if mounts && !ours {
-            return Ok(p.spec.and_then(|s| s.node_name));
-        }
-    }
-    Ok(None)
-}
-
-/// How long a pod may be pending before its Events are read for a failed mount (most pods
-/// start within this; the Events list is not worth reading for them).
+/// How long a pod may be pending before a failed mount is looked for (most pods start within
+/// this).
 const MOUNT_CHECK_AFTER: Duration = Duration::from_secs(5);
 
 /// Marks pending pods whose volume the kubelet cannot mount (a missing host root, a claim that
 /// cannot attach): that is only said in an Event, never in the pod's status.
-async fn mount_failures(client: &Client, ns: &str, pods: &mut [PodView]) -> Result<(), Error> {
+fn mount_failures(caches: &Caches, ns: &str, pods: &mut [PodView]) {
     let now = Timestamp::now();
-    let events: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
     for p in pods.iter_mut().filter(|p| {
         p.phase == PodPhase::Pending
             && p.stuck.is_none()
@@ -657,25 +619,14 @@ async fn mount_failures(client: &Client, ns: &str, pods: &mut [PodView]) -> Resu
                 Duration::try_from(now.duration_since(at)).unwrap_or_default() >= MOUNT_CHECK_AFTER
             })
     }) {
-        let lp = ListParams::default().fields(&format!(
-            "involvedObject.name={},reason=FailedMount",
-            p.name
-        ));
-        let latest = events
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
-        if let Some(e) = latest {
+        if let Some(message) = caches.mount_failure(ns, &p.name) {
             p.stuck = Some(Stuck {
                 reason: Reason::MoverVolumeMountFailed,
                 cause: "FailedMount".into(),
-                message: e.message.unwrap_or_default(),
+                message,
             });
         }
     }
-    Ok(())
 }
 
 fn pod_view(p: &Pod) -> PodView {
@@ -812,6 +763,7 @@ async fn apply(
                 let secret = movers::attempt_secret(t, *run, *attempt, &files);
                 let name = names::secret_name(&uid, *run, *attempt);
                 secrets.patch(&name, &ssa(), &Patch::Apply(&secret)).await?;
+                ctx.secrets.created(&uid, &name);
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };
@@ -903,6 +855,7 @@ async fn apply(
                         .await
                         .map(|_| ()),
                 )?;
+                ctx.secrets.deleted(&uid, name);
             }
             Action::DeleteTransfer => {
                 let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
@@ -969,6 +922,7 @@ async fn write_status(
         Err(e) => return Err(e.into()),
     }
     ctx.limiter.patched(&uid, now);
+    ctx.own_writes.wrote(&uid, t.resource_version());
     ctx.metrics.status_patch(progress_only);
     Ok(Written::Now)
 }

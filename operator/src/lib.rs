@@ -3,6 +3,8 @@
 //! follows their progress and writes it into the Transfer's status. See docs/operator.md.
 
 pub mod api;
+pub mod cache;
+pub mod census;
 pub mod cleanup;
 pub mod config;
 pub mod controller;

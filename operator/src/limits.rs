@@ -27,6 +27,14 @@ pub fn queued_first(s: &TransferStatus) -> bool {
             .any(|c| c.type_ == "Ready" && c.reason == "Pending" && c.message.starts_with(QUEUED))
 }
 
+/// Whether a Transfer waits in the queue (for its first start or a retry).
+pub fn queued(s: &TransferStatus) -> bool {
+    s.phase == Phase::Pending
+        && s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.reason == "Pending" && c.message.starts_with(QUEUED))
+}
+
 /// The start of the `Ready` message of a Transfer the limits hold back.
 pub const QUEUED: &str = "queued:";
 

@@ -58,6 +58,18 @@ struct Cli {
     /// namespace cannot take every slot of --max-active.
     #[arg(long, default_value_t = 0)]
     max_active_per_namespace: usize,
+    /// Progress status patches per second for the whole operator; each running Transfer's
+    /// progress is written less often as more run (changes of state are never held back).
+    #[arg(long, default_value_t = ferry_operator::status::DEFAULT_PATCH_QPS)]
+    status_patch_qps: f64,
+    /// Most mover progress streams read at once (beyond it, outcomes come from the pods).
+    #[arg(long, default_value_t = 1000)]
+    max_progress_watchers: usize,
+    /// Seconds the other half of a cross-cluster Transfer may stay silent (unreachable, 429,
+    /// 503) before this half stops its mover; counted from this operator's start at the
+    /// earliest.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(10..))]
+    peer_silence_grace: u64,
     /// Seconds a mover pod may stay pending (unschedulable, image not pulled, volume not
     /// mounted) before its attempt fails and is retried with backoff.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..))]
@@ -175,6 +187,9 @@ fn main() -> anyhow::Result<()> {
         default_compression: cli.default_compression,
         peering_listen: cli.peering_listen,
         peering_service_type: cli.peering_service_type,
+        status_patch_qps: cli.status_patch_qps,
+        max_progress_watchers: cli.max_progress_watchers,
+        peer_silence_grace: std::time::Duration::from_secs(cli.peer_silence_grace),
     };
     let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     rt.block_on(async move {
@@ -221,14 +236,14 @@ fn main() -> anyhow::Result<()> {
         let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        tokio::select! {
-            r = elector.acquire() => r.context("leader election failed")?,
+        let acquired = tokio::select! {
+            at = elector.acquire() => at,
             _ = stopped(stop_rx.clone()) => return Ok(()),
-        }
+        };
         let shutdown = stopped(stop_rx.clone());
         let result = tokio::select! {
             r = ferry_operator::controller::run(client, config, metrics, shutdown) => r,
-            _ = elector.hold() => Err(anyhow::anyhow!("lost the leader-election Lease")),
+            _ = elector.hold(acquired) => Err(anyhow::anyhow!("lost the leader-election Lease")),
         };
         elector.release().await;
         result

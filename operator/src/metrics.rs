@@ -25,6 +25,7 @@ pub struct Metrics {
     files_moved: AtomicU64,
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ready: AtomicBool,
+    queued: AtomicU64,
 }
 
 impl Metrics {
@@ -44,6 +45,9 @@ impl Metrics {
         if let Ok(mut e) = self.errors.lock() {
             *e.entry(category).or_default() += 1;
         }
+    }
+    pub fn set_queue_depth(&self, queued: usize) {
+        self.queued.store(queued as u64, Ordering::Relaxed);
     }
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);

@@ -1,6 +1,9 @@
 //! Progress watchers: one task per running mover reads its gRPC progress stream (mutual TLS,
-//! the operator's certificate for that run) and keeps the latest update; each update wakes
-//! reconcile for its Transfer, at most once per second.
+//! the operator's certificate for that run) and keeps the latest update (one message: memory
+//! does not grow with the stream). An update wakes reconcile for its Transfer at most once per
+//! progress interval of the status budget (a wake that cannot lead to a patch is not sent),
+//! and at most `--max-progress-watchers` watchers run: beyond that, a mover's progress is not
+//! read and its outcome comes from its pod.
 //!
 //! Watchers are keyed by pod name (unique per run, attempt and role) and stop when their stream
 //! ends, when the pod is gone from the plan, or when the operator shuts down. A restarted operator
@@ -16,9 +19,8 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
 use crate::api::Transfer;
+use crate::status::PatchLimiter;
 
-/// Least time between two reconciles one watcher asks for.
-const WAKE_INTERVAL: Duration = Duration::from_secs(1);
 /// Interval the operator asks the movers for.
 const UPDATE_INTERVAL_MS: u32 = 500;
 /// Pause between connection attempts (the mover may still be starting).
@@ -34,14 +36,22 @@ struct Watch {
 pub struct Watchers {
     inner: Arc<Mutex<HashMap<String, Watch>>>,
     wake: mpsc::Sender<ObjectRef<Transfer>>,
+    max: usize,
+    budget: Arc<PatchLimiter>,
 }
 
 impl Watchers {
-    /// Watchers that send the Transfer to reconcile into `wake`.
-    pub fn new(wake: mpsc::Sender<ObjectRef<Transfer>>) -> Watchers {
+    /// Watchers that send the Transfer to reconcile into `wake`, at most `max` at once.
+    pub fn new(
+        wake: mpsc::Sender<ObjectRef<Transfer>>,
+        max: usize,
+        budget: Arc<PatchLimiter>,
+    ) -> Watchers {
         Watchers {
             inner: Arc::default(),
             wake,
+            max,
+            budget,
         }
     }
 
@@ -59,9 +69,20 @@ impl Watchers {
         if let Some(w) = map.get(pod) {
             return w.latest.lock().ok().and_then(|l| l.clone());
         }
+        if map.len() >= self.max {
+            tracing::debug!(%pod, max = self.max, "progress watchers at their limit: not watching");
+            return None;
+        }
         let tls = tls()?;
         let latest = Arc::new(Mutex::new(None));
-        let task = tokio::spawn(watch(addr, tls, latest.clone(), self.wake.clone(), owner));
+        let task = tokio::spawn(watch(
+            addr,
+            tls,
+            latest.clone(),
+            self.wake.clone(),
+            owner,
+            self.budget.clone(),
+        ));
         map.insert(
             pod.to_owned(),
             Watch {
@@ -101,8 +122,9 @@ async fn watch(
     latest: Arc<Mutex<Option<ProgressUpdate>>>,
     wake: mpsc::Sender<ObjectRef<Transfer>>,
     owner: ObjectRef<Transfer>,
+    budget: Arc<PatchLimiter>,
 ) {
-    let mut last_wake = Instant::now() - WAKE_INTERVAL;
+    let mut last_wake: Option<Instant> = None;
     loop {
         let mut client = match ferry_mover::progress::connect_progress(addr, tls.clone()).await {
             Ok(c) => c,
@@ -128,13 +150,13 @@ async fn watch(
             if let Ok(mut l) = latest.lock() {
                 *l = Some(update);
             }
-            // The final update always wakes reconcile; others at most once a second.
+            // The final update always wakes reconcile; others as often as progress is written.
             if last {
                 let _ = wake.send(owner.clone()).await;
                 return;
             }
-            if last_wake.elapsed() >= WAKE_INTERVAL {
-                last_wake = Instant::now();
+            if last_wake.is_none_or(|at| at.elapsed() >= budget.progress_interval()) {
+                last_wake = Some(Instant::now());
                 let _ = wake.try_send(owner.clone());
             }
         }

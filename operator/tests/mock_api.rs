@@ -139,6 +139,8 @@ fn fake_client(log: Log, held: Held) -> kube::Client {
 fn context(client: kube::Client, config: Config) -> Arc<Context> {
     let (wake, _) = tokio::sync::mpsc::channel(8);
     let authority = Arc::new(Authority::ephemeral("test").unwrap());
+    let caches = ferry_operator::cache::preloaded(&["node-a", "node-b"], &["ml"], Vec::new());
+    let limiter = Arc::new(ferry_operator::status::PatchLimiter::default());
     Arc::new(Context {
         recorder: Recorder::new(
             client.clone(),
@@ -151,12 +153,16 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         config,
         peer_client: ferry_operator::peering::client::PeerClient::new(authority.clone()),
         authority,
-        peers: kube::runtime::reflector::store().0,
+        peers: caches.peers.clone(),
         registry: Default::default(),
-        watchers: Watchers::new(wake),
+        watchers: Watchers::new(wake, 10, limiter.clone()),
         metrics: Arc::new(Metrics::default()),
-        store: kube::runtime::reflector::store().0,
-        limiter: Default::default(),
+        store: caches.transfers.clone(),
+        limiter,
+        caches,
+        secrets: Default::default(),
+        own_writes: Default::default(),
+        acting_since: k8s_openapi::jiff::Timestamp::now(),
     })
 }
 
@@ -337,36 +343,29 @@ fn attempt_one(phase: &str, failures: u32) -> Value {
 }
 
 #[tokio::test]
-async fn a_lagging_cache_does_not_take_a_decision_twice() {
-    // The cache still shows attempt 1 running; the apiserver already holds it failed for good,
-    // and its pods are gone. Planning from the cache would call them lost and retry.
+async fn a_cache_behind_this_operators_own_write_plans_nothing() {
+    // The operator wrote attempt 1's failure over version 7; the cache still shows version 7
+    // (attempt 1 running) and the pods are gone. Planning from it would call them lost and
+    // retry a second time.
     let cached = transfer_at("7", json!({}), attempt_one("Running", 0));
-    let held = Held {
-        transfer: Some(transfer_at("9", json!({}), attempt_one("Failed", 1))),
-        ..Held::default()
-    };
-    let seen = run_against(cached, held, granted()).await;
-    let w = writes(&seen);
-    assert!(
-        !w.iter()
-            .any(|s| s.path.contains("/pods") || s.path.contains("/secrets")),
-        "{w:#?}"
-    );
-    for p in status_patches(&seen) {
-        assert_eq!(p.body["status"]["phase"], "Failed", "{p:#?}");
-        assert_eq!(p.body["status"]["attempts"], 1, "{p:#?}");
-    }
+    let log: Log = Arc::default();
+    let ctx = context(fake_client(log.clone(), Held::default()), granted());
+    ctx.own_writes.wrote(UID, Some("7".into()));
+    let t: Transfer = serde_json::from_value(cached).unwrap();
+    let requeue = reconcile(Arc::new(t.clone()), ctx.clone()).await.unwrap();
+    assert!(log.lock().unwrap().is_empty(), "{:#?}", log.lock().unwrap());
+    assert_ne!(requeue, kube::runtime::controller::Action::await_change());
+    // Once the cache moved on, the Transfer is planned again.
+    let mut newer = t;
+    newer.metadata.resource_version = Some("9".into());
+    reconcile(Arc::new(newer), ctx).await.unwrap();
+    assert!(!log.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
-async fn the_status_is_planned_from_the_current_transfer_and_written_on_its_version() {
-    // Suspended after the cache's copy was taken.
-    let cached = transfer_at("7", json!({}), json!(null));
-    let held = Held {
-        transfer: Some(transfer_at("9", json!({"suspend": true}), json!(null))),
-        ..Held::default()
-    };
-    let seen = run_against(cached, held, granted()).await;
+async fn the_status_is_written_on_the_version_it_was_planned_from() {
+    let cached = transfer_at("9", json!({"suspend": true}), json!(null));
+    let seen = run_against(cached, Held::default(), granted()).await;
     let patches = status_patches(&seen);
     let last = patches.last().expect("a status patch");
     assert_eq!(last.body["status"]["phase"], "Suspended", "{last:#?}");
@@ -391,7 +390,7 @@ async fn a_status_that_conflicts_is_not_announced_and_is_planned_again() {
         .unwrap();
     assert_eq!(
         requeue,
-        kube::runtime::controller::Action::requeue(std::time::Duration::ZERO)
+        kube::runtime::controller::Action::requeue(std::time::Duration::from_secs(2))
     );
     let seen = log.lock().unwrap().clone();
     assert_eq!(status_patches(&seen).len(), 1, "{seen:#?}");
@@ -402,7 +401,31 @@ async fn a_status_that_conflicts_is_not_announced_and_is_planned_again() {
 }
 
 #[tokio::test]
-async fn a_transfer_gone_since_the_cache_saw_it_is_left_alone() {
-    let seen = run_against(transfer(true), Held::default(), granted()).await;
-    assert!(writes(&seen).is_empty(), "{seen:#?}");
+async fn reconcile_reads_nothing_but_a_new_transfers_secrets_from_the_api_server() {
+    let log: Log = Arc::default();
+    let ctx = context(fake_client(log.clone(), Held::default()), granted());
+    let t: Transfer = serde_json::from_value(transfer(true)).unwrap();
+    reconcile(Arc::new(t.clone()), ctx.clone()).await.unwrap();
+    let reads = |log: &Log| -> Vec<String> {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method == "GET")
+            .map(|s| s.path.clone())
+            .collect()
+    };
+    let first = reads(&log);
+    assert!(
+        !first.is_empty() && first.iter().all(|p| p.contains("/secrets/")),
+        "only the Secrets' names are looked up: {first:?}"
+    );
+    log.lock().unwrap().clear();
+    let mut again = t;
+    again.metadata.resource_version = Some("8".into());
+    reconcile(Arc::new(again), ctx).await.unwrap();
+    assert_eq!(
+        reads(&log),
+        Vec::<String>::new(),
+        "the second reconcile reads nothing"
+    );
 }

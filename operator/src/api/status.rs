@@ -107,6 +107,12 @@ pub struct RemoteStatus {
     /// connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receiver_address: Option<String>,
+    /// When the other half was last heard from (a destination half: the source half's last
+    /// call; a source half: the destination half's last answer). Kept in the API, so that an
+    /// operator that restarts or takes over the lead knows the pairing was alive, and measures
+    /// a silence from its own start at the earliest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heard: Option<Time>,
 }
 
 /// What the receiver has written (the truth), against what the sender found.

@@ -3,9 +3,8 @@
 //! source half's call to the destination, which reports its sender), and the withdrawal of a
 //! deleted source half.
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
 use super::trust::{PeerEntry, peer_entry};
@@ -100,15 +99,14 @@ pub async fn observe_remote(
     };
     if t.is_destination_half() {
         out.counterpart = ctx.registry.get(&uid);
-        let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-        if let Some(svc) = services.get_opt(&names::service_name(&uid, st.run)).await? {
+        if let Some(svc) = ctx.caches.service(&ns, &names::service_name(&uid, st.run)) {
             out.service_exists = true;
             let recv = names::pod_name(&uid, st.run, st.attempts, MoverRole::Receiver);
             let node = pods
                 .iter()
                 .find(|p| p.name == recv)
                 .and_then(|p| p.node.clone());
-            out.receiver_address = service_address(ctx, &svc, node.as_deref()).await?;
+            out.receiver_address = service_address(ctx, &svc, node.as_deref());
         }
     } else if let Ok(peer) = &peer {
         let req = PairRequest {
@@ -168,11 +166,7 @@ fn sender_report(
 
 /// Where the other cluster reaches a receiver's Service: a LoadBalancer's ingress address, or
 /// the NodePort on the receiver's node.
-async fn service_address(
-    ctx: &Context,
-    svc: &Service,
-    receiver_node: Option<&str>,
-) -> Result<Option<String>, Error> {
+fn service_address(ctx: &Context, svc: &Service, receiver_node: Option<&str>) -> Option<String> {
     let spec = svc.spec.clone().unwrap_or_default();
     let port = spec.ports.as_ref().and_then(|p| p.first());
     if spec.type_.as_deref() == Some("LoadBalancer") {
@@ -183,21 +177,20 @@ async fn service_address(
             .and_then(|lb| lb.ingress.as_ref())
             .and_then(|i| i.first())
             .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()));
-        return Ok(ingress.zip(port).map(|(h, p)| host_port(&h, p.port)));
+        return ingress.zip(port).map(|(h, p)| host_port(&h, p.port));
     }
     let (Some(node), Some(node_port)) = (receiver_node, port.and_then(|p| p.node_port)) else {
-        return Ok(None);
+        return None;
     };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let ip = nodes.get_opt(node).await?.and_then(|n| {
-        let addrs = n.status?.addresses?;
+    let ip = ctx.caches.node(node).and_then(|n| {
+        let addrs = n.status.as_ref()?.addresses.as_ref()?;
         addrs
             .iter()
             .find(|a| a.type_ == "ExternalIP")
             .or_else(|| addrs.iter().find(|a| a.type_ == "InternalIP"))
             .map(|a| a.address.clone())
     });
-    Ok(ip.map(|ip| host_port(&ip, node_port)))
+    ip.map(|ip| host_port(&ip, node_port))
 }
 
 /// `host:port`, with an IPv6 address in brackets.

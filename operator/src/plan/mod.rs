@@ -417,6 +417,7 @@ impl Ctx<'_> {
             cluster: peer.clone(),
             transfer_id: Some(names::transfer_id(uid, self.st.run)),
             receiver_address: None,
+            last_heard: None,
         });
         self.cond(
             ConditionType::Ready,
@@ -448,6 +449,7 @@ impl Ctx<'_> {
             cluster: self.peer_cluster(),
             transfer_id: Some(names::transfer_id(uid, run)),
             receiver_address: remote.receiver_address.filter(|_| ready),
+            last_heard: None,
         });
     }
 

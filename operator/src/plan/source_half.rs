@@ -72,6 +72,7 @@ fn follow(uid: &str, cx: &mut Ctx<'_>, answer: &PairResponse, peer_cluster: &str
         cluster: peer_cluster.to_owned(),
         transfer_id: Some(answer.transfer_id.clone()),
         receiver_address: answer.receiver.clone(),
+        last_heard: None,
     });
     st.receiver = st.receiver.map(|r| MoverRef {
         pod: format!("{peer_cluster}/{}", r.pod),
