@@ -98,8 +98,8 @@ bench-net-ferry: release
 # FERRY_BUILD=0 (skip the release build; also skipped when FERRY_BIN is set), FERRY_BASELINE=path (bench-net:
 # an older ferry-mover beside this one, same data and run; prints this build / baseline per dataset).
 FERRY_BUILD ?= 1
-BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE,$(if $($(v)),$(v)=$($(v)))))
-export ROUNDS DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV FERRY_BASELINE TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
+BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE PARTS SCALE_COUNT SCALE_ACTIVE COUNT,$(if $($(v)),$(v)=$($(v)))))
+export ROUNDS PARTS SCALE_COUNT SCALE_ACTIVE COUNT DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV FERRY_BASELINE TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
 
 bench-build:
 ifeq ($(FERRY_BUILD)$(FERRY_BIN),1)
@@ -108,7 +108,10 @@ endif
 
 # The operator's overhead on the local cluster (release build): fixed apply-to-Succeeded time, a
 # large file through the operator against the bare mover pair, COUNT Transfers at once with the
-# operator's peak RSS and status-patch rate. Knobs: ROUNDS=5 LARGE_MIB=1024 COUNT=100 WRITE_DOCS=1.
+# operator's peak RSS and status-patch rate, and a scale round (SCALE_COUNT Transfers queued by
+# --max-active SCALE_ACTIVE: drain time, apiserver requests per Transfer, RSS, reconcile latency).
+# Knobs: ROUNDS=5 LARGE_MIB=1024 COUNT=100 SCALE_COUNT=1000 SCALE_ACTIVE=20
+# PARTS=overhead,large,many,scale WRITE_DOCS=1.
 bench-operator: deps k8s-bin
 	python3 tests/bench/operator_bench.py
 

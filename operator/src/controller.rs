@@ -112,7 +112,7 @@ pub async fn run(
         let listener = tokio::net::TcpListener::bind(addr).await?;
         tracing::info!(addr = %listener.local_addr()?, "cross-cluster API listening");
         let state = Arc::new(crate::peering::server::ApiState::new(
-            client.clone(),
+            caches.transfers.clone(),
             peers.clone(),
             registry.clone(),
             wake_tx.clone(),

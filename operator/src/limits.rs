@@ -1,5 +1,6 @@
-//! Concurrency limits (pure): how many Transfers may have movers at once, in the cluster and per
-//! node. A Transfer over a limit waits (queued) until another one finishes.
+//! Concurrency limits (pure): how many Transfers may have movers at once, in the cluster, per
+//! node and per namespace. A Transfer over a limit waits (queued) until another one finishes,
+//! and free slots go to the waiting Transfers in a fair order across namespaces.
 
 use std::collections::BTreeSet;
 
@@ -92,6 +93,74 @@ pub fn admits(limits: Limits, namespace: &str, mine: &BTreeSet<String>, others: 
         .all(|node| others.iter().filter(|o| o.nodes.contains(node)).count() < max_per_node)
 }
 
+/// A Transfer that waits for a slot, as the fair order sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub uid: String,
+    pub namespace: String,
+    /// Waits to run again after a failed attempt (goes after those waiting for a first start
+    /// of its namespace, so a Transfer that keeps failing cannot take the slot back each time).
+    pub retry: bool,
+    /// Creation time and name: first come, first served within a namespace.
+    pub order: (i64, String),
+}
+
+/// The order in which waiting Transfers get free slots: round-robin across namespaces, a
+/// namespace with fewer running Transfers first, each namespace's own first come, first
+/// served. So one namespace's 500 queued Transfers do not starve another's one: that one goes
+/// next, whatever was queued before it.
+pub fn fair_order(active: &[Active], waiting: &[Waiting]) -> Vec<String> {
+    use std::collections::BTreeMap;
+    let mut running: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in active {
+        *running.entry(a.namespace.as_str()).or_default() += 1;
+    }
+    let mut by_namespace: BTreeMap<&str, Vec<&Waiting>> = BTreeMap::new();
+    for w in waiting {
+        by_namespace
+            .entry(w.namespace.as_str())
+            .or_default()
+            .push(w);
+    }
+    let mut keyed: Vec<((usize, bool, i64), &Waiting)> = Vec::with_capacity(waiting.len());
+    for (ns, mut list) in by_namespace {
+        list.sort_by(|a, b| (a.retry, &a.order).cmp(&(b.retry, &b.order)));
+        let base = running.get(ns).copied().unwrap_or(0);
+        for (k, w) in list.into_iter().enumerate() {
+            keyed.push(((base + k, w.retry, w.order.0), w));
+        }
+    }
+    keyed.sort_by(|a, b| {
+        (a.0, &a.1.order.1, &a.1.namespace).cmp(&(b.0, &b.1.order.1, &b.1.namespace))
+    });
+    keyed.into_iter().map(|(_, w)| w.uid.clone()).collect()
+}
+
+/// Where a waiting Transfer stands: `Ok(())` may start now; `Err(place)` waits at 1-based
+/// `place` of the fair order (0 when another limit than the cluster's holds it back).
+pub fn admission(
+    limits: Limits,
+    me: &Waiting,
+    mine: &BTreeSet<String>,
+    active: &[Active],
+    waiting: &[Waiting],
+) -> Result<(), usize> {
+    let order = fair_order(active, waiting);
+    let place = order.iter().position(|u| *u == me.uid).map(|p| p + 1);
+    if !admits(limits, &me.namespace, mine, active) {
+        return Err(place.unwrap_or(0));
+    }
+    if limits.total == 0 {
+        return Ok(());
+    }
+    // Free slots go to those ahead first.
+    let free = limits.total.saturating_sub(active.len());
+    match place {
+        Some(p) if p > free => Err(p),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +243,67 @@ mod tests {
         // One namespace cannot take every slot.
         assert!(!admits(l(10, 0, 2), "ml", &nodes(&["x"]), &others));
         assert!(admits(l(10, 0, 2), "web", &nodes(&["x"]), &others));
+    }
+
+    fn waiting(uid: &str, ns: &str, created: i64) -> Waiting {
+        Waiting {
+            uid: uid.into(),
+            namespace: ns.into(),
+            retry: false,
+            order: (created, uid.into()),
+        }
+    }
+
+    #[test]
+    fn one_namespaces_queue_does_not_starve_anothers_one() {
+        let active: Vec<Active> = (0..2)
+            .map(|_| Active {
+                namespace: "bulk".into(),
+                nodes: BTreeSet::new(),
+            })
+            .collect();
+        let mut queue: Vec<Waiting> = (0..50)
+            .map(|i| waiting(&format!("b{i:02}"), "bulk", i))
+            .collect();
+        // Created last, in another namespace.
+        queue.push(waiting("solo", "web", 100));
+        let order = fair_order(&active, &queue);
+        assert_eq!(order[0], "solo", "{order:?}");
+        assert_eq!(order[1], "b00");
+        let l = Limits {
+            total: 3,
+            ..Limits::default()
+        };
+        let solo = &queue[50];
+        assert_eq!(
+            admission(l, solo, &BTreeSet::new(), &active, &queue),
+            Ok(())
+        );
+        assert_eq!(
+            admission(l, &queue[1], &BTreeSet::new(), &active, &queue),
+            Err(3),
+            "b01 is third in line for one free slot"
+        );
+    }
+
+    #[test]
+    fn namespaces_take_turns_and_retries_go_after_first_starts() {
+        let mut q = vec![
+            waiting("a1", "a", 1),
+            waiting("a2", "a", 2),
+            waiting("b1", "b", 3),
+            waiting("b2", "b", 4),
+        ];
+        q[0].retry = true;
+        assert_eq!(fair_order(&[], &q), ["a2", "b1", "b2", "a1"]);
+        let full = Limits {
+            total: 1,
+            ..Limits::default()
+        };
+        let one = [Active {
+            namespace: "c".into(),
+            nodes: BTreeSet::new(),
+        }];
+        assert_eq!(admission(full, &q[1], &BTreeSet::new(), &one, &q), Err(1));
     }
 }

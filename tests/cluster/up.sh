@@ -148,6 +148,19 @@ start etcd "$cp_ns" "$bin/etcd" --name ferry --data-dir "$cluster_dir/etcd" \
   --initial-cluster "ferry=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --log-level warn
 wait_for etcd 30 etcd in_ns "$cp_ns" curl -fsS "http://127.0.0.1:$etcd_port/health"
 
+# The audit log records only the operator's own requests (its service account; metadata only):
+# what `make bench-operator` counts per Transfer, by verb and resource, as the apiserver saw them.
+audit_policy="$cluster_dir/audit-policy.yaml"
+cat >"$audit_policy" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    users: ["system:serviceaccount:ferry-system:ferry-operator"]
+  - level: None
+POLICY
+
 # Listens on every address of the control plane's namespace; the kubernetes Service's endpoint is
 # the advertised address, so pods reach it through kube-proxy as on a real cluster.
 start kube-apiserver "$cp_ns" "$bin/kube-apiserver" \
@@ -167,6 +180,8 @@ start kube-apiserver "$cp_ns" "$bin/kube-apiserver" \
   --allow-privileged=true \
   --service-cluster-ip-range "$service_range" \
   --profiling=false \
+  --audit-policy-file "$audit_policy" --audit-log-path "$cluster_dir/logs/audit-operator.log" \
+  --audit-log-maxsize 200 --audit-log-maxbackup 1 \
   --v 1
 wait_for "kube-apiserver /readyz" 60 kube-apiserver "$bin/kubectl" --kubeconfig "$kubeconfig" get --raw /readyz
 # The apiserver's identity towards the kubelets (logs, exec, port-forward) may use their API.

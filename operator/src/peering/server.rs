@@ -14,9 +14,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
+use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
@@ -43,7 +42,8 @@ const BURST: f64 = 200.0;
 
 /// What the handlers need.
 pub struct ApiState {
-    pub client: Client,
+    /// The Transfers of this cluster (the controller's cache).
+    pub transfers: Store<Transfer>,
     pub peers: Store<Peer>,
     pub registry: Arc<Registry>,
     pub wake: mpsc::Sender<ObjectRef<Transfer>>,
@@ -53,14 +53,14 @@ pub struct ApiState {
 
 impl ApiState {
     pub fn new(
-        client: Client,
+        transfers: Store<Transfer>,
         peers: Store<Peer>,
         registry: Arc<Registry>,
         wake: mpsc::Sender<ObjectRef<Transfer>>,
         local_cluster: String,
     ) -> ApiState {
         ApiState {
-            client,
+            transfers,
             peers,
             registry,
             wake,
@@ -357,22 +357,27 @@ async fn counterpart_of(
     cluster: &str,
     st: &ApiState,
 ) -> Result<(Transfer, String), Response<Full<Bytes>>> {
-    let api: Api<Transfer> = Api::namespaced(st.client.clone(), &dest.namespace);
     let local = &st.local_cluster;
-    let t = match api.get_opt(&dest.name).await {
-        Ok(Some(t)) if t.metadata.deletion_timestamp.is_none() => t,
-        Ok(_) => {
+    // An operator that just started (or just took the lead) answers "not yet" until its cache
+    // of Transfers is whole: a "no such Transfer" from an empty cache would be taken for a
+    // refusal.
+    if futures::FutureExt::now_or_never(st.transfers.wait_until_ready()).is_none() {
+        return Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Unavailable",
+            format!("cluster {local} is starting; ask again"),
+        ));
+    }
+    let t = match st
+        .transfers
+        .get(&ObjectRef::new(&dest.name).within(&dest.namespace))
+    {
+        Some(t) if t.metadata.deletion_timestamp.is_none() => t,
+        _ => {
             return Err(refuse(
                 StatusCode::NOT_FOUND,
                 "CounterpartMissing",
                 format!("cluster {local} has no Transfer {dest}"),
-            ));
-        }
-        Err(e) => {
-            return Err(refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Unavailable",
-                format!("cluster {local} cannot read Transfer {dest}: {e}"),
             ));
         }
     };
@@ -402,7 +407,7 @@ async fn counterpart_of(
         ));
     }
     let peer = remote.map(|r| r.peer.clone()).unwrap_or_default();
-    Ok((t, peer))
+    Ok((t.as_ref().clone(), peer))
 }
 
 async fn pair(r: PairRequest, cluster: &str, st: &ApiState) -> Response<Full<Bytes>> {

@@ -28,6 +28,7 @@ pub struct Pair {
     pub east: OperatorProcess,
     pub west_name: String,
     pub east_name: String,
+    pub west_endpoint: String,
     pub east_endpoint: String,
     pub west_ca: String,
     pub east_ca: String,
@@ -35,7 +36,7 @@ pub struct Pair {
 
 /// The address the operator `name` of this test process says its cross-cluster API listens on
 /// (the log may hold earlier runs: only lines after this process took the lead count).
-async fn api_address(op: &OperatorProcess, name: &str) -> anyhow::Result<String> {
+pub async fn api_address(op: &OperatorProcess, name: &str) -> anyhow::Result<String> {
     let mut found = None;
     let leading = format!("identity={name}-{}", std::process::id());
     wait_until(Duration::from_secs(60), "the cross-cluster API", || {
@@ -140,6 +141,7 @@ pub async fn setup(tag: &str, east_flags: &[&str]) -> anyhow::Result<Pair> {
         east,
         west_name,
         east_name,
+        west_endpoint,
         east_endpoint,
         west_ca,
         east_ca,
