@@ -348,6 +348,96 @@ grep -Fqx '  type: LoadBalancer' "$work/peering-lb.yaml" && ! grep -q 'nodePort:
 grep -Fqx '  name: ferry-peering' "$work/peering-lb.yaml" || fail "release ferry: the Service is not ferry-peering"
 ok "ServiceMonitor only when enabled; PDB when enabled; Service port metrics; Service <fullname>-peering only with crossCluster.enabled"
 
+run "Grafana dashboard and PrometheusRule: only when enabled; JSON with panels; the four alerts; metric names the operator exposes"
+grep -q '^kind: PrometheusRule' "$work/default.yaml" && fail "default: a PrometheusRule is rendered"
+grep -q 'grafana_dashboard:' "$work/default.yaml" && fail "default: a dashboard ConfigMap is rendered"
+grep -q '^kind: PrometheusRule' "$work/full.yaml" || fail "full: no PrometheusRule"
+grep -q '^    grafana_dashboard: "1"$' "$work/full.yaml" || fail "full: no ConfigMap labelled grafana_dashboard: \"1\""
+render "$work/dashboard.yaml" -f "$chart/ci/full-values.yaml" --show-only templates/grafana-dashboard.yaml
+render "$work/rule.yaml" -f "$chart/ci/full-values.yaml" --show-only templates/prometheusrule.yaml
+render "$work/rule-default.yaml" --show-only templates/prometheusrule.yaml --set metrics.prometheusRule.enabled=true
+expect_reject "metrics.prometheusRule.job with a quote" "/metrics/prometheusRule/job.*does not match pattern" \
+  --set 'metrics.prometheusRule.job=a"b'
+# The names the operator renders: every ferry_* in metrics.rs before its tests.
+sed '/^#\[cfg(test)\]/q' "$repo/operator/src/metrics.rs" | grep -oE 'ferry_[a-z_]+[a-z]' | sort -u >"$work/exposed"
+[[ $(wc -l <"$work/exposed") -ge 15 ]] || fail "operator/src/metrics.rs: only $(wc -l <"$work/exposed") metric names found"
+# docs/operator.md lists each (a histogram by its base name).
+while read -r m; do
+  base=${m%_bucket}; base=${base%_sum}; base=${base%_count}
+  grep -Fq -- "\`$base" "$repo/docs/operator.md" || fail "docs/operator.md does not list $base (operator/src/metrics.rs renders it)"
+done <"$work/exposed"
+ok "docs/operator.md lists all $(wc -l <"$work/exposed") metric names of operator/src/metrics.rs"
+for a in FerryOperatorDown FerryTransferStuck FerryTransferFailureRate FerryReconcileErrors; do
+  grep -Eq -- "- alert: $a\$" "$work/rule.yaml" || fail "full: the PrometheusRule has no alert $a"
+done
+if [[ $have_yaml == 1 ]]; then
+  python3 - "$work/exposed" "$work/dashboard.yaml" "$work/rule.yaml" "$work/rule-default.yaml" "$work/default.yaml" <<'EOF2'
+import json, re, sys, yaml
+
+exposed = set(open(sys.argv[1]).read().split())
+def one(path):
+    ds = [d for d in yaml.safe_load_all(open(path)) if d]
+    if len(ds) != 1:
+        sys.exit(f"FAIL {path}: {len(ds)} objects, want 1")
+    return ds[0]
+def check(cond, what):
+    if not cond:
+        sys.exit(f"FAIL {what}")
+def unknown(expr):
+    return sorted(set(re.findall(r"\bferry_[a-z_]+\b", expr)) - exposed)
+
+cm = one(sys.argv[2])
+meta = cm["metadata"]
+check(cm["kind"] == "ConfigMap" and meta["namespace"] == "monitoring", f"dashboard: {cm['kind']} in {meta.get('namespace')}")
+check(meta["labels"].get("grafana_dashboard") == "1" and meta["labels"].get("team") == "platform",
+      f"dashboard: labels {meta['labels']}")
+check(meta.get("annotations") == {"grafana_folder": "Storage"}, f"dashboard: annotations {meta.get('annotations')}")
+check(list(cm["data"]) == ["ferry.json"], f"dashboard: data keys {list(cm['data'])}")
+try:
+    dash = json.loads(cm["data"]["ferry.json"])
+except ValueError as e:
+    sys.exit(f"FAIL dashboard: ferry.json is not JSON: {e}")
+panels = [p for p in dash.get("panels", []) if p.get("type") != "row"]
+check(isinstance(dash.get("panels"), list) and len(panels) >= 9, f"dashboard: {len(panels)} panels")
+ids = [p["id"] for p in dash["panels"]]
+check(len(ids) == len(set(ids)), f"dashboard: panel ids repeat: {ids}")
+exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+check(all(p.get("targets") for p in panels), "dashboard: a panel without a query")
+for e in exprs:
+    check(not unknown(e), f"dashboard: {e} uses {unknown(e)}, which operator/src/metrics.rs does not render")
+    check('job=~"$job"' in e, f"dashboard: {e} does not select job=~\"$job\"")
+used = {m for e in exprs for m in re.findall(r"\bferry_[a-z_]+\b", e)}
+for want in ("ferry_transfers", "ferry_transfers_queued", "ferry_reconcile_duration_seconds_bucket",
+             "ferry_reconcile_errors_total", "ferry_api_requests_total", "ferry_status_patches_total",
+             "ferry_transfer_bytes_done", "ferry_transfer_throughput_bytes_per_second"):
+    check(want in used, f"dashboard: no panel uses {want}")
+print(f"ok   dashboard: ConfigMap in monitoring, grafana_dashboard \"1\", {len(panels)} panels, {len(exprs)} queries of rendered metrics")
+
+svc = next(d for d in yaml.safe_load_all(open(sys.argv[5])) if d and d["kind"] == "Service")["metadata"]["name"]
+for path, job, ns in ((sys.argv[3], "ferry-scraped", "monitoring"), (sys.argv[4], svc, "ferry-system")):
+    rule = one(path)
+    check(rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule",
+          f"{path}: {rule['apiVersion']} {rule['kind']}")
+    check(rule["metadata"]["namespace"] == ns, f"{path}: namespace {rule['metadata']['namespace']}, want {ns}")
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    names = sorted(r["alert"] for r in rules)
+    check(names == sorted(["FerryOperatorDown", "FerryTransferStuck", "FerryTransferFailureRate", "FerryReconcileErrors"]),
+          f"{path}: alerts {names}")
+    for r in rules:
+        check(not unknown(r["expr"]), f"{path}: {r['alert']} uses {unknown(r['expr'])}, not rendered by the operator")
+        check(f'job="{job}"' in r["expr"], f"{path}: {r['alert']} does not select job=\"{job}\": {r['expr']}")
+        check(r["labels"].get("severity") in ("warning", "critical"), f"{path}: {r['alert']} severity")
+        check("{{ $labels" not in r["expr"], f"{path}: {r['alert']}: a template in the expression")
+    check(rule["metadata"]["labels"].get("release") == "prometheus" or path == sys.argv[4], f"{path}: labels")
+print(f"ok   PrometheusRule: the four alerts over rendered metrics; job ferry-scraped when set, else the metrics Service {svc}")
+EOF2
+else
+  grep -q '"panels": \[' "$work/dashboard.yaml" || fail "dashboard: no panels array"
+  grep -Fq 'job="ferry-scraped"' "$work/rule.yaml" || fail "full: the rules do not select job=\"ferry-scraped\""
+  grep -Fq 'job="ferry-operator-metrics"' "$work/rule-default.yaml" || fail "default job: not the metrics Service"
+fi
+ok "dashboard and PrometheusRule only when enabled"
+
 if [[ $have_yaml == 1 ]]; then
   run "ci/full-values.yaml sets every value of values.yaml"
   python3 - "$chart/values.yaml" "$chart/ci/full-values.yaml" <<'EOF'

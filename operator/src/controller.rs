@@ -176,8 +176,15 @@ fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
     Requeue::requeue(Duration::from_secs(5))
 }
 
-/// One reconcile of one Transfer.
+/// One reconcile of one Transfer, timed.
 pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_once(cached, &ctx).await;
+    ctx.metrics.reconcile_duration(started.elapsed());
+    result
+}
+
+async fn reconcile_once(cached: Arc<Transfer>, ctx: &Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconcile();
     // The Transfer store is ready before the first reconcile; the pod store fills alongside,
     // and a plan without the pods would take running movers for lost ones.
@@ -188,17 +195,17 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
     }
     let t = cached.as_ref();
     if t.metadata.deletion_timestamp.is_some() {
-        return cleanup(t, &ctx).await;
+        return cleanup(t, ctx).await;
     }
     if !t.finalizers().iter().any(|f| f == FINALIZER) {
         // The finalizer is there before anything is written, so a deletion always cleans up.
-        set_finalizer(t, &ctx, true).await?;
+        set_finalizer(t, ctx, true).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
-    let obs = observe(t, &ctx).await?;
+    let obs = observe(t, ctx).await?;
     let mut plan = plan::plan(t, &obs);
     log_failure(t, &obs, &plan.status);
-    if let Err(e) = apply(t, &ctx, &obs, &plan).await {
+    if let Err(e) = apply(t, ctx, &obs, &plan).await {
         // A change the API server refuses for good (admission: quota, LimitRange, Pod Security,
         // a missing priority class; an invalid object) is the Transfer's news, not only the
         // log's: it becomes its condition and an Event, and is tried again with backoff.
@@ -213,13 +220,13 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
         });
         plan.status.phase = Phase::Pending;
         plan::set_refused(&mut plan.status, &message, t.metadata.generation);
-        if matches!(write_status(t, &ctx, &plan.status).await?, Written::Stale) {
+        if matches!(write_status(t, ctx, &plan.status).await?, Written::Stale) {
             return Ok(Requeue::requeue(STALE_RETRY));
         }
         if !repeated {
             record(
                 t,
-                &ctx,
+                ctx,
                 &[plan::Note {
                     warning: true,
                     reason: Reason::MoverRejected.as_str(),
@@ -235,7 +242,7 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
             REFUSED_RETRY_FIRST
         }));
     }
-    let deferred = match write_status(t, &ctx, &plan.status).await? {
+    let deferred = match write_status(t, ctx, &plan.status).await? {
         Written::Now => None,
         Written::Later(wait) => Some(wait),
         // Planned from a version that changed meanwhile: plan again once the cache has the
@@ -243,7 +250,7 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
         // that did not land.
         Written::Stale => return Ok(Requeue::requeue(STALE_RETRY)),
     };
-    record(t, &ctx, &plan.notes).await;
+    record(t, ctx, &plan.notes).await;
     ctx.metrics.observe(t, &plan.status);
     let requeue = match (plan.requeue, deferred) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -3,6 +3,7 @@
 //! follows their progress and writes it into the Transfer's status. See docs/operator.md.
 
 pub mod api;
+pub mod api_metrics;
 pub mod cache;
 pub mod census;
 pub mod cleanup;

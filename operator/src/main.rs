@@ -199,7 +199,8 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("failed to bind the metrics address {}", cli.metrics_addr))?;
         tracing::info!("metrics and health on {}", listener.local_addr()?);
         tokio::spawn(ferry_operator::metrics::serve(listener, metrics.clone()));
-        let client = kube::Client::try_default()
+        // Every API request of this process is counted in ferry_api_requests_total.
+        let client = ferry_operator::api_metrics::client(metrics.clone())
             .await
             .context("failed to configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
         // Say who this process is to the apiserver: a stray kubeconfig must not pass for the
@@ -259,7 +260,9 @@ fn pre_uninstall(delete_transfers: bool, timeout_seconds: u64) -> anyhow::Result
     };
     let rt = tokio::runtime::Runtime::new().context("failed to start the async runtime")?;
     let outcome = rt.block_on(async move {
-        let client = kube::Client::try_default()
+        // The hook serves no /metrics: its counts go nowhere, but it talks to the API server
+        // through the same client stack as the operator.
+        let client = ferry_operator::api_metrics::client(Arc::new(Metrics::default()))
             .await
             .context("failed to configure the Kubernetes client (in-cluster or KUBECONFIG)")?;
         run(

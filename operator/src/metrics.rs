@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use kube::ResourceExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,7 +26,35 @@ pub struct Metrics {
     files_moved: AtomicU64,
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ready: AtomicBool,
-    queued: AtomicU64,
+    reconcile_durations: Mutex<Histogram>,
+    queued: AtomicUsize,
+    /// The figures of each Running Transfer, by (namespace, name): bounded by the Transfers
+    /// running at once (an entry leaves when its Transfer leaves Running or is forgotten).
+    running: Mutex<BTreeMap<(String, String), RunningTransfer>>,
+    /// Kubernetes API requests by (verb, resource, status code or `error`).
+    api_requests: Mutex<BTreeMap<(&'static str, String, String), u64>>,
+}
+
+/// Upper bounds (seconds) of the reconcile duration histogram's buckets (`+Inf` is implied).
+pub const RECONCILE_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Default)]
+struct Histogram {
+    /// Observations per bucket (not cumulative), the last for those above every bound.
+    counts: [u64; RECONCILE_BUCKETS.len() + 1],
+    sum: f64,
+}
+
+/// One figure of a [`RunningTransfer`] (a per-Transfer gauge's value).
+type Figure = fn(&RunningTransfer) -> u64;
+
+struct RunningTransfer {
+    uid: String,
+    bytes_done: u64,
+    bytes_total: u64,
+    bytes_per_second: u64,
 }
 
 impl Metrics {
@@ -41,13 +70,34 @@ impl Metrics {
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
+    /// How long one reconcile took (the `ferry_reconcile_duration_seconds` histogram).
+    pub fn reconcile_duration(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let bucket = RECONCILE_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(RECONCILE_BUCKETS.len());
+        if let Ok(mut h) = self.reconcile_durations.lock() {
+            h.counts[bucket] += 1;
+            h.sum += secs;
+        }
+    }
+    /// Transfers waiting for a slot under the --max-active limits (`ferry_transfers_queued`).
+    pub fn set_queue_depth(&self, queued: usize) {
+        self.queued.store(queued, Ordering::Relaxed);
+    }
+    /// One Kubernetes API request (counted by [`crate::api_metrics::ApiMetricsLayer`]):
+    /// `code` is the HTTP status code, or `error` when no response came.
+    pub fn api_request(&self, verb: &'static str, resource: &str, code: &str) {
+        if let Ok(mut a) = self.api_requests.lock() {
+            *a.entry((verb, resource.to_owned(), code.to_owned()))
+                .or_default() += 1;
+        }
+    }
     pub fn reconcile_error(&self, category: &'static str) {
         if let Ok(mut e) = self.errors.lock() {
             *e.entry(category).or_default() += 1;
         }
-    }
-    pub fn set_queue_depth(&self, queued: usize) {
-        self.queued.store(queued as u64, Ordering::Relaxed);
     }
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::Relaxed);
@@ -56,10 +106,12 @@ impl Metrics {
         self.ready.load(Ordering::Relaxed)
     }
     /// Folds one reconcile's outcome in: phase gauges, finished and retry counters, bytes and
-    /// files of Transfers that succeeded, current throughput.
+    /// files of Transfers that succeeded, current throughput, the per-Transfer figures of a
+    /// Running one.
     pub fn observe(&self, t: &Transfer, new: &TransferStatus) {
         let uid = t.uid().unwrap_or_default();
         let old = t.status.clone().unwrap_or_default();
+        self.observe_running(t, &uid, new);
         if new.run == old.run && new.failures > old.failures {
             self.retries
                 .fetch_add(u64::from(new.failures - old.failures), Ordering::Relaxed);
@@ -97,10 +149,40 @@ impl Metrics {
         }
     }
 
+    fn observe_running(&self, t: &Transfer, uid: &str, new: &TransferStatus) {
+        let Ok(mut running) = self.running.lock() else {
+            return;
+        };
+        let key = (t.namespace().unwrap_or_default(), t.name_any());
+        if new.phase != Phase::Running {
+            // Only this Transfer's entry: a newer one of the same name keeps its own.
+            if running.get(&key).is_some_and(|r| r.uid == uid) {
+                running.remove(&key);
+            }
+            return;
+        }
+        let progress = new.progress.as_ref();
+        running.insert(
+            key,
+            RunningTransfer {
+                uid: uid.to_owned(),
+                bytes_done: progress.map_or(0, |p| p.bytes_done),
+                bytes_total: progress.map_or(0, |p| p.bytes_total),
+                bytes_per_second: new
+                    .throughput
+                    .as_ref()
+                    .map_or(0, |t| t.current_bytes_per_second),
+            },
+        );
+    }
+
     /// A deleted Transfer leaves the gauges.
     pub fn forget(&self, uid: &str) {
         if let Ok(mut phases) = self.phases.lock() {
             phases.remove(uid);
+        }
+        if let Ok(mut running) = self.running.lock() {
+            running.retain(|_, r| r.uid != uid);
         }
     }
 
@@ -142,15 +224,30 @@ impl Metrics {
             }
         }
         line("# TYPE ferry_transfers_active gauge".into());
-        let (active, rate) = self
+        let (active, rate, by_phase) = self
             .phases
             .lock()
             .map(|p| {
                 let active = p.values().filter(|(p, _)| !p.is_finished()).count();
-                (active, p.values().map(|(_, r)| r).sum::<u64>())
+                let mut by_phase = [0usize; PHASES.len()];
+                for (phase, _) in p.values() {
+                    if let Some(i) = PHASES.iter().position(|(q, _)| q == phase) {
+                        by_phase[i] += 1;
+                    }
+                }
+                (active, p.values().map(|(_, r)| r).sum::<u64>(), by_phase)
             })
-            .unwrap_or((0, 0));
+            .unwrap_or_default();
         line(format!("ferry_transfers_active {active}"));
+        line("# TYPE ferry_transfers gauge".into());
+        for ((_, name), n) in PHASES.iter().zip(by_phase) {
+            line(format!("ferry_transfers{{phase=\"{name}\"}} {n}"));
+        }
+        line("# TYPE ferry_transfers_queued gauge".into());
+        line(format!(
+            "ferry_transfers_queued {}",
+            self.queued.load(Ordering::Relaxed)
+        ));
         line("# TYPE ferry_throughput_bytes_per_second gauge".into());
         line(format!("ferry_throughput_bytes_per_second {rate}"));
         line("# TYPE ferry_retries_total counter".into());
@@ -168,8 +265,81 @@ impl Metrics {
             "ferry_files_moved_total {}",
             self.files_moved.load(Ordering::Relaxed)
         ));
+        line("# TYPE ferry_reconcile_duration_seconds histogram".into());
+        if let Ok(h) = self.reconcile_durations.lock() {
+            let mut cumulative = 0;
+            for (le, n) in RECONCILE_BUCKETS.iter().zip(h.counts) {
+                cumulative += n;
+                line(format!(
+                    "ferry_reconcile_duration_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+                ));
+            }
+            cumulative += h.counts[RECONCILE_BUCKETS.len()];
+            line(format!(
+                "ferry_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
+            ));
+            line(format!("ferry_reconcile_duration_seconds_sum {}", h.sum));
+            line(format!(
+                "ferry_reconcile_duration_seconds_count {cumulative}"
+            ));
+        }
+        if let Ok(running) = self.running.lock() {
+            let gauges: [(&str, Figure); 3] = [
+                ("ferry_transfer_bytes_done", |r| r.bytes_done),
+                ("ferry_transfer_bytes_total", |r| r.bytes_total),
+                ("ferry_transfer_throughput_bytes_per_second", |r| {
+                    r.bytes_per_second
+                }),
+            ];
+            for (metric, value) in gauges {
+                line(format!("# TYPE {metric} gauge"));
+                for ((namespace, name), r) in running.iter() {
+                    line(format!(
+                        "{metric}{{namespace=\"{}\",name=\"{}\"}} {}",
+                        escape(namespace),
+                        escape(name),
+                        value(r)
+                    ));
+                }
+            }
+        }
+        line("# TYPE ferry_api_requests_total counter".into());
+        if let Ok(a) = self.api_requests.lock() {
+            for ((verb, resource, code), n) in a.iter() {
+                line(format!(
+                    "ferry_api_requests_total{{verb=\"{verb}\",resource=\"{}\",code=\"{}\"}} {n}",
+                    escape(resource),
+                    escape(code)
+                ));
+            }
+        }
         out
     }
+}
+
+/// Every phase with its label value, in the order of the `ferry_transfers` series.
+const PHASES: [(Phase, &str); 6] = [
+    (Phase::Pending, "Pending"),
+    (Phase::Running, "Running"),
+    (Phase::Retrying, "Retrying"),
+    (Phase::Suspended, "Suspended"),
+    (Phase::Succeeded, "Succeeded"),
+    (Phase::Failed, "Failed"),
+];
+
+/// A label value as the text exposition format wants it: backslash, double quote and line feed
+/// escaped.
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (one short request per connection).
@@ -253,5 +423,217 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing in:\n{text}");
         }
+    }
+
+    /// A Transfer of its own (not the plan's fixture), with the name and UID a test needs.
+    fn named(namespace: &str, name: &str, uid: &str) -> Transfer {
+        let mut t: Transfer = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1",
+            "kind": "Transfer",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "spec": {
+                "source": {"hostPath": {"node": "a", "path": "/data/src"}},
+                "destination": {"hostPath": {"node": "b", "path": "/data/dst"}},
+            },
+        }))
+        .expect("a Transfer");
+        t.status = None;
+        t
+    }
+
+    fn running(bytes_done: u64, bytes_total: u64, rate: u64) -> TransferStatus {
+        TransferStatus {
+            phase: Phase::Running,
+            run: 1,
+            progress: Some(ProgressStatus {
+                bytes_done,
+                bytes_total,
+                ..ProgressStatus::default()
+            }),
+            throughput: Some(ThroughputStatus {
+                current_bytes_per_second: rate,
+                ..ThroughputStatus::default()
+            }),
+            ..TransferStatus::default()
+        }
+    }
+
+    /// The sample lines of `metric` (its name followed by `{` or a space), in order.
+    fn samples(text: &str, metric: &str) -> Vec<String> {
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(metric)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn reconcile_durations_form_a_cumulative_histogram() {
+        let m = Metrics::default();
+        let empty = m.render();
+        assert!(empty.contains("# TYPE ferry_reconcile_duration_seconds histogram\n"));
+        assert!(empty.contains("ferry_reconcile_duration_seconds_bucket{le=\"+Inf\"} 0\n"));
+        assert!(empty.contains("ferry_reconcile_duration_seconds_count 0\n"));
+        for ms in [3, 5, 30, 30, 1000, 20_000] {
+            m.reconcile_duration(Duration::from_millis(ms));
+        }
+        let text = m.render();
+        assert_eq!(
+            samples(&text, "ferry_reconcile_duration_seconds_bucket"),
+            [
+                "{le=\"0.005\"} 2",
+                "{le=\"0.01\"} 2",
+                "{le=\"0.025\"} 2",
+                "{le=\"0.05\"} 4",
+                "{le=\"0.1\"} 4",
+                "{le=\"0.25\"} 4",
+                "{le=\"0.5\"} 4",
+                "{le=\"1\"} 5",
+                "{le=\"2.5\"} 5",
+                "{le=\"5\"} 5",
+                "{le=\"10\"} 5",
+                "{le=\"+Inf\"} 6",
+            ]
+            .map(|s| format!("ferry_reconcile_duration_seconds_bucket{s}"))
+        );
+        assert_eq!(
+            samples(&text, "ferry_reconcile_duration_seconds_count"),
+            ["ferry_reconcile_duration_seconds_count 6"]
+        );
+        let sum = samples(&text, "ferry_reconcile_duration_seconds_sum");
+        let sum: f64 = sum[0]
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number");
+        assert!((sum - 21.068).abs() < 1e-9, "sum {sum}");
+    }
+
+    #[test]
+    fn queue_depth_and_phases_are_gauges() {
+        let m = Metrics::default();
+        assert!(m.render().contains("\nferry_transfers_queued 0\n"));
+        m.set_queue_depth(7);
+        m.observe(&named("ml", "a", "u1"), &running(1, 2, 3));
+        m.observe(
+            &named("ml", "b", "u2"),
+            &TransferStatus {
+                phase: Phase::Pending,
+                ..TransferStatus::default()
+            },
+        );
+        m.set_queue_depth(3);
+        let text = m.render();
+        assert!(text.contains("# TYPE ferry_transfers_queued gauge\nferry_transfers_queued 3\n"));
+        assert_eq!(
+            samples(&text, "ferry_transfers"),
+            [
+                "Pending\"} 1",
+                "Running\"} 1",
+                "Retrying\"} 0",
+                "Suspended\"} 0",
+                "Succeeded\"} 0",
+                "Failed\"} 0"
+            ]
+            .map(|s| format!("ferry_transfers{{phase=\"{s}"))
+        );
+    }
+
+    #[test]
+    fn per_transfer_gauges_exist_while_running_only() {
+        let m = Metrics::default();
+        let a = named("ml", "a", "u1");
+        let odd = named("x\"y", "b\\c\nd", "u2");
+        m.observe(&a, &running(10, 100, 5));
+        m.observe(&odd, &running(1, 2, 3));
+        let text = m.render();
+        assert_eq!(
+            samples(&text, "ferry_transfer_bytes_done"),
+            [
+                "ferry_transfer_bytes_done{namespace=\"ml\",name=\"a\"} 10",
+                "ferry_transfer_bytes_done{namespace=\"x\\\"y\",name=\"b\\\\c\\nd\"} 1",
+            ]
+        );
+        assert!(text.contains("ferry_transfer_bytes_total{namespace=\"ml\",name=\"a\"} 100\n"));
+        assert!(text.contains(
+            "ferry_transfer_throughput_bytes_per_second{namespace=\"ml\",name=\"a\"} 5\n"
+        ));
+        // Every sample is one line: the escaped newline did not break one.
+        assert!(
+            text.lines()
+                .all(|l| l.starts_with('#') || l.starts_with("ferry_"))
+        );
+
+        // Progress moves; then a leaves Running, the odd one is deleted.
+        m.observe(&a, &running(60, 100, 7));
+        assert!(
+            m.render()
+                .contains("ferry_transfer_bytes_done{namespace=\"ml\",name=\"a\"} 60\n")
+        );
+        let mut a_running = a.clone();
+        a_running.status = Some(running(60, 100, 7));
+        m.observe(
+            &a_running,
+            &TransferStatus {
+                phase: Phase::Retrying,
+                ..running(60, 100, 0)
+            },
+        );
+        m.forget("u2");
+        let text = m.render();
+        for metric in [
+            "ferry_transfer_bytes_done",
+            "ferry_transfer_bytes_total",
+            "ferry_transfer_throughput_bytes_per_second",
+        ] {
+            assert!(text.contains(&format!("# TYPE {metric} gauge\n")));
+            assert_eq!(samples(&text, metric), Vec::<String>::new(), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_recreated_transfer_keeps_its_series_when_the_old_one_goes() {
+        let m = Metrics::default();
+        m.observe(&named("ml", "a", "old"), &running(1, 2, 3));
+        m.observe(&named("ml", "a", "new"), &running(4, 5, 6));
+        m.observe(
+            &named("ml", "a", "old"),
+            &TransferStatus {
+                phase: Phase::Failed,
+                ..TransferStatus::default()
+            },
+        );
+        m.forget("old");
+        assert_eq!(
+            samples(&m.render(), "ferry_transfer_bytes_done"),
+            ["ferry_transfer_bytes_done{namespace=\"ml\",name=\"a\"} 4"]
+        );
+    }
+
+    #[test]
+    fn api_requests_are_counted_by_verb_resource_and_code() {
+        let m = Metrics::default();
+        m.api_request("patch", "transfers/status", "200");
+        m.api_request("patch", "transfers/status", "200");
+        m.api_request("get", "pods", "404");
+        m.api_request("list", "we\"ird", "error");
+        let text = m.render();
+        assert_eq!(
+            samples(&text, "ferry_api_requests_total"),
+            [
+                "ferry_api_requests_total{verb=\"get\",resource=\"pods\",code=\"404\"} 1",
+                "ferry_api_requests_total{verb=\"list\",resource=\"we\\\"ird\",code=\"error\"} 1",
+                "ferry_api_requests_total{verb=\"patch\",resource=\"transfers/status\",code=\"200\"} 2",
+            ]
+        );
+        assert!(text.contains("# TYPE ferry_api_requests_total counter\n"));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("plain-name.1"), "plain-name.1");
+        assert_eq!(escape("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
     }
 }
