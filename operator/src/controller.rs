@@ -139,8 +139,18 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let limiter = Arc::new(crate::status::PatchLimiter::new(config.status_patch_qps));
-    let watchers = Watchers::new(wake_tx, config.max_progress_watchers, limiter.clone());
-    census::spawn(caches.transfers.clone(), limiter.clone(), metrics.clone());
+    let watchers = Watchers::new(
+        wake_tx.clone(),
+        config.max_progress_watchers,
+        limiter.clone(),
+    );
+    census::spawn(
+        caches.transfers.clone(),
+        limits_of(&config),
+        limiter.clone(),
+        metrics.clone(),
+        wake_tx.clone(),
+    );
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         store: caches.transfers.clone(),
@@ -529,7 +539,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
             .and_then(|m| m.priority_class_name.clone())
             .filter(|c| !ctx.config.priority_class_allowed(c)),
         placement,
-        may_start: may_start(t, ctx),
+        may_start: admission(t, ctx).is_ok(),
         pending_timeout: ctx.config.mover_pending_timeout,
         pods,
         secrets,
@@ -558,41 +568,53 @@ fn transfer_nodes(t: &Transfer) -> BTreeSet<String> {
     nodes
 }
 
-/// Whether the concurrency limits leave room for `t`'s movers.
-fn may_start(t: &Transfer, ctx: &Context) -> bool {
-    let c = &ctx.config;
-    let limits = limits::Limits {
+fn limits_of(c: &Config) -> limits::Limits {
+    limits::Limits {
         total: c.max_active,
         per_node: c.max_active_per_node,
         per_namespace: c.max_active_per_namespace,
-    };
-    if limits == limits::Limits::default() {
-        return true;
     }
-    // A retry (its last attempt failed or stalled) lets Transfers queued for their first start
-    // go first, so a stuck Transfer cannot take its slot back before them again and again.
-    let retry = t.status.as_ref().is_some_and(|s| s.failures > 0);
-    let others: Vec<limits::Active> = ctx
-        .store
-        .state()
-        .iter()
-        .filter(|o| o.uid() != t.uid())
-        .filter(|o| {
-            o.status
+}
+
+/// Whether the concurrency limits leave room for `t`'s movers now, or where it waits.
+fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
+    let limits = limits_of(&ctx.config);
+    if limits == limits::Limits::default() {
+        return Ok(());
+    }
+    let waiting_of = |o: &Transfer| limits::Waiting {
+        uid: o.uid().unwrap_or_default(),
+        namespace: o.namespace().unwrap_or_default(),
+        // A retry (its last attempt failed or stalled) lets Transfers queued for their first
+        // start go first, so a stuck Transfer cannot take its slot back before them again and
+        // again.
+        retry: o.status.as_ref().is_some_and(|s| s.failures > 0),
+        order: (
+            o.metadata
+                .creation_timestamp
                 .as_ref()
-                .is_some_and(|s| limits::holds_a_slot(s) || (retry && limits::queued_first(s)))
-        })
-        .map(|o| limits::Active {
-            namespace: o.namespace().unwrap_or_default(),
-            nodes: transfer_nodes(o),
-        })
-        .collect();
-    limits::admits(
-        limits,
-        &t.namespace().unwrap_or_default(),
-        &transfer_nodes(t),
-        &others,
-    )
+                .map_or(0, |c| c.0.as_second()),
+            o.name_any(),
+        ),
+    };
+    let mut active = Vec::new();
+    let mut waiting = vec![waiting_of(t)];
+    for o in ctx.store.state() {
+        if o.uid() == t.uid() || o.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        match &o.status {
+            Some(s) if limits::holds_a_slot(s) => active.push(limits::Active {
+                namespace: o.namespace().unwrap_or_default(),
+                nodes: transfer_nodes(&o),
+            }),
+            // Queued, or not looked at yet.
+            Some(s) if limits::queued(s) => waiting.push(waiting_of(&o)),
+            None => waiting.push(waiting_of(&o)),
+            Some(_) => {}
+        }
+    }
+    limits::admission(limits, &waiting[0], &transfer_nodes(t), &active, &waiting)
 }
 
 fn side_facts(t: &Transfer, side: Side, caches: &Caches, ns: &str) -> SideFacts {

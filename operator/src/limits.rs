@@ -71,26 +71,59 @@ pub struct Limits {
     pub per_namespace: usize,
 }
 
+/// Which limit holds a Transfer back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Cluster,
+    Namespace,
+    Node,
+}
+
+impl Limit {
+    /// For the `Ready` message of a queued Transfer.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Limit::Cluster => "the operator's limit of concurrently running Transfers is reached",
+            Limit::Namespace => {
+                "the limit of running Transfers per namespace is reached in this namespace"
+            }
+            Limit::Node => {
+                "the limit of running Transfers per node is reached on a node of this Transfer"
+            }
+        }
+    }
+}
+
 /// Whether a Transfer of `namespace` whose movers go to `mine` may start next to `others`.
 pub fn admits(limits: Limits, namespace: &str, mine: &BTreeSet<String>, others: &[Active]) -> bool {
+    limit_reached(limits, namespace, mine, others).is_none()
+}
+
+/// The limit a Transfer of `namespace` whose movers go to `mine` would exceed next to `others`.
+pub fn limit_reached(
+    limits: Limits,
+    namespace: &str,
+    mine: &BTreeSet<String>,
+    others: &[Active],
+) -> Option<Limit> {
     let Limits {
         total: max_total,
         per_node: max_per_node,
         per_namespace,
     } = limits;
     if max_total > 0 && others.len() >= max_total {
-        return false;
+        return Some(Limit::Cluster);
     }
     if per_namespace > 0
         && others.iter().filter(|o| o.namespace == namespace).count() >= per_namespace
     {
-        return false;
+        return Some(Limit::Namespace);
     }
-    if max_per_node == 0 {
-        return true;
-    }
-    mine.iter()
-        .all(|node| others.iter().filter(|o| o.nodes.contains(node)).count() < max_per_node)
+    let node_full = max_per_node > 0
+        && !mine
+            .iter()
+            .all(|node| others.iter().filter(|o| o.nodes.contains(node)).count() < max_per_node);
+    node_full.then_some(Limit::Node)
 }
 
 /// A Transfer that waits for a slot, as the fair order sees it.
@@ -136,29 +169,41 @@ pub fn fair_order(active: &[Active], waiting: &[Waiting]) -> Vec<String> {
     keyed.into_iter().map(|(_, w)| w.uid.clone()).collect()
 }
 
-/// Where a waiting Transfer stands: `Ok(())` may start now; `Err(place)` waits at 1-based
-/// `place` of the fair order (0 when another limit than the cluster's holds it back).
+/// A Transfer held back: its 1-based place in the fair order among those waiting, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub place: usize,
+    pub waiting: usize,
+    pub limit: Limit,
+}
+
+/// Whether a waiting Transfer may start now (`Ok`), or where it stands in the queue.
 pub fn admission(
     limits: Limits,
     me: &Waiting,
     mine: &BTreeSet<String>,
     active: &[Active],
     waiting: &[Waiting],
-) -> Result<(), usize> {
+) -> Result<(), Queued> {
     let order = fair_order(active, waiting);
-    let place = order.iter().position(|u| *u == me.uid).map(|p| p + 1);
-    if !admits(limits, &me.namespace, mine, active) {
-        return Err(place.unwrap_or(0));
+    let place = order
+        .iter()
+        .position(|u| *u == me.uid)
+        .map_or(order.len() + 1, |p| p + 1);
+    let queued = |limit| Queued {
+        place,
+        waiting: order.len(),
+        limit,
+    };
+    if let Some(limit) = limit_reached(limits, &me.namespace, mine, active) {
+        return Err(queued(limit));
     }
-    if limits.total == 0 {
-        return Ok(());
-    }
-    // Free slots go to those ahead first.
+    // Free slots of the cluster's limit go to those ahead first.
     let free = limits.total.saturating_sub(active.len());
-    match place {
-        Some(p) if p > free => Err(p),
-        _ => Ok(()),
+    if limits.total > 0 && place > free {
+        return Err(queued(Limit::Cluster));
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -280,7 +325,7 @@ mod tests {
             Ok(())
         );
         assert_eq!(
-            admission(l, &queue[1], &BTreeSet::new(), &active, &queue),
+            admission(l, &queue[1], &BTreeSet::new(), &active, &queue).map_err(|q| q.place),
             Err(3),
             "b01 is third in line for one free slot"
         );
@@ -304,6 +349,13 @@ mod tests {
             namespace: "c".into(),
             nodes: BTreeSet::new(),
         }];
-        assert_eq!(admission(full, &q[1], &BTreeSet::new(), &one, &q), Err(1));
+        assert_eq!(
+            admission(full, &q[1], &BTreeSet::new(), &one, &q),
+            Err(Queued {
+                place: 1,
+                waiting: 4,
+                limit: Limit::Cluster
+            })
+        );
     }
 }

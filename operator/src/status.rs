@@ -19,13 +19,14 @@ pub const MIN_PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_PATCH_QPS: f64 = 5.0;
 
 /// True when `new` differs from `old` only in the moving figures (progress, throughput, ETA,
-/// wire bytes, when the other cluster was last heard).
+/// wire bytes, when the other cluster was last heard, the place in the queue).
 pub fn progress_only(old: &TransferStatus, new: &TransferStatus) -> bool {
     let strip = |s: &TransferStatus| TransferStatus {
         progress: None,
         throughput: None,
         eta: None,
         wire: None,
+        queue: None,
         remote: s.remote.clone().map(|r| crate::api::RemoteStatus {
             last_heard: None,
             ..r

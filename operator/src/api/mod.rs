@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 pub use conditions::{ConditionType, Reason, set_condition};
 pub use peer::{Peer, PeerSpec};
 pub use status::{
-    LastError, MoverRef, Phase, ProgressStatus, RemoteStatus, ThroughputStatus, TransferStatus,
-    UnreadableStatus, WireStatus,
+    LastError, MoverRef, Phase, ProgressStatus, QueueStatus, RemoteStatus, ThroughputStatus,
+    TransferStatus, UnreadableStatus, WireStatus,
 };
 
 /// Default number of parallel TLS streams.

@@ -26,6 +26,16 @@ impl Phase {
     }
 }
 
+/// A waiting Transfer's place in line (the operator's fair order across namespaces).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// 1 goes next.
+    pub position: u32,
+    /// Transfers waiting, this one included.
+    pub waiting: u32,
+}
+
 /// What `onUnreadable: Skip` left out.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -92,6 +102,10 @@ pub struct TransferStatus {
     /// A cross-cluster Transfer's pairing with its other half.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteStatus>,
+    /// Where a Transfer that waits for a slot (`--max-active` and the other limits) stands;
+    /// absent once it runs. Updated within the status budget, like progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
 }
 
 /// How a cross-cluster half pairs with the other.
