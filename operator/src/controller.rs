@@ -527,6 +527,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .and_then(|l| l.get(PSA_ENFORCE).cloned())
         .is_some_and(|level| level == "baseline" || level == "restricted");
 
+    let admission = admission(t, ctx);
     Ok(Observed {
         now: Timestamp::now(),
         host_path_forbidden,
@@ -539,7 +540,10 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
             .and_then(|m| m.priority_class_name.clone())
             .filter(|c| !ctx.config.priority_class_allowed(c)),
         placement,
-        may_start: admission(t, ctx).is_ok(),
+        may_start: admission.is_ok(),
+        queue: admission.err(),
+        acting_since: ctx.acting_since,
+        peer_silence_grace: ctx.config.peer_silence_grace,
         pending_timeout: ctx.config.mover_pending_timeout,
         pods,
         secrets,

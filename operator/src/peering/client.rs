@@ -226,6 +226,10 @@ impl PeerClient {
         let (status, body) = self
             .call(peer, Method::GET, wire::VERSIONS_PATH, None)
             .await?;
+        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            // Busy or starting: a passing state, not an answer about versions.
+            return Err(self.refusal(peer, status, &body));
+        }
         let theirs: Versions = serde_json::from_slice(&body)
             .ok()
             .filter(|_| status.is_success())

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::api::{
-    ConditionType, LastError, MoverRef, OnUnreadable, Phase, ProgressStatus, Reason,
+    ConditionType, LastError, MoverRef, OnUnreadable, Phase, ProgressStatus, QueueStatus, Reason,
     ThroughputStatus, Transfer, TransferSpec, TransferStatus, UnreadableStatus, WireStatus,
     set_condition,
 };
@@ -37,9 +37,10 @@ pub const RESYNC_RUNNING: Duration = Duration::from_secs(15);
 pub const RESYNC_BLOCKED: Duration = Duration::from_secs(10);
 /// How often a source half asks its destination half how things stand.
 pub const POLL_REMOTE: Duration = Duration::from_secs(2);
-/// A source half that has not called for this long is gone (its calls come every
-/// [`POLL_REMOTE`]); the destination half stops its receiver and waits.
-pub const COUNTERPART_SILENCE: Duration = Duration::from_secs(60);
+/// How often a half asks again after a call to the other cluster failed for a passing reason.
+pub const RETRY_REMOTE: Duration = Duration::from_secs(5);
+/// How stale `status.remote.lastHeard` may get before it is written again.
+pub const LAST_HEARD_REFRESH: Duration = Duration::from_secs(20);
 
 /// A pod's state as far as the plan cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +97,14 @@ pub struct Observed {
     pub sender_progress: Option<ProgressUpdate>,
     /// Whether the concurrency limits let this Transfer start movers now.
     pub may_start: bool,
+    /// Where it waits when they do not.
+    pub queue: Option<crate::limits::Queued>,
+    /// When this operator began to act: nothing said by the other cluster before was heard by
+    /// it, so a silence counts from here at the earliest.
+    pub acting_since: Timestamp,
+    /// How long the other half of a cross-cluster Transfer may stay silent before this half
+    /// stops its mover (`--peer-silence-grace`).
+    pub peer_silence_grace: Duration,
     /// How long a mover pod may stay pending before its attempt fails (`--mover-pending-timeout`).
     pub pending_timeout: Duration,
     /// The namespace's Pod Security level forbids hostPath volumes (baseline or restricted).
@@ -396,18 +405,44 @@ impl Ctx<'_> {
         })
     }
 
+    /// How long the other half has been silent: since this process last heard it
+    /// (`heard_now`), else since the status says it was heard, and never since before this
+    /// operator began to act (what was said before, it could not hear).
+    fn silence(&self, heard_now: Option<Timestamp>) -> Duration {
+        let kept = self
+            .st
+            .remote
+            .as_ref()
+            .and_then(|r| r.last_heard.as_ref())
+            .map(|t| t.0);
+        let since = self.obs.acting_since;
+        let heard = heard_now.or(kept).map_or(since, |h| h.max(since));
+        until(heard, self.obs.now)
+    }
+
     /// Destination half: waits (receiver stopped) while the source half has not called, or
-    /// has gone silent or withdrew.
+    /// has gone silent (longer than the grace) or withdrew. A receiver that runs is left alone
+    /// while this operator has not heard the source half yet but the grace is not up (it just
+    /// started or took the lead, or the source cluster's operator is restarting).
     fn await_counterpart(&mut self, t: &Transfer, uid: &str) -> Option<Duration> {
-        let now = self.obs.now;
-        let heard = self
+        let grace = self.obs.peer_silence_grace;
+        let counterpart = self
             .obs
             .remote
             .as_ref()
-            .and_then(|r| r.counterpart.as_ref())
-            .is_some_and(|c| until(c.last_call, now) < COUNTERPART_SILENCE);
-        if heard {
+            .and_then(|r| r.counterpart.as_ref());
+        let silence = self.silence(counterpart.map(|c| c.last_call));
+        if counterpart.is_some() && silence < grace {
             return None;
+        }
+        let paired = self.pod(MoverRole::Receiver, uid).is_some()
+            || self
+                .st
+                .remote
+                .as_ref()
+                .is_some_and(|r| r.last_heard.is_some());
+        if counterpart.is_none() && paired && silence < grace {
+            return Some(POLL_REMOTE);
         }
         let remote = t.spec.source.remote.clone().unwrap_or_default();
         let peer = self.peer_cluster();
@@ -428,7 +463,7 @@ impl Ctx<'_> {
                 remote.namespace,
                 remote.name,
                 remote.peer,
-                COUNTERPART_SILENCE.as_secs()
+                grace.as_secs()
             ),
         );
         Some(RESYNC_BLOCKED)
@@ -496,11 +531,14 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         obs,
     };
     cx.st.observed_generation = t.metadata.generation;
+    // Set again below while the Transfer waits for a slot.
+    cx.st.queue = None;
     let requeue = if t.is_source_half() {
         source_half::step(t, &uid, &mut cx)
     } else {
         step(t, &uid, &mut cx)
     };
+    keep_last_heard(t, &before, &mut cx);
     if cx.st.phase != before.phase {
         let reason = cx
             .st
@@ -527,6 +565,29 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         requeue,
         notes: cx.notes,
     }
+}
+
+/// Writes when the other half was last heard into `status.remote` (coarsely: a write every
+/// [`LAST_HEARD_REFRESH`] at most), so that an operator that restarts or takes over knows the
+/// pairing was alive.
+fn keep_last_heard(t: &Transfer, before: &TransferStatus, cx: &mut Ctx<'_>) {
+    let Some(remote) = &cx.obs.remote else {
+        return;
+    };
+    let heard_now = if t.is_source_half() {
+        matches!(remote.answer, Some(Ok(_))).then_some(cx.obs.now)
+    } else {
+        remote.counterpart.as_ref().map(|c| c.last_call)
+    };
+    let kept = before.remote.as_ref().and_then(|r| r.last_heard.clone());
+    let Some(r) = cx.st.remote.as_mut() else {
+        return;
+    };
+    r.last_heard = match (heard_now, kept) {
+        (Some(h), Some(k)) if until(k.0, h) < LAST_HEARD_REFRESH => Some(k),
+        (Some(h), _) => Some(Time(h)),
+        (None, k) => k,
+    };
 }
 
 fn phase_event_reason(p: Phase) -> &'static str {
@@ -865,15 +926,18 @@ fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     }
 
     if recv.is_none() && send.is_none() && !cx.obs.may_start {
+        let queue = cx.obs.queue;
+        let limit = queue.map_or(crate::limits::Limit::Cluster, |q| q.limit);
         cx.st.phase = Phase::Pending;
+        cx.st.queue = queue.map(|q| QueueStatus {
+            position: u32::try_from(q.place).unwrap_or(u32::MAX),
+            waiting: u32::try_from(q.waiting).unwrap_or(u32::MAX),
+        });
         cx.cond(
             ConditionType::Ready,
             false,
             Reason::Pending,
-            &format!(
-                "{} the operator's limit of concurrently running Transfers is reached",
-                crate::limits::QUEUED
-            ),
+            &format!("{} {}", crate::limits::QUEUED, limit.describe()),
         );
         return Some(RESYNC_BLOCKED);
     }
@@ -1361,6 +1425,10 @@ pub(crate) mod tests {
             receiver_progress: None,
             sender_progress: None,
             may_start: true,
+            queue: None,
+            // The operator has been acting for an hour.
+            acting_since: Timestamp::from_second(1_800_000_000 - 3600).expect("time"),
+            peer_silence_grace: Duration::from_secs(60),
             pending_timeout: Duration::from_secs(300),
             host_path_forbidden: false,
             root_movers_allowed: false,
@@ -2344,6 +2412,150 @@ pub(crate) mod tests {
         assert!(
             p.actions
                 .contains(&Action::DeleteSecret(names::secret_name(UID, 1, 1)))
+        );
+    }
+
+    #[test]
+    fn a_restarted_destination_operator_keeps_the_receiver_until_the_source_calls_again() {
+        let mut t = destination_half();
+        let mut o = remote_obs(0);
+        called(&mut o, Some(report(1, SenderState::Running)));
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        advance(&mut t, &o);
+        let heard = t.status.as_ref().and_then(|s| s.remote.clone());
+        assert!(
+            heard.and_then(|r| r.last_heard).is_some(),
+            "kept in the API"
+        );
+        // A new operator, acting for 5 s, has not heard the source half (the registry is empty).
+        let mut o = remote_obs(40);
+        o.acting_since = obs(35).now;
+        o.secrets = vec![names::secret_name(UID, 1, 1)];
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        let before = t.status.clone();
+        let p = advance(&mut t, &o);
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(Some(p.status), before, "the status is left as it was");
+        assert_eq!(p.requeue, Some(POLL_REMOTE));
+        // Still unheard a whole grace after its start: the receiver stops.
+        let mut o = remote_obs(96);
+        o.acting_since = obs(35).now;
+        o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+        let p = advance(&mut t, &o);
+        assert_eq!(cond(&p, "Ready").reason, "WaitingForCounterpart");
+        assert!(!p.actions.is_empty());
+    }
+
+    #[test]
+    fn last_heard_is_written_coarsely() {
+        let mut t = destination_half();
+        let mut o = remote_obs(0);
+        called(&mut o, None);
+        advance(&mut t, &o);
+        let first = t
+            .status
+            .as_ref()
+            .and_then(|s| s.remote.clone())
+            .and_then(|r| r.last_heard);
+        let mut o = remote_obs(5);
+        called(&mut o, None);
+        advance(&mut t, &o);
+        let again = t
+            .status
+            .as_ref()
+            .and_then(|s| s.remote.clone())
+            .and_then(|r| r.last_heard);
+        assert_eq!(again, first, "5 s later: not written again");
+        let mut o = remote_obs(25);
+        called(&mut o, None);
+        advance(&mut t, &o);
+        let later = t
+            .status
+            .as_ref()
+            .and_then(|s| s.remote.clone())
+            .and_then(|r| r.last_heard);
+        assert_eq!(later.map(|t| t.0), Some(obs(25).now));
+    }
+
+    #[test]
+    fn a_passing_peering_error_keeps_the_sender_an_explicit_refusal_or_a_long_silence_does_not() {
+        let sender = names::pod_name(UID, 1, 1, MoverRole::Sender);
+        let running = |secs, answer| {
+            let mut o = source_obs(secs, answer);
+            o.pods = vec![pod(1, 1, MoverRole::Sender, PodPhase::Running, true)];
+            o.secrets = vec![names::secret_name(UID, 1, 1)];
+            o
+        };
+        let mut t = source_half();
+        advance(
+            &mut t,
+            &running(0, Ok(answer(1, Phase::Running, Some("10.101.0.12:30001")))),
+        );
+        for message in [
+            "Peer east answered 429 Too Many Requests: cluster west calls faster than 100 requests per second",
+            "Peer east answered 503 Service Unavailable: cluster east is starting; ask again",
+            "cannot reach the endpoint 10.0.0.1:7443 of Peer east: Connection refused",
+            "the endpoint 10.0.0.1:7443 of Peer east did not answer within 15 s",
+        ] {
+            let blip = Blocked {
+                reason: Reason::PeerUnreachable,
+                message: message.into(),
+            };
+            let before = t.status.clone();
+            let p = advance(&mut t, &running(30, Err(blip)));
+            assert!(p.actions.is_empty(), "{message}: {:?}", p.actions);
+            assert_eq!(Some(p.status), before, "{message}");
+            assert_eq!(p.requeue, Some(RETRY_REMOTE));
+        }
+        // Past the grace since the destination was last heard: the sender stops.
+        let blip = Blocked {
+            reason: Reason::PeerUnreachable,
+            message: "did not answer".into(),
+        };
+        let p = advance(&mut t.clone(), &running(61, Err(blip)));
+        assert!(p.actions.contains(&Action::DeletePod(sender.clone())));
+        assert_eq!(cond(&p, "Ready").reason, "PeerUnreachable");
+        // An explicit refusal acts at once.
+        let refused = Blocked {
+            reason: Reason::PeerRefused,
+            message: "the endpoint refused this cluster's certificate".into(),
+        };
+        let p = advance(&mut t, &running(31, Err(refused)));
+        assert!(p.actions.contains(&Action::DeletePod(sender)));
+    }
+
+    #[test]
+    fn a_queued_transfer_shows_its_place_and_the_limit_it_waits_for() {
+        use crate::limits::{Limit, Queued};
+        let mut t = transfer();
+        let mut o = obs(0);
+        o.may_start = false;
+        o.queue = Some(Queued {
+            place: 3,
+            waiting: 51,
+            limit: Limit::Namespace,
+        });
+        let p = advance(&mut t, &o);
+        assert!(p.actions.is_empty());
+        assert_eq!(
+            p.status.queue,
+            Some(QueueStatus {
+                position: 3,
+                waiting: 51
+            })
+        );
+        let message = &cond(&p, "Ready").message;
+        assert!(
+            message.starts_with("queued:") && message.contains("per namespace"),
+            "{message}"
+        );
+        // Its turn: the place goes, the movers start.
+        let p = advance(&mut t, &obs(1));
+        assert_eq!(p.status.queue, None);
+        assert!(
+            p.actions
+                .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
         );
     }
 }

@@ -26,6 +26,8 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     let peer_cluster = cx.peer_cluster();
     match remote.answer {
         Some(Ok(answer)) => Some(follow(uid, cx, &answer, &peer_cluster)),
+        // The sender keeps going, and the status stays as the destination last said it.
+        Some(Err(b)) if passing(&b) && keeps_going(uid, cx) => Some(RETRY_REMOTE),
         Some(Err(b)) => Some(wait(uid, cx, b)),
         None => Some(wait(
             uid,
@@ -36,6 +38,27 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
             },
         )),
     }
+}
+
+/// A call that failed for a reason that passes (a timeout, a refused or reset connection, 429
+/// from the rate limit, 503 from an operator that is starting): the other cluster may well
+/// answer the next one. Anything else is an explicit refusal (no such Transfer, a mismatch, a
+/// refused certificate, an unsupported version).
+fn passing(b: &Blocked) -> bool {
+    b.reason == Reason::PeerUnreachable
+}
+
+/// Whether the sender stays while the destination half does not answer: the halves were paired
+/// (a sender of this attempt exists, or the destination was heard) and the silence is shorter
+/// than the grace.
+fn keeps_going(uid: &str, cx: &Ctx<'_>) -> bool {
+    let paired = cx.pod(MoverRole::Sender, uid).is_some()
+        || cx
+            .st
+            .remote
+            .as_ref()
+            .is_some_and(|r| r.last_heard.is_some());
+    !cx.st.phase.is_finished() && paired && cx.silence(None) < cx.obs.peer_silence_grace
 }
 
 /// No usable answer: the sender stops, and the half waits with the reason. A finished half
