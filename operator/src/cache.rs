@@ -165,10 +165,10 @@ impl Caches {
         self.claim_users.ready().await;
     }
 
-    /// Whether the Transfer and pod stores have listed once.
-    pub async fn triggers_synced(&self) {
-        let _ = self.transfers.wait_until_ready().await;
-        let _ = self.pods.wait_until_ready().await;
+    /// Whether the pod store has listed once (it fills only while the controller polls its
+    /// trigger).
+    pub fn pods_synced(&self) -> bool {
+        futures::FutureExt::now_or_never(self.pods.wait_until_ready()).is_some()
     }
 
     /// ferry's pods of one Transfer.

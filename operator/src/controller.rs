@@ -197,8 +197,12 @@ pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Reque
 async fn reconcile_once(cached: Arc<Transfer>, ctx: &Arc<Context>) -> Result<Requeue, Error> {
     ctx.metrics.reconcile();
     // The Transfer store is ready before the first reconcile; the pod store fills alongside,
-    // and a plan without the pods would take running movers for lost ones.
-    ctx.caches.triggers_synced().await;
+    // and a plan without the pods would take running movers for lost ones. Not awaited: the
+    // pod watch is driven by the controller itself, which polls it only while a reconcile slot
+    // is free, so reconciles waiting for it could hold every slot.
+    if !ctx.caches.pods_synced() {
+        return Ok(Requeue::requeue(Duration::from_secs(1)));
+    }
     if ctx.own_writes.is_stale(&cached) {
         // Our own write's watch event wakes the reconcile that sees it; this is the fallback.
         return Ok(Requeue::requeue(STALE_RETRY));

@@ -1,6 +1,7 @@
 //! What the source halves calling this cluster last said, per destination Transfer (by UID).
 //! Kept in memory: a source half calls every few seconds, so a restarted operator knows again
-//! within one poll.
+//! within one poll (and keeps running receivers meanwhile: the plan measures a silence from the
+//! operator's own start at the earliest, and the time last heard is kept in the status).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,6 +18,8 @@ pub struct Counterpart {
     pub source: HalfRef,
     pub report: Option<SenderReport>,
     pub last_call: Timestamp,
+    /// The source half said it is gone (it was deleted): the receiver stops at once.
+    pub withdrawn: bool,
 }
 
 #[derive(Default)]
@@ -29,17 +32,23 @@ impl Registry {
     /// worth waking).
     pub fn record(&self, uid: &str, c: Counterpart) -> bool {
         let mut m = self.halves.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = m
-            .get(uid)
-            .is_none_or(|old| old.report != c.report || old.source != c.source);
+        let changed = m.get(uid).is_none_or(|old| {
+            old.report != c.report || old.source != c.source || old.withdrawn != c.withdrawn
+        });
         m.insert(uid.to_owned(), c);
         changed
     }
 
-    /// The source half withdrew (it was deleted).
-    pub fn withdraw(&self, uid: &str) -> bool {
-        let mut m = self.halves.lock().unwrap_or_else(|p| p.into_inner());
-        m.remove(uid).is_some()
+    /// The source half withdrew (it was deleted); returns whether that is news.
+    pub fn withdraw(&self, uid: &str, c: Counterpart) -> bool {
+        self.record(
+            uid,
+            Counterpart {
+                report: None,
+                withdrawn: true,
+                ..c
+            },
+        )
     }
 
     pub fn get(&self, uid: &str) -> Option<Counterpart> {
@@ -49,6 +58,7 @@ impl Registry {
 
     /// Forgets a destination Transfer that is gone.
     pub fn forget(&self, uid: &str) {
-        self.withdraw(uid);
+        let mut m = self.halves.lock().unwrap_or_else(|p| p.into_inner());
+        m.remove(uid);
     }
 }

@@ -423,6 +423,7 @@ async fn pair(r: PairRequest, cluster: &str, st: &ApiState) -> Response<Full<Byt
             source: r.source,
             report: r.sender,
             last_call: Timestamp::now(),
+            withdrawn: false,
         },
     );
     if changed {
@@ -451,8 +452,15 @@ async fn pair(r: PairRequest, cluster: &str, st: &ApiState) -> Response<Full<Byt
 
 async fn withdraw(r: WithdrawRequest, cluster: &str, st: &ApiState) -> Response<Full<Bytes>> {
     match counterpart_of(&r.destination, &r.source, cluster, st).await {
-        Ok((t, _)) => {
-            if st.registry.withdraw(&t.uid().unwrap_or_default()) {
+        Ok((t, peer)) => {
+            let gone = Counterpart {
+                peer,
+                source: r.source,
+                report: None,
+                last_call: Timestamp::now(),
+                withdrawn: true,
+            };
+            if st.registry.withdraw(&t.uid().unwrap_or_default(), gone) {
                 let _ = st.wake.try_send(ObjectRef::from_obj(&t));
             }
             json(StatusCode::OK, &serde_json::json!({}))

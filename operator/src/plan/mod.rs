@@ -421,7 +421,7 @@ impl Ctx<'_> {
     }
 
     /// Destination half: waits (receiver stopped) while the source half has not called, or
-    /// has gone silent (longer than the grace) or withdrew. A receiver that runs is left alone
+    /// has gone silent (longer than the grace) or withdrew (at once). A receiver that runs is left alone
     /// while this operator has not heard the source half yet but the grace is not up (it just
     /// started or took the lead, or the source cluster's operator is restarting).
     fn await_counterpart(&mut self, t: &Transfer, uid: &str) -> Option<Duration> {
@@ -431,8 +431,9 @@ impl Ctx<'_> {
             .remote
             .as_ref()
             .and_then(|r| r.counterpart.as_ref());
+        let withdrawn = counterpart.is_some_and(|c| c.withdrawn);
         let silence = self.silence(counterpart.map(|c| c.last_call));
-        if counterpart.is_some() && silence < grace {
+        if counterpart.is_some() && !withdrawn && silence < grace {
             return None;
         }
         let paired = self.pod(MoverRole::Receiver, uid).is_some()
@@ -2145,6 +2146,7 @@ pub(crate) mod tests {
                 },
                 report,
                 last_call: now,
+                withdrawn: false,
             });
         }
     }
@@ -2438,6 +2440,20 @@ pub(crate) mod tests {
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         assert_eq!(Some(p.status), before, "the status is left as it was");
         assert_eq!(p.requeue, Some(POLL_REMOTE));
+        // A withdrawal (the source half was deleted) stops the receiver at once.
+        let mut gone = o.clone();
+        called(&mut gone, None);
+        if let Some(c) = gone.remote.as_mut().and_then(|r| r.counterpart.as_mut()) {
+            c.withdrawn = true;
+        }
+        let p = advance(&mut t.clone(), &gone);
+        assert_eq!(cond(&p, "Ready").reason, "WaitingForCounterpart");
+        assert!(p.actions.contains(&Action::DeletePod(names::pod_name(
+            UID,
+            1,
+            1,
+            MoverRole::Receiver
+        ))));
         // Still unheard a whole grace after its start: the receiver stops.
         let mut o = remote_obs(96);
         o.acting_since = obs(35).now;
