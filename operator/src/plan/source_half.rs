@@ -11,15 +11,7 @@ const POLL_FINISHED: Duration = Duration::from_secs(30);
 
 pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
     let remote = cx.obs.remote.clone().unwrap_or_default();
-    let uses_host_path = t.spec.source.host_path.is_some();
-    let psa = (cx.obs.host_path_forbidden && uses_host_path).then(|| Blocked {
-        reason: Reason::PodSecurityForbidsHostPath,
-        message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use a claim here, or a namespace at the privileged level".into(),
-    });
-    let blocked = unsupported(&t.spec, cx.obs)
-        .or(psa)
-        .or_else(|| cx.obs.placement.clone().err())
-        .or_else(|| peer_blocked(cx.obs));
+    let blocked = blocked(t, cx.obs);
     if let Some(b) = blocked {
         return Some(wait(uid, cx, b));
     }
@@ -104,11 +96,7 @@ fn follow(uid: &str, cx: &mut Ctx<'_>, answer: &PairResponse, peer_cluster: &str
     cx.st = st;
     if cx.st.phase.is_finished() {
         // As in one cluster: the last sender pod stays for its logs, its certificates go.
-        cx.delete_children(uid, true);
-        let secret = names::secret_name(uid, cx.st.run, cx.st.attempts);
-        if cx.obs.secrets.contains(&secret) {
-            cx.actions.push(Action::DeleteSecret(secret));
-        }
+        cx.retire(uid);
         return POLL_FINISHED;
     }
     if cx.st.phase == Phase::Suspended {
@@ -127,13 +115,7 @@ fn follow(uid: &str, cx: &mut Ctx<'_>, answer: &PairResponse, peer_cluster: &str
             });
         }
         (None, Some(address)) if cx.obs.may_start => {
-            if !cx
-                .obs
-                .secrets
-                .contains(&names::secret_name(uid, run, attempt))
-            {
-                cx.actions.push(Action::CreateSecret { run, attempt });
-            }
+            cx.ensure_secret(uid, run, attempt);
             cx.actions.push(Action::CreateRemoteSender {
                 run,
                 attempt,

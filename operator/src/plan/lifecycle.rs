@@ -1,0 +1,363 @@
+//! The lifecycle of a Transfer in one cluster (and of a destination half): runs and attempts,
+//! the deadline, suspend, waiting for a slot, starting the receiver then the sender, and the
+//! outcome. A failed attempt is decided in `failure`.
+
+use super::*;
+
+pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration> {
+    let spec = &t.spec;
+    let now = cx.obs.now;
+
+    // A new run: the first one, or a finished Transfer whose trigger changed.
+    if cx.st.run == 0 || (cx.st.phase.is_finished() && spec.trigger != cx.st.observed_trigger) {
+        let run = cx.st.run + 1;
+        let conditions = std::mem::take(&mut cx.st.conditions);
+        cx.st = TransferStatus {
+            run,
+            attempts: 1,
+            observed_trigger: spec.trigger.clone(),
+            observed_generation: t.metadata.generation,
+            conditions,
+            ..TransferStatus::default()
+        };
+        cx.cond(
+            ConditionType::Succeeded,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        cx.cond(
+            ConditionType::Failed,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        if run > 1 {
+            cx.notes.push(Note {
+                warning: false,
+                reason: "Triggered",
+                message: format!("spec.trigger changed: run {run} starts"),
+            });
+        }
+    }
+
+    if cx.st.phase.is_finished() {
+        cx.retire(uid);
+        cx.delete_receiver_service(uid);
+        let (Some(ttl), Some(done)) = (spec.ttl_seconds_after_finished, &cx.st.completion_time)
+        else {
+            return None;
+        };
+        let expires = add(done.0, Duration::from_secs(ttl.max(0) as u64));
+        if now >= expires {
+            cx.actions.push(Action::DeleteTransfer);
+            return None;
+        }
+        return Some(until(now, expires));
+    }
+
+    let blocked = blocked(t, cx.obs);
+    if let Some(b) = blocked {
+        cx.stop_attempt(uid);
+        cx.block(&b);
+        return Some(RESYNC_BLOCKED);
+    }
+
+    if let (Some(limit), Some(start)) = (spec.active_deadline_seconds, &cx.st.start_time)
+        && now >= add(start.0, Duration::from_secs(limit.max(0) as u64))
+    {
+        cx.delete_children(uid, false);
+        cx.finish(
+            Phase::Failed,
+            Reason::DeadlineExceeded,
+            &format!("the Transfer ran longer than activeDeadlineSeconds ({limit} s)"),
+        );
+        return None;
+    }
+
+    if spec.suspend {
+        if cx.st.phase != Phase::Suspended {
+            cx.stop_attempt(uid);
+        } else {
+            cx.delete_children(uid, false);
+        }
+        cx.st.phase = Phase::Suspended;
+        cx.cond(
+            ConditionType::Ready,
+            false,
+            Reason::Suspended,
+            "spec.suspend is set: movers stopped; clear it to continue where the Transfer stopped",
+        );
+        // The deadline keeps running while suspended.
+        return spec.active_deadline_seconds.map(|_| RESYNC_BLOCKED);
+    }
+    if cx.st.phase == Phase::Suspended {
+        cx.st.phase = Phase::Pending;
+    }
+
+    if cx.st.phase == Phase::Retrying {
+        if let Some(at) = &cx.st.retry_after
+            && now < at.0
+        {
+            return Some(until(now, at.0));
+        }
+        cx.st.attempts += 1;
+        cx.st.retry_after = None;
+        cx.st.phase = Phase::Pending;
+        cx.st.sender = None;
+        cx.st.receiver = None;
+    }
+    cx.delete_children(uid, true);
+
+    let destination_half = t.is_destination_half();
+    if destination_half && let Some(wait) = cx.await_counterpart(t, uid) {
+        return Some(wait);
+    }
+
+    let recv = cx.pod(MoverRole::Receiver, uid).cloned();
+    let send = if destination_half {
+        cx.remote_sender()
+    } else {
+        cx.pod(MoverRole::Sender, uid).cloned()
+    };
+    // With `onUnreadable: Skip`, a sender that left out only what it may not read (exit 1 with
+    // unreadable entries named) finished its job.
+    let skipped_only = |s: &PodView| {
+        spec.on_unreadable == OnUnreadable::Skip
+            && s.phase == PodPhase::Failed
+            && s.exit_code == Some(i32::from(ferry_mover::kind::EXIT_FAILED_ENTRIES))
+            && cx
+                .obs
+                .sender_progress
+                .as_ref()
+                .is_some_and(|u| u.unreadable_count > 0)
+    };
+    let send = send.map(|mut s| {
+        if skipped_only(&s) {
+            s.phase = PodPhase::Succeeded;
+        }
+        s
+    });
+    let recv_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Receiver);
+    let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
+    fold_progress(&mut cx.st, cx.obs);
+
+    if let Some(failure) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
+    {
+        return fail_attempt(cx, uid, spec, failure);
+    }
+
+    // A mover pod that cannot start says why (the scheduler, the kubelet, the image pull): the
+    // Transfer is not running, and its status carries the cluster's own words.
+    if let Some((pod, stuck)) = [&recv, &send]
+        .into_iter()
+        .flatten()
+        .filter(|p| p.phase == PodPhase::Pending && !p.deleting)
+        .find_map(|p| p.stuck.as_ref().map(|s| (p.name.clone(), s.clone())))
+    {
+        let message = format!(
+            "attempt {}: mover pod {pod} cannot start: {}: {}",
+            cx.st.attempts, stuck.cause, stuck.message
+        );
+        let already =
+            cx.st.conditions.iter().any(|c| {
+                c.type_ == ConditionType::Ready.as_str() && c.reason == stuck.reason.as_str()
+            });
+        if !already {
+            cx.notes.push(Note {
+                warning: true,
+                reason: stuck.reason.as_str(),
+                message: message.clone(),
+            });
+        }
+        cx.st.phase = Phase::Pending;
+        cx.cond(ConditionType::Ready, false, stuck.reason, &message);
+        cx.st.last_error = Some(LastError {
+            reason: stuck.reason.as_str().to_owned(),
+            message,
+        });
+        return Some(RESYNC_BLOCKED);
+    }
+
+    if let (Some(r), Some(s)) = (&recv, &send)
+        && r.phase == PodPhase::Succeeded
+        && s.phase == PodPhase::Succeeded
+    {
+        let digest = |u: &Option<ProgressUpdate>| {
+            u.as_ref()
+                .map(|u| u.digest.clone())
+                .filter(|d| !d.is_empty())
+        };
+        match (
+            digest(&cx.obs.receiver_progress),
+            digest(&cx.obs.sender_progress),
+        ) {
+            (Some(r), Some(s)) if r != s => {
+                cx.finish(
+                    Phase::Failed,
+                    Reason::DigestMismatch,
+                    &format!(
+                        "the receiver's digest {r} of what it wrote differs from the sender's {s} of the source"
+                    ),
+                );
+                return None;
+            }
+            (Some(r), Some(_)) => cx.st.digest = Some(r),
+            // A mover whose final update was not read (the operator was down meanwhile):
+            // nothing to compare, so no digest is claimed.
+            _ => cx.st.digest = None,
+        }
+        if let Some(p) = &mut cx.st.progress {
+            p.percent = 100;
+            p.display = "100%".into();
+            p.totals_final = true;
+        }
+        let mut message = match &cx.st.progress {
+            Some(p) => format!("{} files, {} bytes transferred", p.files_done, p.bytes_done),
+            None => "transfer complete".to_owned(),
+        };
+        if let Some(u) = &cx.st.unreadable {
+            message.push_str(&format!(
+                "; {} source entries could not be read and were left out (status.unreadable)",
+                u.count
+            ));
+            cx.notes.push(Note {
+                warning: true,
+                reason: "EntriesSkipped",
+                message: format!(
+                    "{} unreadable source entries left out, first: {}",
+                    u.count,
+                    u.paths.first().map(String::as_str).unwrap_or("?")
+                ),
+            });
+        }
+        cx.finish(Phase::Succeeded, Reason::Completed, &message);
+        // This attempt's pods stay for their logs; its certificates go.
+        cx.retire_secret(uid);
+        return None;
+    }
+
+    if recv.is_none() && send.is_none() && !cx.obs.may_start {
+        let queue = cx.obs.queue;
+        let limit = queue.map_or(crate::limits::Limit::Cluster, |q| q.limit);
+        cx.st.phase = Phase::Pending;
+        cx.st.queue = queue.map(|q| QueueStatus {
+            position: u32::try_from(q.place).unwrap_or(u32::MAX),
+            waiting: u32::try_from(q.waiting).unwrap_or(u32::MAX),
+        });
+        cx.cond(
+            ConditionType::Ready,
+            false,
+            Reason::Pending,
+            &format!("{} {}", crate::limits::QUEUED, limit.describe()),
+        );
+        return Some(RESYNC_BLOCKED);
+    }
+
+    if cx.st.start_time.is_none() {
+        cx.st.start_time = Some(cx.now.clone());
+    }
+    if !(spec.dedup && cx.obs.host_path_forbidden) {
+        // The block store is usable again (or not wanted): no condition about it, unless it
+        // failed earlier in this run.
+        cx.st.conditions.retain(|c| {
+            c.type_ != ConditionType::Dedup.as_str()
+                || c.reason == Reason::BlockStoreFailed.as_str()
+        });
+    } else {
+        cx.cond(
+            ConditionType::Dedup,
+            false,
+            Reason::PodSecurityForbidsHostPath,
+            "running without the node's block store: the namespace's Pod Security level forbids the hostPath volume it lives on",
+        );
+    }
+    let (run, attempt) = (cx.st.run, cx.st.attempts);
+    cx.ensure_secret(uid, run, attempt);
+    if destination_half {
+        cx.publish_receiver(uid, recv.as_ref());
+    }
+    match &recv {
+        None => {
+            cx.actions.push(Action::CreateReceiver { run, attempt });
+            cx.st.phase = Phase::Pending;
+            cx.cond(
+                ConditionType::Ready,
+                false,
+                Reason::Pending,
+                &format!("attempt {attempt}: starting the movers"),
+            );
+        }
+        Some(r) => {
+            cx.st.receiver = Some(MoverRef {
+                pod: r.name.clone(),
+                node: r.node.clone(),
+            });
+            match (&send, r.ready, &r.ip) {
+                (None, true, Some(_)) if destination_half => {
+                    let peer = cx.peer_cluster();
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!(
+                            "attempt {attempt}: the receiver is ready; waiting for the sender in cluster {peer}"
+                        ),
+                    );
+                }
+                (None, true, Some(ip)) => {
+                    cx.actions.push(Action::CreateSender {
+                        run,
+                        attempt,
+                        receiver_ip: ip.clone(),
+                    });
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!("attempt {attempt}: the receiver is ready; starting the sender"),
+                    );
+                }
+                (None, _, _) => {
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!("attempt {attempt}: starting the movers"),
+                    );
+                }
+                (Some(s), _, _) => {
+                    cx.st.sender = Some(MoverRef {
+                        pod: s.name.clone(),
+                        node: s.node.clone(),
+                    });
+                    // Running (and Ready) only once data moves: a sender that cannot open its
+                    // source, or a pod that never starts, is never reported as running.
+                    if moving_data(cx.obs) {
+                        cx.st.phase = Phase::Running;
+                        cx.cond(
+                            ConditionType::Ready,
+                            true,
+                            Reason::Running,
+                            &format!("attempt {attempt}: moving data"),
+                        );
+                    } else {
+                        cx.st.phase = Phase::Pending;
+                        cx.cond(
+                            ConditionType::Ready,
+                            false,
+                            Reason::Pending,
+                            &format!(
+                                "attempt {attempt}: the receiver is ready; the sender is starting and connecting"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Some(RESYNC_RUNNING)
+}
