@@ -81,6 +81,8 @@ pub struct Context {
     /// When this operator began to act (it leads): silences of the other cluster are measured
     /// from here at the earliest, since nothing before was heard by this process.
     pub acting_since: Timestamp,
+    /// Reconciles that failed in a row, per Transfer UID (the error policy's backoff).
+    pub failing: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// Reconciles at once: paces the storm of a start (every Transfer is looked at once) so the
@@ -167,6 +169,7 @@ pub async fn run(
         secrets: SecretBook::default(),
         own_writes: OwnWrites::default(),
         acting_since: Timestamp::now(),
+        failing: Default::default(),
     });
     metrics.set_ready(true);
     controller
@@ -182,15 +185,52 @@ pub async fn run(
 
 fn error_policy(t: Arc<Transfer>, e: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_error(e.category());
-    tracing::warn!(transfer = %t.name_any(), category = e.category(), "reconcile failed: {e}");
-    Requeue::requeue(Duration::from_secs(5))
+    let uid = t.uid().unwrap_or_default();
+    let consecutive = {
+        let mut m = ctx.failing.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(uid).or_default();
+        *n = n.saturating_add(1);
+        *n
+    };
+    let wait = retry_after(e, consecutive);
+    tracing::warn!(
+        transfer = %t.name_any(),
+        category = e.category(),
+        consecutive,
+        retry_in = ?wait,
+        "reconcile failed: {e}"
+    );
+    Requeue::requeue(wait)
+}
+
+/// How long after a failed reconcile a Transfer is looked at again, doubling with each
+/// failure in a row: an API error (a timeout, a 5xx, a 429, a conflict) is usually over soon;
+/// certificates fail for a cause an admin must fix; a malformed object stays malformed until it
+/// is edited (which wakes a reconcile anyway).
+pub fn retry_after(e: &Error, consecutive: u32) -> Duration {
+    let (first, most) = match e {
+        Error::Api(_) => (Duration::from_secs(1), Duration::from_secs(60)),
+        Error::Pki(_) => (Duration::from_secs(30), Duration::from_secs(600)),
+        Error::Malformed(_) => (Duration::from_secs(300), Duration::from_secs(300)),
+    };
+    let doublings = consecutive.saturating_sub(1).min(16);
+    (first * (1u32 << doublings)).min(most)
 }
 
 /// One reconcile of one Transfer, timed.
 pub async fn reconcile(cached: Arc<Transfer>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let started = std::time::Instant::now();
+    let uid = cached.uid();
     let result = reconcile_once(cached, &ctx).await;
     ctx.metrics.reconcile_duration(started.elapsed());
+    if result.is_ok()
+        && let Some(uid) = uid
+    {
+        ctx.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
+    }
     result
 }
 
@@ -318,6 +358,12 @@ fn log_failure(t: &Transfer, obs: &plan::Observed, next: &TransferStatus) {
 
 /// Adds or removes our finalizer (a merge patch with the resourceVersion, so a concurrent
 /// change of the list is retried rather than overwritten).
+///
+/// Not kube-runtime's `finalizer` helper: it removes the finalizer as soon as its cleanup
+/// callback returns, but ferry's cleanup takes several reconciles (stop the movers, run a
+/// cleanup pod on the destination's node, wait for it, give up after 120 s), each requeued
+/// while the previous step runs; with the helper every "not done yet" would have to be an
+/// error, counted and logged as a failure.
 async fn set_finalizer(t: &Transfer, ctx: &Context, present: bool) -> Result<(), Error> {
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
@@ -411,6 +457,10 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
         ctx.registry.forget(&uid);
         ctx.secrets.forget(&uid);
         ctx.own_writes.forget(&uid);
+        ctx.failing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid);
         return Ok(Requeue::await_change());
     }
     Ok(Requeue::requeue(Duration::from_secs(1)))
@@ -980,5 +1030,22 @@ async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
         if let Err(e) = ctx.recorder.publish(&event, &t.object_ref(&())).await {
             tracing::debug!("failed to record an event: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, retry_after};
+    use std::time::Duration;
+
+    #[test]
+    fn failed_reconciles_back_off_by_category() {
+        let api = Error::Api(kube::Error::LinesCodecMaxLineLengthExceeded);
+        assert_eq!(retry_after(&api, 1), Duration::from_secs(1));
+        assert_eq!(retry_after(&api, 4), Duration::from_secs(8));
+        assert_eq!(retry_after(&api, 40), Duration::from_secs(60));
+        let invalid = Error::Malformed("namespace");
+        assert_eq!(retry_after(&invalid, 1), Duration::from_secs(300));
+        assert_eq!(retry_after(&invalid, 9), Duration::from_secs(300));
     }
 }

@@ -163,6 +163,7 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         secrets: Default::default(),
         own_writes: Default::default(),
         acting_since: k8s_openapi::jiff::Timestamp::now(),
+        failing: Default::default(),
     })
 }
 
