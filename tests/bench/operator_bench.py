@@ -330,10 +330,56 @@ def node_ip(node: str) -> str:
     return kubectl("get", "node", node, "-o", "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}")
 
 
-def bare_pair(src: Path, dst: Path, certs: Path, across_nodes: bool = False) -> float:
+def image(cluster: Path, name: str) -> str:
+    for line in (cluster / "images.env").read_text().splitlines():
+        if line.startswith(f"FERRY_IMAGE_{name}="):
+            return line.split("=", 1)[1]
+    raise SystemExit(f"no {name} image in {cluster / 'images.env'}")
+
+
+def pod_netns(ns: str) -> tuple[str, str, str]:
+    """Two pause pods, on node-a and node-b: the network namespaces of each (through a process
+    of the pod) and node-b's pod IP: the network path mover pods take, veths and CNI bridges
+    included."""
+    docs = []
+    for node in ("node-a", "node-b"):
+        docs.append(f"""apiVersion: v1
+kind: Pod
+metadata: {{name: netns-{node}, namespace: {ns}}}
+spec:
+  nodeName: {node}
+  containers: [{{name: pause, image: "{image(CLUSTER, 'PAUSE')}"}}]
+""")
+    apply("---\n".join(docs))
+    kubectl("wait", "-n", ns, "--for=condition=Ready", "pod/netns-node-a", "pod/netns-node-b", "--timeout=120s")
+    paths = []
+    for node in ("node-a", "node-b"):
+        uid = kubectl("get", "pod", "-n", ns, f"netns-{node}", "-o", "jsonpath={.metadata.uid}")
+        keys = (uid, uid.replace("-", "_"))
+        pid = None
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cg = (proc / "cgroup").read_text()
+            except OSError:
+                continue
+            if any(k in cg for k in keys) and (proc / "ns/net").exists():
+                pid = proc.name
+                break
+        if pid is None:
+            raise SystemExit(f"no process of pod netns-{node} found")
+        paths.append(f"/proc/{pid}/ns/net")
+    ip = kubectl("get", "pod", "-n", ns, "netns-node-b", "-o", "jsonpath={.status.podIP}")
+    return paths[0], paths[1], ip
+
+
+def bare_pair(src: Path, dst: Path, certs: Path, across_nodes: bool = False,
+              pods: tuple[str, str, str] | None = None) -> float:
     """Wall time of `ferry-mover receive` + `send` outside the cluster, same flags as the movers
-    (4 streams, compress auto, no block store): on the host's loopback, or (`across_nodes`) from
-    node-a's network namespace to node-b's, the path mover pods take minus their own veths."""
+    (4 streams, compress auto, no block store): on the host's loopback, (`across_nodes`) from
+    node-a's network namespace to node-b's, the path mover pods take minus their own veths, or
+    (`pods`) between two pods' network namespaces, the movers' own path."""
     mover = str(TARGET / "ferry-mover")
     tls = ["--ca", str(certs / "ca.crt"), "--transfer", "bench"]
     rx, tx, listen = [], [], "127.0.0.1:0"
@@ -341,6 +387,10 @@ def bare_pair(src: Path, dst: Path, certs: Path, across_nodes: bool = False) -> 
         rx = ["ip", "netns", "exec", node_netns("node-b")]
         tx = ["ip", "netns", "exec", node_netns("node-a")]
         listen = f"{node_ip('node-b')}:0"
+    if pods is not None:
+        tx = ["nsenter", f"--net={pods[0]}"]
+        rx = ["nsenter", f"--net={pods[1]}"]
+        listen = f"{pods[2]}:0"
     recv = subprocess.Popen([*rx, mover, "receive", "--listen", listen, "--root", str(dst), "--once", "--json",
                              "--cert", str(certs / "receiver.crt"), "--key", str(certs / "receiver.key"), *tls],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -427,6 +477,8 @@ def large_rounds(addr: str) -> dict:
     certs = Path(tempfile.mkdtemp(prefix="ferry-bench-certs-"))
     sh(str(TARGET / "ferry-mover"), "certs", "--out", str(certs), "--transfer", "bench")
     bare, bare_nodes, op_total, op_data, big_patches, big_progress = [], [], [], [], [], []
+    bare_pods = []
+    pods = pod_netns("bench")
     xc_total, xc_data = [], []
 
     # Each contender's copy is deleted, and the disk synced, before the next one starts: none
@@ -441,6 +493,8 @@ def large_rounds(addr: str) -> dict:
         bare.append(bare_pair(big_src, dst, certs))
         settle(dst)
         bare_nodes.append(bare_pair(big_src, owned_dir(dst), certs, across_nodes=True))
+        settle(dst)
+        bare_pods.append(bare_pair(big_src, owned_dir(dst), certs, pods=pods))
         settle(dst)
         owned_dir(node_path("node-b", f"{ROOT}/big-{i}"))
         before = metric(addr, "ferry_status_patches_total")
@@ -465,7 +519,7 @@ def large_rounds(addr: str) -> dict:
         mirrored = wait_succeeded("bench", f"xc-{i}")
         assert mirrored["status"].get("digest") == t["status"].get("digest"), "the halves disagree"
         settle(node_path("peer-b", f"{ROOT}/xc-{i}", PEER))
-    return dict(bare=bare, bare_nodes=bare_nodes, op_total=op_total, op_data=op_data,
+    return dict(bare=bare, bare_nodes=bare_nodes, bare_pods=bare_pods, op_total=op_total, op_data=op_data,
                 big_patches=big_patches, big_progress=big_progress, xc_total=xc_total, xc_data=xc_data)
 
 
@@ -516,6 +570,13 @@ def report(r: dict) -> None:
              f"{median(d) / median(bn):.2f}x", "target <= 1.10x",
              f"receiver's own seconds {median(d):.2f} s vs bare pair node-a -> node-b {median(bn):.2f} s "
              f"(medians of {len(bn)})"),
+            (f"{LARGE_MIB} MiB file: data phase through the operator / bare pair between two pods' "
+             "network namespaces", f"{median(d) / median(r['bare_pods']):.2f}x", "",
+             f"receiver's own seconds {median(d):.2f} s vs bare pair pod -> pod {median(r['bare_pods']):.2f} s: "
+             "the movers' own network path (pod veths, CNI bridges) without the operator"),
+            (f"{LARGE_MIB} MiB file: bare pair pod -> pod / node -> node",
+             f"{median(r['bare_pods']) / median(bn):.2f}x", "",
+             "what the pods' veths and CNI bridges cost by themselves"),
             (f"{LARGE_MIB} MiB file: data phase through the operator / bare pair on the host's loopback",
              f"{median(d) / median(b):.2f}x", "",
              f"receiver's own seconds {median(d):.2f} s vs bare pair on loopback {median(b):.2f} s"),
