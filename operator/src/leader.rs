@@ -5,9 +5,10 @@
 //! its own monotonic clock. The holder counts its own deadline from the moment it *sent* its
 //! last successful renewal, and stops acting [`RENEW_DEADLINE`] after it, earlier than any
 //! candidate can take over (that candidate saw the renewal only after it was sent, and waits
-//! the longer [`LEASE_DURATION`]). Each renewal call has a timeout shorter than the time left,
-//! so a hung apiserver connection cannot keep a holder acting past its deadline. Every write
-//! carries the resourceVersion read just before, so two candidates cannot both win.
+//! the longer [`LEASE_DURATION`]). Each renewal round may take the time left until that
+//! deadline and no longer (a slow apiserver still renews; a hung connection cannot keep a
+//! holder acting past its deadline). Every write carries the resourceVersion read just before,
+//! so two candidates cannot both win.
 
 use std::time::Duration;
 
@@ -24,8 +25,8 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the holder renews, and a candidate looks.
 pub const RENEW: Duration = Duration::from_secs(2);
-/// The most one round of reads and writes may take.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most one candidate's round of reads and writes may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Elector {
     api: Api<Lease>,
@@ -110,10 +111,14 @@ impl Elector {
     pub async fn hold(&self, acquired: Instant) {
         let mut last_ok = acquired;
         loop {
-            tokio::time::sleep(RENEW).await;
+            let deadline = last_ok + RENEW_DEADLINE;
+            tokio::time::sleep_until((Instant::now() + RENEW).min(deadline)).await;
             let sent = Instant::now();
-            let left = (last_ok + RENEW_DEADLINE).saturating_duration_since(sent);
-            match tokio::time::timeout(CALL_TIMEOUT.min(left), self.try_hold()).await {
+            if sent >= deadline {
+                tracing::error!(lease = %self.name, "could not renew in time; stepping down");
+                return;
+            }
+            match tokio::time::timeout_at(deadline, self.try_hold()).await {
                 Ok(Ok(true)) => last_ok = sent,
                 Ok(Ok(false)) => {
                     tracing::error!(lease = %self.name, "leadership taken over");
@@ -121,10 +126,6 @@ impl Elector {
                 }
                 Ok(Err(e)) => tracing::warn!(lease = %self.name, "failed to renew: {e}"),
                 Err(_) => tracing::warn!(lease = %self.name, "renewal timed out"),
-            }
-            if last_ok.elapsed() + RENEW >= RENEW_DEADLINE {
-                tracing::error!(lease = %self.name, "could not renew in time; stepping down");
-                return;
             }
         }
     }
@@ -249,7 +250,7 @@ mod tests {
     fn a_holder_stops_before_any_candidate_may_take_over() {
         // The holder stops RENEW_DEADLINE after sending its last renewal; a candidate that
         // saw that renewal (after it was sent) waits LEASE_DURATION more.
-        assert!(RENEW_DEADLINE + CALL_TIMEOUT <= LEASE_DURATION);
-        assert!(RENEW + CALL_TIMEOUT < RENEW_DEADLINE);
+        assert!(RENEW_DEADLINE + RENEW <= LEASE_DURATION);
+        assert!(RENEW < RENEW_DEADLINE);
     }
 }
