@@ -59,6 +59,7 @@ pub fn count(transfers: &[Arc<Transfer>], limits: Limits) -> Census {
                             .map_or(0, |c| c.0.as_second()),
                         t.name_any(),
                     ),
+                    nodes: Default::default(),
                 });
                 refs.insert(uid, ObjectRef::from_obj(t.as_ref()));
             }

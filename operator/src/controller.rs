@@ -654,6 +654,7 @@ fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
                 .map_or(0, |c| c.0.as_second()),
             o.name_any(),
         ),
+        nodes: transfer_nodes(o),
     };
     let mut active = Vec::new();
     let mut waiting = vec![waiting_of(t)];

@@ -136,6 +136,8 @@ pub struct Waiting {
     pub retry: bool,
     /// Creation time and name: first come, first served within a namespace.
     pub order: (i64, String),
+    /// The nodes its movers must run on (for the per-node limit).
+    pub nodes: BTreeSet<String>,
 }
 
 /// The order in which waiting Transfers get free slots: round-robin across namespaces, a
@@ -177,7 +179,9 @@ pub struct Queued {
     pub limit: Limit,
 }
 
-/// Whether a waiting Transfer may start now (`Ok`), or where it stands in the queue.
+/// Whether a waiting Transfer may start now (`Ok`), or where it stands in the queue: the
+/// free slots of every limit go to the waiting Transfers in the fair order, each taking one if
+/// its limits allow, so one behind in line never takes a slot one ahead of it would get.
 pub fn admission(
     limits: Limits,
     me: &Waiting,
@@ -190,20 +194,43 @@ pub fn admission(
         .iter()
         .position(|u| *u == me.uid)
         .map_or(order.len() + 1, |p| p + 1);
-    let queued = |limit| Queued {
-        place,
-        waiting: order.len(),
-        limit,
-    };
-    if let Some(limit) = limit_reached(limits, &me.namespace, mine, active) {
-        return Err(queued(limit));
+    let mut taken = active.to_vec();
+    for uid in &order {
+        let (namespace, nodes) = if *uid == me.uid {
+            (&me.namespace, mine)
+        } else {
+            match waiting.iter().find(|w| w.uid == *uid) {
+                Some(w) => (&w.namespace, &w.nodes),
+                None => continue,
+            }
+        };
+        if let Some(limit) = limit_reached(limits, namespace, nodes, &taken) {
+            if *uid == me.uid {
+                return Err(Queued {
+                    place,
+                    waiting: order.len(),
+                    limit,
+                });
+            }
+            continue;
+        }
+        if *uid == me.uid {
+            return Ok(());
+        }
+        taken.push(Active {
+            namespace: namespace.clone(),
+            nodes: nodes.clone(),
+        });
     }
-    // Free slots of the cluster's limit go to those ahead first.
-    let free = limits.total.saturating_sub(active.len());
-    if limits.total > 0 && place > free {
-        return Err(queued(Limit::Cluster));
+    // Not in the order (it was not among the waiting): its own limits decide.
+    match limit_reached(limits, &me.namespace, mine, active) {
+        Some(limit) => Err(Queued {
+            place,
+            waiting: order.len(),
+            limit,
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -296,7 +323,26 @@ mod tests {
             namespace: ns.into(),
             retry: false,
             order: (created, uid.into()),
+            nodes: BTreeSet::new(),
         }
+    }
+
+    #[test]
+    fn a_retry_does_not_take_the_namespace_slot_of_a_first_start_waiting_before_it() {
+        let mut retry = waiting("r", "ml", 1);
+        retry.retry = true;
+        let first = waiting("f", "ml", 2);
+        let q = vec![retry.clone(), first.clone()];
+        let l = Limits {
+            per_namespace: 1,
+            ..Limits::default()
+        };
+        let none = BTreeSet::new();
+        assert_eq!(admission(l, &first, &none, &[], &q), Ok(()));
+        assert_eq!(
+            admission(l, &retry, &none, &[], &q).map_err(|e| (e.place, e.limit)),
+            Err((2, Limit::Namespace))
+        );
     }
 
     #[test]
