@@ -48,19 +48,7 @@ pub fn count(transfers: &[Arc<Transfer>], limits: Limits) -> Census {
             }
             Some(s) if limits::queued(s) => {
                 census.queued += 1;
-                waiting.push(limits::Waiting {
-                    uid: uid.clone(),
-                    namespace: t.namespace().unwrap_or_default(),
-                    retry: s.failures > 0,
-                    order: (
-                        t.metadata
-                            .creation_timestamp
-                            .as_ref()
-                            .map_or(0, |c| c.0.as_second()),
-                        t.name_any(),
-                    ),
-                    nodes: Default::default(),
-                });
+                waiting.push(limits::Waiting::of(t, Default::default()));
                 refs.insert(uid, ObjectRef::from_obj(t.as_ref()));
             }
             _ => {}

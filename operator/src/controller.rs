@@ -640,22 +640,9 @@ fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
     if limits == limits::Limits::default() {
         return Ok(());
     }
-    let waiting_of = |o: &Transfer| limits::Waiting {
-        uid: o.uid().unwrap_or_default(),
-        namespace: o.namespace().unwrap_or_default(),
-        // A retry (its last attempt failed or stalled) lets Transfers queued for their first
-        // start go first, so a stuck Transfer cannot take its slot back before them again and
-        // again.
-        retry: o.status.as_ref().is_some_and(|s| s.failures > 0),
-        order: (
-            o.metadata
-                .creation_timestamp
-                .as_ref()
-                .map_or(0, |c| c.0.as_second()),
-            o.name_any(),
-        ),
-        nodes: transfer_nodes(o),
-    };
+    // A retry (its last attempt failed or stalled) lets Transfers queued for their first start
+    // go first, so a stuck Transfer cannot take its slot back before them again and again.
+    let waiting_of = |o: &Transfer| limits::Waiting::of(o, transfer_nodes(o));
     let mut active = Vec::new();
     let mut waiting = vec![waiting_of(t)];
     for o in ctx.store.state() {

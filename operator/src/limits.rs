@@ -140,6 +140,26 @@ pub struct Waiting {
     pub nodes: BTreeSet<String>,
 }
 
+impl Waiting {
+    /// `t` as it waits, its movers bound for `nodes`.
+    pub fn of(t: &crate::api::Transfer, nodes: BTreeSet<String>) -> Waiting {
+        use kube::ResourceExt;
+        Waiting {
+            uid: t.uid().unwrap_or_default(),
+            namespace: t.namespace().unwrap_or_default(),
+            retry: t.status.as_ref().is_some_and(|s| s.failures > 0),
+            order: (
+                t.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |c| c.0.as_second()),
+                t.name_any(),
+            ),
+            nodes,
+        }
+    }
+}
+
 /// The order in which waiting Transfers get free slots: round-robin across namespaces, a
 /// namespace with fewer running Transfers first, each namespace's own first come, first
 /// served. So one namespace's 500 queued Transfers do not starve another's one: that one goes
