@@ -1,7 +1,11 @@
 //! Compiles the .proto files with protox (pure Rust), so building needs no system protoc.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/wire.proto", "proto/progress.proto"];
+    let files = [
+        "proto/wire.proto",
+        "proto/progress.proto",
+        "proto/blockstore.proto",
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

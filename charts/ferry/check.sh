@@ -86,7 +86,8 @@ expect_reject "maxActivePerNode=-2" "/maxActivePerNode.*minimum" --set maxActive
 expect_reject "a mover label in ferry.dev/" "moverDefaults/labels/ferry.dev" --set 'moverDefaults.labels.ferry\.dev/x=y'
 expect_reject "moverDefaults.streams=17" "/moverDefaults/streams.*maximum" --set moverDefaults.streams=17
 expect_reject "moverDefaults.compression=gzip" "/moverDefaults/compression.*(auto|zstd)" --set moverDefaults.compression=gzip
-expect_reject "cas.capBytes=0" "/cas/capBytes.*minimum" --set cas.capBytes=0
+expect_reject "nodeService.capacity=lots" "/nodeService/capacity" --set nodeService.capacity=lots
+expect_reject "nodeService.hostPath=relative" "/nodeService/hostPath" --set nodeService.hostPath=relative
 expect_reject "an unknown top-level value" "additional propert.*hostRoot" --set 'hostRoot=x'
 expect_reject "a relative root with --skip-schema-validation (template guard)" \
   "hostRoots\[1\]\.root must be an absolute path" \
@@ -124,28 +125,29 @@ expect_images() { # expect_images WHAT FILE WANT
   [[ $(images "$2") == "$3" ]] || fail "$1: images '$(images "$2")', want '$3'"
   ok "$1: $3"
 }
-# Each render has two operator images (the Deployment's, the pre-delete hook's) and the movers'.
+# Each render has the node service's two mover images (its init and main containers), two operator
+# images (the Deployment's, the pre-delete hook's) and the movers'.
 render "$work/img.yaml"
 expect_images "imageRegistry=$registry" "$work/img.yaml" \
-  "$registry/ferry-operator:0.1.0 $registry/ferry-operator:0.1.0 mover $registry/ferry-mover:0.1.0"
+  "$registry/ferry-mover:0.1.0 $registry/ferry-mover:0.1.0 $registry/ferry-operator:0.1.0 $registry/ferry-operator:0.1.0 mover $registry/ferry-mover:0.1.0"
 render "$work/img-slash.yaml" --set "imageRegistry=$registry/,image.tag=1.2.3,moverImage.tag=1.2.4"
 expect_images "imageRegistry with a trailing '/', tags set" "$work/img-slash.yaml" \
-  "$registry/ferry-operator:1.2.3 $registry/ferry-operator:1.2.3 mover $registry/ferry-mover:1.2.4"
+  "$registry/ferry-mover:1.2.4 $registry/ferry-mover:1.2.4 $registry/ferry-operator:1.2.3 $registry/ferry-operator:1.2.3 mover $registry/ferry-mover:1.2.4"
 noreg render "$work/img-full.yaml" --set image.repository=10.0.0.6/x/op,moverImage.repository=10.0.0.6/x/mv
 expect_images "no imageRegistry, both repositories full references" "$work/img-full.yaml" \
-  "10.0.0.6/x/op:0.1.0 10.0.0.6/x/op:0.1.0 mover 10.0.0.6/x/mv:0.1.0"
+  "10.0.0.6/x/mv:0.1.0 10.0.0.6/x/mv:0.1.0 10.0.0.6/x/op:0.1.0 10.0.0.6/x/op:0.1.0 mover 10.0.0.6/x/mv:0.1.0"
 d1=sha256:1111111111111111111111111111111111111111111111111111111111111111
 d2=sha256:2222222222222222222222222222222222222222222222222222222222222222
 render "$work/img-digest.yaml" --set "image.tag=9.9.9,image.digest=$d1,moverImage.tag=9.9.9,moverImage.digest=$d2"
 expect_images "digests pin both images (over the tags)" "$work/img-digest.yaml" \
-  "$registry/ferry-operator@$d1 $registry/ferry-operator@$d1 mover $registry/ferry-mover@$d2"
+  "$registry/ferry-mover@$d2 $registry/ferry-mover@$d2 $registry/ferry-operator@$d1 $registry/ferry-operator@$d1 mover $registry/ferry-mover@$d2"
 grep -Fq -- '--mover-image-pull-secret' "$work/img.yaml" && fail "default: --mover-image-pull-secret without imagePullSecrets"
 grep -q 'imagePullSecrets:' "$work/img.yaml" && fail "default: imagePullSecrets rendered without any"
 render "$work/img-secrets.yaml" --set 'imagePullSecrets[0].name=regcred,imagePullSecrets[1].name=other'
 [[ $(grep -E -- '- "?--mover-image-pull-secret=' "$work/img-secrets.yaml" | sed -E 's/^.*=([^"]*)"?$/\1/' | paste -sd' ') \
   == "regcred other" ]] || fail "imagePullSecrets: not one --mover-image-pull-secret per entry, in order"
-[[ $(grep -A2 '^      imagePullSecrets:' "$work/img-secrets.yaml" | grep -cE -- '- name: (regcred|other)$') == 4 ]] \
-  || fail "imagePullSecrets: the operator's and the hook's pods do not both carry them"
+[[ $(grep -A2 '^      imagePullSecrets:' "$work/img-secrets.yaml" | grep -cE -- '- name: (regcred|other)$') == 6 ]] \
+  || fail "imagePullSecrets: the operator's, the hook's and the node service's pods do not all carry them"
 expect_reject "extraArgs repeating --mover-image" "extraArgs: --mover-image is already rendered" \
   --set 'extraArgs[0]=--mover-image=10.0.0.5:5000/ferry/ferry-mover:x'
 ok "imagePullSecrets: on the operator's and the hook's pods, and --mover-image-pull-secret=regcred, =other"
@@ -239,18 +241,21 @@ for a in --cluster-name=prod-eu-1 \
   --mover-image=10.0.0.5:5000/ferry/ferry-mover@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef \
   --mover-image-pull-secret=regcred --mover-image-pull-secret=mirror-cred \
   --mover-uid=10001 --allow-root-movers --allow-privileged-readers --host-root=ml=/data --host-root=ml=/scratch/ \
-  '--host-root=*=/srv/shared:ro' '--host-root=*=/data/tenants/{namespace}' --cas-root=/var/lib/ferry/cas --cas-cap-bytes=107374182400 \
+  '--host-root=*=/srv/shared:ro' '--host-root=*=/data/tenants/{namespace}' --block-service=ferry-node.ferry-system.svc:7443 \
   --max-active=20 --max-active-per-node=2 --max-active-per-namespace=5 --mover-pending-timeout=600 --cert-days=7 --default-streams=8 --default-compression=zstd --data-port=7500 --progress-port=7501 \
   --mover-priority-class=ferry-movers --allowed-priority-class=batch-low --allowed-priority-class=batch-high --mover-label=cost-center=1234 --mover-label=team=vision \
   '--metrics-addr=[::]:9090' '--peering-listen=[::]:7543' --peering-service-type=LoadBalancer \
   --leader-election-id=ferry-operator-lease --log-format=json; do
   expect_arg "$a"
 done
-grep -Fq -- '--cas-root=' "$work/default.yaml" || fail "default: no --cas-root"
+grep -Fq -- '--block-service=ferry-node.' "$work/default.yaml" || fail "default: no --block-service"
+grep -Fq -- '--cap=100Gi' "$work/full.yaml" || fail "full: the node service's cap not rendered"
+grep -Fq -- 'nvidia.com/gpu' "$work/full.yaml" || fail "full: the node service's tolerations not rendered"
 grep -Fq -- '- --peering-service-type=NodePort' "$work/default.yaml" || fail "default: no --peering-service-type=NodePort"
 grep -Fq -- '--peering-listen' "$work/default.yaml" && fail "default: --peering-listen rendered (crossCluster.enabled is false)"
-render "$work/nocas.yaml" --set cas.root= --show-only templates/deployment.yaml
-grep -Eq -- '- "?--cas-root="?$' "$work/nocas.yaml" || fail 'cas.root="" does not render --cas-root= (dedup off)'
+render "$work/nocas.yaml" --set nodeService.enabled=false
+grep -Eq -- '- "?--block-service="?$' "$work/nocas.yaml" || fail 'nodeService.enabled=false does not render --block-service= (dedup off)'
+grep -q 'kind: DaemonSet' "$work/nocas.yaml" && fail 'nodeService.enabled=false still renders the DaemonSet'
 if [[ $have_yaml == 1 ]]; then
   python3 - "$work/full.yaml" "$work/default.yaml" <<'EOF'
 import json, sys, yaml
@@ -413,7 +418,8 @@ for want in ("ferry_transfers", "ferry_transfers_queued", "ferry_reconcile_durat
     check(want in used, f"dashboard: no panel uses {want}")
 print(f"ok   dashboard: ConfigMap in monitoring, grafana_dashboard \"1\", {len(panels)} panels, {len(exprs)} queries of rendered metrics")
 
-svc = next(d for d in yaml.safe_load_all(open(sys.argv[5])) if d and d["kind"] == "Service")["metadata"]["name"]
+svc = next(d for d in yaml.safe_load_all(open(sys.argv[5]))
+           if d and d["kind"] == "Service" and d["metadata"]["name"] != "ferry-node")["metadata"]["name"]
 for path, job, ns in ((sys.argv[3], "ferry-scraped", "monitoring"), (sys.argv[4], svc, "ferry-system")):
     rule = one(path)
     check(rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule",
@@ -489,7 +495,7 @@ grep -Fq -- '- --peering-listen=0.0.0.0:7443' "$work/v4-peering.yaml" \
 grep -Fq -- '- --host-root=*=/data' "$work/local.yaml" || fail "local: /data is not granted to every namespace"
 noreg render "$work/local-images.yaml" -f "$chart/ci/local-values.yaml"
 expect_images "local: the images of make images" "$work/local-images.yaml" \
-  "localhost/ferry/ferry-operator:dev localhost/ferry/ferry-operator:dev mover localhost/ferry/ferry-mover:dev"
+  "localhost/ferry/ferry-mover:dev localhost/ferry/ferry-mover:dev localhost/ferry/ferry-operator:dev localhost/ferry/ferry-operator:dev mover localhost/ferry/ferry-mover:dev"
 grep -A3 'name: POD_IP' "$work/local.yaml" | grep -q 'fieldPath: status.podIP' || fail "local: POD_IP not from status.podIP"
 ok "local: --metrics-addr=\$(POD_IP):8080 (--peering-listen=\$(POD_IP):7443 when enabled), --host-root=*=/data; default 0.0.0.0:7443"
 

@@ -22,6 +22,7 @@ pub mod digest;
 pub mod kind;
 pub mod limiter;
 pub mod net;
+pub mod node;
 pub mod progress;
 pub mod quantity;
 pub mod report;

@@ -253,6 +253,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         timeouts: fast_timeouts(),
         sync: false,
         cas: Some(store.clone()),
+        block_service: None,
         identity: None,
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

@@ -48,6 +48,7 @@ async fn connect_with(
         timeouts,
         sync: false,
         cas: None,
+        block_service: None,
         identity: None,
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

@@ -33,6 +33,7 @@ async fn each_session_of_a_long_running_receiver_reports_its_own_counts() {
         timeouts: fast_timeouts(),
         sync: false,
         cas: None,
+        block_service: None,
         identity: Some(files.identity.clone()),
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

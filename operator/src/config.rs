@@ -109,9 +109,9 @@ pub struct Config {
     /// Whether a Transfer may ask for a sender with CAP_DAC_READ_SEARCH (`readAllFiles`).
     pub allow_privileged_readers: bool,
     pub host_roots: Vec<HostRootGrant>,
-    /// The node block store's host directory; `None` turns dedup off everywhere.
-    pub cas_root: Option<String>,
-    pub cas_cap_bytes: Option<u64>,
+    /// HOST:PORT of the node services (the `ferry-node` DaemonSet behind a Service that keeps
+    /// traffic on the node) that receivers take blocks from; `None` turns dedup off everywhere.
+    pub block_service: Option<String>,
     /// Transfers with running movers at once, in the cluster and per node (0 = no limit).
     pub max_active: usize,
     pub max_active_per_node: usize,
@@ -159,8 +159,7 @@ impl Default for Config {
             allow_root_movers: false,
             allow_privileged_readers: false,
             host_roots: Vec::new(),
-            cas_root: Some("/var/lib/ferry/cas".into()),
-            cas_cap_bytes: None,
+            block_service: Some("ferry-node.ferry-system.svc:7443".into()),
             max_active: 0,
             max_active_per_node: 0,
             max_active_per_namespace: 0,

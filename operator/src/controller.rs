@@ -105,6 +105,14 @@ pub async fn run(
         )
         .await?,
     );
+    if config.block_service.is_some() {
+        crate::node_service::spawn_keeper(
+            client.clone(),
+            config.namespace.clone(),
+            authority.clone(),
+            config.cert_days,
+        );
+    }
     let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
     let (caches, triggers) = cache::start(&client);
     let peers = caches.peers.clone();
@@ -440,7 +448,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
                     attempt: 0,
                     placement: dest,
                     receiver_ip: None,
-                    use_cas: false,
+                    use_block_store: false,
                     remote: None,
                 });
                 pods.patch(&cleaner, &ssa(), &Patch::Apply(&pod)).await?;
@@ -850,7 +858,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: dst,
                     receiver_ip: None,
-                    use_cas: plan.dedup && ctx.config.cas_root.is_some(),
+                    use_block_store: plan.dedup && ctx.config.block_service.is_some(),
                     remote: remote.map(|r| RemoteMover {
                         peer_cluster: &r.cluster,
                         transfer_id: &r.transfer_id,
@@ -874,7 +882,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: src,
                     receiver_ip: Some(receiver_ip),
-                    use_cas: false,
+                    use_block_store: false,
                     remote: None,
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
@@ -896,7 +904,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: src,
                     receiver_ip: None,
-                    use_cas: false,
+                    use_block_store: false,
                     remote: Some(RemoteMover {
                         peer_cluster: &r.cluster,
                         transfer_id: &r.transfer_id,

@@ -14,6 +14,7 @@ pub mod limits;
 pub mod metrics;
 pub mod movers;
 pub mod names;
+pub mod node_service;
 pub mod overlap;
 pub mod peering;
 pub mod pki;

@@ -42,12 +42,10 @@ struct Cli {
     /// ROOT is the Transfer's namespace; `:ro` for sources only). Repeatable.
     #[arg(long = "host-root", value_parser = HostRootGrant::parse)]
     host_roots: Vec<HostRootGrant>,
-    /// Host directory of each node's block store; empty turns dedup off.
-    #[arg(long, default_value = "/var/lib/ferry/cas")]
-    cas_root: String,
-    /// Cap of each node's block store in bytes.
+    /// HOST:PORT of the node block store services (the chart's `ferry-node` DaemonSet and its
+    /// node-local Service); default `ferry-node.<--namespace>.svc:7443`; empty turns dedup off.
     #[arg(long)]
-    cas_cap_bytes: Option<u64>,
+    block_service: Option<String>,
     /// Most Transfers with running movers at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active: usize,
@@ -160,6 +158,11 @@ fn main() -> anyhow::Result<()> {
     {
         return pre_uninstall(delete_transfers, timeout_seconds);
     }
+    let block_service = match cli.block_service {
+        None => Some(format!("ferry-node.{}.svc:7443", cli.namespace)),
+        Some(a) if a.is_empty() => None,
+        Some(a) => Some(a),
+    };
     let config = Config {
         cluster_name: cli.cluster_name,
         namespace: cli.namespace,
@@ -169,8 +172,7 @@ fn main() -> anyhow::Result<()> {
         allow_root_movers: cli.allow_root_movers,
         host_roots: cli.host_roots,
         allow_privileged_readers: cli.allow_privileged_readers,
-        cas_root: Some(cli.cas_root).filter(|r| !r.is_empty()),
-        cas_cap_bytes: cli.cas_cap_bytes,
+        block_service,
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
         max_active_per_namespace: cli.max_active_per_namespace,

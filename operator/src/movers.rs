@@ -19,10 +19,9 @@ use crate::config::Config;
 use crate::names::{self, LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
 use crate::placement::{SidePlacement, VolumeRef};
 
-/// Where a mover sees its volume, its certificates and the block store.
+/// Where a mover sees its volume and its certificates.
 const DATA_MOUNT: &str = "/ferry/data";
 const TLS_MOUNT: &str = "/ferry/tls";
-const CAS_MOUNT: &str = "/ferry/cas";
 const NODE_LABEL: &str = "kubernetes.io/hostname";
 
 /// What one attempt's mover pod needs besides the Transfer.
@@ -37,8 +36,8 @@ pub struct MoverPodInput<'a> {
     pub placement: &'a SidePlacement,
     /// The receiver's pod IP (sender only).
     pub receiver_ip: Option<&'a str>,
-    /// Mount the node's block store (receiver with dedup on and a store configured).
-    pub use_cas: bool,
+    /// Use the node's block store service (receiver with dedup on and a service configured).
+    pub use_block_store: bool,
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteMover<'a>>,
 }
@@ -117,13 +116,11 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
                 push("--owner");
                 push("--special-bits");
             }
-            if input.use_cas {
-                push("--cas");
-                push(CAS_MOUNT);
-                if let Some(cap) = cfg.cas_cap_bytes {
-                    push("--cas-cap");
-                    push(&cap.to_string());
-                }
+            if input.use_block_store
+                && let Some(addr) = &cfg.block_service
+            {
+                push("--block-service");
+                push(addr);
             }
         }
         MoverRole::Sender => {
@@ -261,7 +258,7 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
         cfg.mover_uid
     };
 
-    let mut volumes = vec![
+    let volumes = vec![
         volume_for(input.placement, input.role),
         Volume {
             name: "tls".into(),
@@ -284,7 +281,7 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
             ..Volume::default()
         },
     ];
-    let mut mounts = vec![
+    let mounts = vec![
         VolumeMount {
             name: "data".into(),
             mount_path: DATA_MOUNT.into(),
@@ -298,24 +295,6 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
             ..VolumeMount::default()
         },
     ];
-    if input.use_cas
-        && let Some(root) = &cfg.cas_root
-    {
-        volumes.push(Volume {
-            name: "cas".into(),
-            host_path: Some(HostPathVolumeSource {
-                path: root.clone(),
-                type_: Some("DirectoryOrCreate".into()),
-            }),
-            ..Volume::default()
-        });
-        mounts.push(VolumeMount {
-            name: "cas".into(),
-            mount_path: CAS_MOUNT.into(),
-            ..VolumeMount::default()
-        });
-    }
-
     let ports = vec![
         ContainerPort {
             name: Some("data".into()),
@@ -447,7 +426,7 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
 pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
     let mut pod = mover_pod(&MoverPodInput {
         role: MoverRole::Receiver,
-        use_cas: false,
+        use_block_store: false,
         remote: None,
         receiver_ip: None,
         ..input.clone()
@@ -614,7 +593,7 @@ mod tests {
             attempt: 1,
             placement: &placement,
             receiver_ip: None,
-            use_cas: false,
+            use_block_store: false,
             remote: None,
         });
         let labels = pod.metadata.labels.clone().expect("labels");
@@ -661,7 +640,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                use_cas: false,
+                use_block_store: false,
                 remote: None,
             })
         };
@@ -739,7 +718,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: None,
-                use_cas: false,
+                use_block_store: false,
                 remote: None,
             })
         };
@@ -779,7 +758,7 @@ mod tests {
             attempt: 2,
             placement: &placement,
             receiver_ip: None,
-            use_cas: true,
+            use_block_store: true,
             remote: None,
         });
         let spec = pod.spec.as_ref().expect("spec");
@@ -800,7 +779,20 @@ mod tests {
         assert_eq!(psc.run_as_user, Some(65532));
         let args = args_of(&pod);
         assert!(args.contains(&"$(POD_IP):7400".to_string()), "{args:?}");
-        assert!(args.contains(&"--cas".to_string()));
+        let service = args
+            .iter()
+            .position(|a| a == "--block-service")
+            .expect("--block-service");
+        assert_eq!(args[service + 1], "ferry-node.ferry-system.svc:7443");
+        assert_eq!(
+            spec.volumes
+                .iter()
+                .flatten()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>(),
+            ["data", "tls"],
+            "a tenant's receiver mounts no block store"
+        );
         assert!(!args.iter().any(|a| a.contains("0.0.0.0")));
         assert!(spec.containers[0].readiness_probe.is_some());
         assert_eq!(
@@ -833,7 +825,7 @@ mod tests {
             attempt: 1,
             placement: &placement,
             receiver_ip: Some("10.1.2.3"),
-            use_cas: false,
+            use_block_store: false,
             remote: None,
         });
         let args = args_of(&pod).join(" ");
@@ -883,7 +875,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                use_cas: false,
+                use_block_store: false,
                 remote: None,
             }))
             .join(" ")
@@ -929,7 +921,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                use_cas: false,
+                use_block_store: false,
                 remote: None,
             };
             vec![

@@ -213,6 +213,19 @@ impl Authority {
         Ok(files)
     }
 
+    /// The node services' Secret data: `ca.crt`, `tls.crt`, `tls.key` (role `node`; one
+    /// certificate for every node: a receiver reaches only its own node's service).
+    pub fn node_service_files(&self) -> Result<BTreeMap<String, String>, PkiError> {
+        let identity = Identity::node_service(&self.cluster)
+            .map_err(|e| PkiError::Certs(CertsError::Identity(e)))?;
+        let (cert, key) = self.ca.issue_for(&identity)?;
+        Ok(BTreeMap::from([
+            ("ca.crt".to_owned(), self.ca.cert_pem().to_owned()),
+            ("tls.crt".to_owned(), cert),
+            ("tls.key".to_owned(), key),
+        ]))
+    }
+
     /// This operator's certificate and key on the cross-cluster API (client and server).
     pub fn peering_cert(
         &self,

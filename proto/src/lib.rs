@@ -1,4 +1,5 @@
-//! ferry-proto: protobuf message types and the gRPC progress service, generated at build time.
+//! ferry-proto: protobuf message types and the gRPC services (progress, node block store),
+//! generated at build time.
 
 #![allow(clippy::all, missing_docs)]
 
@@ -13,5 +14,12 @@ pub mod wire {
 pub mod progress {
     pub mod v1 {
         tonic::include_proto!("ferry.progress.v1");
+    }
+}
+
+/// The node service's block store API and its messages (`ferry.blockstore.v1`).
+pub mod blockstore {
+    pub mod v1 {
+        tonic::include_proto!("ferry.blockstore.v1");
     }
 }

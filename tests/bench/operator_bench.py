@@ -127,7 +127,7 @@ def start_operator(cluster: Path, name: str, nodes: tuple[str, ...],
     log_path = cluster / "logs" / f"ferry-operator-{name}.log"
     log = open(log_path, "w")
     p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system", "--cluster-name", name,
-                          "--host-root", f"*={ROOT}", "--cas-root", f"{ROOT}/cas",
+                          "--host-root", f"*={ROOT}", "--block-service", "",
                           "--mover-image", mover_image(cluster),
                           "--metrics-addr", "127.0.0.1:0", "--leader-election-id", f"ferry-operator-{name}",
                           "--peering-listen", "127.0.0.1:0", *extra],

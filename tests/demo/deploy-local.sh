@@ -28,7 +28,7 @@ out="$(PLAIN_HTTP=1 "$repo_root/deploy/chart-push.sh" "$registry" 2>&1)" || { ec
 
 # Host directories the movers write, owned by their uid: an admin's one-time step on a real node.
 for node in ${nodes//,/ }; do
-  install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/$node/data" "$cluster_dir/nodes/$node/data/.ferry-cas"
+  install -d -o "$mover_uid" -g "$mover_uid" "$cluster_dir/nodes/$node/data"
 done
 
 # --take-ownership: objects an earlier kubectl-applied install created (the CRD from crds/,

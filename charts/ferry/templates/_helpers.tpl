@@ -175,7 +175,7 @@ Checks the schema cannot express (and repeats the vital ones for installs with
 
 {{/*
 The operator's command line, one flag per list item in --flag=value form (a value may start with
-'-' or be empty, as --cas-root= is).
+'-' or be empty, as --block-service= is).
 */}}
 {{- define "ferry.operatorArgs" -}}
 {{- $v := .Values }}
@@ -183,7 +183,7 @@ The operator's command line, one flag per list item in --flag=value form (a valu
   (printf "--cluster-name=%s" $v.clusterName)
   (printf "--mover-image=%s" (include "ferry.imageRef" (dict "image" $v.moverImage "root" . "value" "moverImage")))
   (printf "--mover-uid=%d" (int64 $v.moverUid))
-  (printf "--cas-root=%s" $v.cas.root)
+  (printf "--block-service=%s" (ternary (printf "%s.%s.svc:%d" (include "ferry.nodeServiceName" .) .Release.Namespace (int64 $v.nodeService.port)) "" $v.nodeService.enabled))
   (printf "--max-active=%d" (int64 $v.maxActive))
   (printf "--max-active-per-node=%d" (int64 $v.maxActivePerNode))
   (printf "--max-active-per-namespace=%d" (int64 $v.maxActivePerNamespace))
@@ -205,9 +205,6 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- end }}
 {{- range $v.hostRoots }}
 {{- $args = append $args (printf "--host-root=%s=%s%s" .namespace .root (ternary ":ro" "" (default false .readOnly))) }}
-{{- end }}
-{{- if not (kindIs "invalid" $v.cas.capBytes) }}
-{{- $args = append $args (printf "--cas-cap-bytes=%d" (int64 $v.cas.capBytes)) }}
 {{- end }}
 {{- with $v.moverDefaults.tolerations }}
 {{- $args = append $args (printf "--mover-tolerations=%s" (toJson .)) }}
@@ -259,4 +256,11 @@ must be reachable through its Service. */}}
 {{- $args = append $args . }}
 {{- end }}
 {{- toYaml $args }}
+{{- end }}
+
+{{/*
+The node service's DaemonSet, Service and Secret name.
+*/}}
+{{- define "ferry.nodeServiceName" -}}
+ferry-node
 {{- end }}

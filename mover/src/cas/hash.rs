@@ -48,6 +48,12 @@ impl From<blake3::Hash> for BlockHash {
     }
 }
 
+impl From<[u8; 32]> for BlockHash {
+    fn from(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+}
+
 impl FromStr for BlockHash {
     type Err = ParseHashError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -57,6 +57,15 @@ impl PopKey {
         Self(blake3::derive_key(CONTEXT, &nonce.0))
     }
 
+    /// A key a receiver handed over (to its node service, which checks proofs for it).
+    pub fn from_bytes(key: [u8; 32]) -> Self {
+        Self(key)
+    }
+
+    pub fn to_bytes(&self) -> [u8; 32] {
+        self.0
+    }
+
     pub fn prove(&self, block: &[u8]) -> Proof {
         self.prove_secret(&secret_of(block))
     }

@@ -9,6 +9,7 @@ pub mod cas;
 pub mod copy;
 pub mod filter;
 pub mod net;
+pub mod node;
 pub mod staging;
 
 /// ferry's data mover: copies directory trees locally or over parallel mutual-TLS streams.
@@ -49,6 +50,9 @@ pub enum Command {
     /// Inspect and maintain a block store.
     #[command(subcommand)]
     Cas(cas::CasCommand),
+    /// The node service: this node's block store for the receivers on it.
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// Remove a transfer's resume state from a destination (`.ferry-staging/`).
     CleanStaging(staging::CleanStagingArgs),
     /// Print a shell completion script (for example: ferry-mover completions bash >
@@ -82,6 +86,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Send(args) => net::run_send(args),
         Command::Receive(args) => net::run_receive(args),
         Command::Cas(cmd) => cas::run(cmd),
+        Command::Node(cmd) => node::run(cmd),
         Command::CleanStaging(args) => staging::run(args),
         // Rendered into memory first: the generators panic on a closed pipe (`| head`).
         Command::Completions { shell } => {

@@ -185,6 +185,11 @@ pub struct ReceiveArgs {
     /// Cap of the block store in bytes (recorded in the store; least recently used blocks go).
     #[arg(long, requires = "cas")]
     pub cas_cap: Option<u64>,
+    /// The node's block store service (`ferry-mover node serve`) at HOST:PORT, reached with
+    /// this receiver's own certificate: the same dedup as --cas without mounting the store. When
+    /// it cannot be reached the receiver goes on without dedup.
+    #[arg(long, conflicts_with = "cas", value_name = "HOST:PORT")]
+    pub block_service: Option<String>,
     /// Apply the sender's owner and group to what is written (needs root; refused otherwise).
     /// Without it everything belongs to the user running the receiver.
     #[arg(long)]
@@ -612,6 +617,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         timeouts: args.tls.timeouts(),
         sync: args.tls.sync,
         cas,
+        block_service: None,
         identity: Some(files.identity.clone()),
         keep: crate::session::Keep {
             owner: args.owner,
@@ -628,6 +634,9 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     let transfer_id = transfer.clone();
     let served = rt.block_on(async {
         cfg.shutdown = session::Shutdown::on_signals()?;
+        if let Some(addr) = &args.block_service {
+            cfg.block_service = connect_block_service(addr, &files).await;
+        }
         let listen = super::addr::resolve(&args.listen, "0.0.0.0").await?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -678,6 +687,27 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The node's block store service, or `None` (logged) when it cannot be reached in time: the
+/// store is a cache, so the transfer goes on without dedup.
+async fn connect_block_service(
+    addr: &str,
+    files: &net::TlsFiles,
+) -> Option<crate::node::client::NodeStoreClient> {
+    match crate::node::client::NodeStoreClient::connect(addr, files).await {
+        Ok(c) => {
+            tracing::info!(service = addr, "using the node's block store service");
+            Some(c)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "block store service unavailable, receiving without dedup: {}",
+                session::anyhow_chain(&e)
+            );
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,11 +22,16 @@ const TRANSFER_SEP: &str = ":transfer:";
 const ATTEMPT_SEP: &str = ":attempt:";
 const ROLE_SEP: &str = ":role:";
 
+/// The transfer id in the node services' certificate.
+pub const NODE_SERVICE_ID: &str = "ferry-node";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     Sender,
     Receiver,
     Operator,
+    /// A node service: serves its node's block store to the receivers there.
+    Node,
 }
 
 impl Role {
@@ -35,6 +40,7 @@ impl Role {
             Self::Sender => "sender",
             Self::Receiver => "receiver",
             Self::Operator => "operator",
+            Self::Node => "node",
         }
     }
 
@@ -43,6 +49,7 @@ impl Role {
             "sender" => Some(Self::Sender),
             "receiver" => Some(Self::Receiver),
             "operator" => Some(Self::Operator),
+            "node" => Some(Self::Node),
             _ => None,
         }
     }
@@ -51,7 +58,7 @@ impl Role {
     pub fn opposite(self) -> Self {
         match self {
             Self::Sender => Self::Receiver,
-            Self::Receiver | Self::Operator => Self::Sender,
+            Self::Receiver | Self::Operator | Self::Node => Self::Sender,
         }
     }
 }
@@ -143,6 +150,27 @@ impl Identity {
             s.peer = Some(peer.to_owned());
         }
         Ok(id)
+    }
+
+    /// The identity of `cluster`'s node services (one for all nodes: a receiver reaches only its
+    /// own node's service, so the node needs no name of its own). [`NODE_SERVICE_ID`] cannot be a
+    /// Transfer's id (those start with the Transfer's UID), and only a node service is issued the
+    /// role `node`.
+    pub fn node_service(cluster: &str) -> Result<Self, IdentityError> {
+        Self::scoped(NODE_SERVICE_ID, Role::Node, cluster, 0)
+    }
+
+    /// Checks the identity of a node service's client: a receiver whose certificate this
+    /// cluster's operator issued (any Transfer, any attempt, a cross-cluster one too).
+    pub fn check_receiver_of(peer: &Identity, cluster: &str) -> Result<(), IdentityError> {
+        match &peer.scope {
+            Some(s) if s.cluster == cluster && peer.role == Role::Receiver => Ok(()),
+            _ => Err(IdentityError::Mismatch {
+                peer: peer.uri(),
+                local: format!("the node service of cluster {cluster}"),
+                accepted: format!("a receiver certificate issued by cluster {cluster}"),
+            }),
+        }
     }
 
     /// The same identity with another role (what this endpoint expects of its peer).

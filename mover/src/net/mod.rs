@@ -7,12 +7,16 @@
 //! identities.
 
 mod certs;
+mod grpc;
 mod identity;
+mod node_tls;
 mod tls;
 mod transport;
 
 pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
-pub use identity::{Identity, IdentityError, Role, Scope};
+pub use grpc::{PeerIdentity, TlsConn, tls_channel, tls_incoming};
+pub use identity::{Identity, IdentityError, NODE_SERVICE_ID, Role, Scope};
+pub use node_tls::{node_client_config, node_server_config};
 pub use tls::{
     PeerTrust, TlsError, TlsFiles, client_config, load_files, own_transfer_id, provider,
     server_config, with_peer,

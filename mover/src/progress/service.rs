@@ -5,17 +5,13 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ferry_proto::progress::v1 as pb;
 use ferry_proto::progress::v1::progress_client::ProgressClient;
 use ferry_proto::progress::v1::progress_server::{Progress as ProgressApi, ProgressServer};
 use futures::Stream;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
-use tonic::transport::server::Connected;
+use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use super::counters::{Phase, Progress, Snapshot};
@@ -150,40 +146,6 @@ impl ProgressApi for Service {
     }
 }
 
-/// A TLS connection as tonic sees it.
-struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl Connected for TlsConn {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for TlsConn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsConn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
 /// Serves the progress service on `listener`; `tls` must require client certificates (build it
 /// with `net::server_config(files, &[Role::Operator])`). Handshakes that fail or stall are
 /// dropped after 10 s without affecting other clients.
@@ -192,31 +154,7 @@ pub async fn serve_progress(
     tls: Arc<rustls::ServerConfig>,
     progress: Arc<Progress>,
 ) -> Result<(), ProgressServiceError> {
-    let acceptor = TlsAcceptor::from(tls);
-    let (tx, rx) = tokio::sync::mpsc::channel::<TlsConn>(16);
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, addr)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                match crate::net::accept_tls(tcp, addr, &acceptor, Duration::from_secs(10)).await {
-                    Ok(tls) => {
-                        let _ = tx.send(TlsConn(tls)).await;
-                    }
-                    Err(e) if e.is_probe() => tracing::debug!("progress port probed by {addr}"),
-                    Err(e) => tracing::warn!(
-                        "progress port refused {addr}: {}",
-                        crate::session::anyhow_chain(&e)
-                    ),
-                }
-            });
-        }
-    });
-    let incoming = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|c| (Ok::<_, std::io::Error>(c), rx))
-    });
+    let incoming = crate::net::tls_incoming(listener, move || tls.clone(), "progress");
     tonic::transport::Server::builder()
         .add_service(ProgressServer::new(Service { progress }))
         .serve_with_incoming(incoming)
@@ -230,17 +168,7 @@ pub async fn connect_progress(
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
 ) -> Result<ProgressClient<tonic::transport::Channel>, ProgressServiceError> {
-    let connector = tower::service_fn(move |_uri: http::Uri| {
-        let tls = tls.clone();
-        async move {
-            crate::net::connect_tls(addr, tls, Duration::from_secs(10))
-                .await
-                .map(hyper_util::rt::TokioIo::new)
-                .map_err(std::io::Error::other)
-        }
-    });
-    let channel = tonic::transport::Endpoint::from_static("http://ferry.invalid")
-        .connect_with_connector(connector)
+    let channel = crate::net::tls_channel(addr, tls, |e| e)
         .await
         .map_err(|source| ProgressServiceError::Connect { addr, source })?;
     Ok(ProgressClient::new(channel))

@@ -268,7 +268,19 @@ pub async fn start_receiver_with_store(
     SocketAddr,
     tokio::task::JoinHandle<Result<SessionSummary, String>>,
 ) {
-    start_receiver_full(pki, root, cas, Default::default()).await
+    start_receiver_full(pki, root, cas, None, Default::default()).await
+}
+
+/// Like [`start_receiver`], using the node's block store service through `client`.
+pub async fn start_receiver_with_service(
+    pki: &Pki,
+    root: &Path,
+    client: ferry_mover::node::client::NodeStoreClient,
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
+    start_receiver_full(pki, root, None, Some(client), Default::default()).await
 }
 
 /// Like [`start_receiver`], keeping the metadata `keep` names (`--owner`, `--special-bits`,
@@ -281,13 +293,14 @@ pub async fn start_receiver_keep(
     SocketAddr,
     tokio::task::JoinHandle<Result<SessionSummary, String>>,
 ) {
-    start_receiver_full(pki, root, None, keep).await
+    start_receiver_full(pki, root, None, None, keep).await
 }
 
 async fn start_receiver_full(
     pki: &Pki,
     root: &Path,
     cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
+    block_service: Option<ferry_mover::node::client::NodeStoreClient>,
     keep: ferry_mover::session::Keep,
 ) -> (
     SocketAddr,
@@ -303,6 +316,7 @@ async fn start_receiver_full(
         timeouts: fast_timeouts(),
         sync: false,
         cas,
+        block_service,
         identity: Some(files.identity.clone()),
         keep,
         shutdown: ferry_mover::session::Shutdown::never(),

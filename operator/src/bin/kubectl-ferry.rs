@@ -49,6 +49,13 @@ enum Command {
     },
     /// Spec, status, conditions, mover pods (exit codes, termination messages) and Events.
     Describe { name: String },
+    /// Each node's block store: blocks, bytes against the cap, hits, evictions (read from the
+    /// node services' metrics through the API server's pod proxy).
+    Nodes {
+        /// The namespace ferry is installed in (where the node services run).
+        #[arg(long, default_value = "ferry-system")]
+        ferry_namespace: String,
+    },
     /// The movers' logs (of the newest attempt), through the pods/log API.
     Logs {
         name: String,
@@ -118,6 +125,10 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
                 &mut err,
             )
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Nodes { ferry_namespace } => {
+            commands::nodes(&client, &ferry_namespace, &mut out).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Watch { name, timeout } => {

@@ -257,21 +257,11 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     if cx.st.start_time.is_none() {
         cx.st.start_time = Some(cx.now.clone());
     }
-    if !(spec.dedup && cx.obs.host_path_forbidden) {
-        // The block store is usable again (or not wanted): no condition about it, unless it
-        // failed earlier in this run.
-        cx.st.conditions.retain(|c| {
-            c.type_ != ConditionType::Dedup.as_str()
-                || c.reason == Reason::BlockStoreFailed.as_str()
-        });
-    } else {
-        cx.cond(
-            ConditionType::Dedup,
-            false,
-            Reason::PodSecurityForbidsHostPath,
-            "running without the node's block store: the namespace's Pod Security level forbids the hostPath volume it lives on",
-        );
-    }
+    // Receivers reach the block store through their node's service, whatever the namespace's
+    // Pod Security level: no condition about it, unless it failed earlier in this run.
+    cx.st.conditions.retain(|c| {
+        c.type_ != ConditionType::Dedup.as_str() || c.reason == Reason::BlockStoreFailed.as_str()
+    });
     let (run, attempt) = (cx.st.run, cx.st.attempts);
     cx.ensure_secret(uid, run, attempt);
     if destination_half {

@@ -430,7 +430,7 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
     Plan {
         status: cx.st,
         actions: cx.actions,
-        dedup: t.spec.dedup && !obs.host_path_forbidden && !store_failed,
+        dedup: t.spec.dedup && !store_failed,
         requeue,
         notes: cx.notes,
     }

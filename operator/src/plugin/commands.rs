@@ -351,6 +351,66 @@ pub async fn logs(
     Ok(false)
 }
 
+/// `nodes`: the block store figures of every node service in `ferry_namespace`, read from each
+/// pod's metrics port through the API server's pod proxy (needs `get pods/proxy` there).
+pub async fn nodes(
+    client: &Client,
+    ferry_namespace: &str,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    use super::nodes::{NodeFigures, NodeRow};
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), ferry_namespace);
+    let pods = pods_api
+        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
+        .await
+        .map_err(api_error(format!(
+            "list the node service pods in namespace {ferry_namespace}"
+        )))?
+        .items;
+    let mut rows = Vec::new();
+    for pod in &pods {
+        let name = pod.name_any();
+        let spec = pod.spec.as_ref();
+        let node = spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let port = spec
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.ports.as_ref())
+            .and_then(|p| p.iter().find(|p| p.name.as_deref() == Some("metrics")))
+            .map(|p| p.container_port);
+        let figures = match port {
+            None => Err("no metrics port".to_owned()),
+            Some(port) => {
+                let path = format!(
+                    "/api/v1/namespaces/{ferry_namespace}/pods/{name}:{port}/proxy/metrics"
+                );
+                match http::Request::get(path).body(Vec::new()) {
+                    Ok(req) => client
+                        .request_text(req)
+                        .await
+                        .map(|t| NodeFigures::parse(&t))
+                        .map_err(|e| error_chain(&e)),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        };
+        rows.push(NodeRow {
+            node,
+            pod: name,
+            ready,
+            figures,
+        });
+    }
+    rows.sort_by(|a, b| a.node.cmp(&b.node));
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    out.write_all(super::nodes::render(&rows, now).as_bytes())
+        .map_err(Error::Output)
+}
+
 /// An error and its causes on one line. An API server's answer is shown by its message (and
 /// HTTP code when it has none), not as the whole Status.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -1,8 +1,8 @@
 //! `kubectl ferry`, the kubectl plugin (`kubectl-ferry`): Transfers with their figures (`get`),
 //! a live progress line (`watch`), the whole story of one Transfer (`describe`) and its movers'
-//! logs (`logs`). See docs/kubectl-ferry.md.
+//! logs (`logs`), and the node services' block stores (`nodes`). See docs/kubectl-ferry.md.
 //!
-//! The rendering modules (`format`, `table`, `get`, `watch`, `describe`, `logs`) are pure
+//! The rendering modules (`format`, `table`, `get`, `watch`, `describe`, `logs`, `nodes`) are pure
 //! functions of the objects read from the API server; `commands` reads those objects and writes
 //! the output. The binary parses flags and maps outcomes to exit codes.
 
@@ -11,6 +11,7 @@ pub mod describe;
 pub mod format;
 pub mod get;
 pub mod logs;
+pub mod nodes;
 pub mod table;
 pub mod watch;
 

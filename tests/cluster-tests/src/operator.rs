@@ -86,6 +86,7 @@ pub fn install_crd_and_rbac_in(cluster: Cluster) -> anyhow::Result<()> {
     ] {
         kubectl_in(cluster, &["apply", "--server-side", "-f", &repo_file(file)])?;
     }
+    install_node_service_in(cluster)?;
     kubectl_in(
         cluster,
         &[
@@ -97,6 +98,92 @@ pub fn install_crd_and_rbac_in(cluster: Cluster) -> anyhow::Result<()> {
         ],
     )?;
     Ok(())
+}
+
+/// The node service as the chart renders it (the `ferry-node` DaemonSet and its node-local
+/// Service) with the cluster's mover image. Its certificate Secret comes from the operator, so
+/// its pods start once an operator ran; [`wait_node_service_in`] waits for them.
+fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
+    let image = crate::mover_image();
+    let (repo, tag) = image
+        .rsplit_once(':')
+        .context("the mover image has no tag")?;
+    let registry = repo
+        .strip_suffix("/ferry-mover")
+        .context("the mover image is not <registry>/ferry-mover")?;
+    let out = Command::new(k8s_tool("helm")?)
+        .args(["template", "ferry", &repo_file("charts/ferry")])
+        .args(["--namespace", "ferry-system"])
+        .args(["--show-only", "templates/node-service.yaml"])
+        .args(["--set", &format!("imageRegistry={registry}")])
+        .args(["--set", &format!("moverImage.tag={tag}")])
+        .args(["--set", &format!("image.tag={tag}")])
+        .args(["--set", "nodeService.capacity=4Gi"])
+        .output()
+        .context("failed to run helm template")?;
+    if !out.status.success() {
+        bail!(
+            "helm template failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let manifest = cluster.dir().join("node-service.yaml");
+    std::fs::write(&manifest, &out.stdout)?;
+    kubectl_in(
+        cluster,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &manifest.display().to_string(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Waits until the node service is ready, with the current mover image, on each of `nodes` of
+/// `cluster` (its certificate Secret exists once an operator of the cluster ran).
+pub async fn wait_node_service_in(cluster: Cluster, nodes: &[&str]) -> anyhow::Result<()> {
+    let image = crate::mover_image();
+    let nodes: Vec<String> = nodes.iter().map(|n| (*n).to_owned()).collect();
+    crate::wait_until(
+        Duration::from_secs(180),
+        "the node service to be ready on the nodes",
+        || {
+            let (image, nodes) = (image.clone(), nodes.clone());
+            async move {
+                let out = kubectl_in(
+                    cluster,
+                    &[
+                        "-n",
+                        "ferry-system",
+                        "get",
+                        "pods",
+                        "-l",
+                        "app.kubernetes.io/component=node-service",
+                        "-o",
+                        "json",
+                    ],
+                )?;
+                let pods: serde_json::Value = serde_json::from_str(&out)?;
+                let ready_on = |node: &str| {
+                    pods["items"].as_array().into_iter().flatten().any(|p| {
+                        p["spec"]["nodeName"] == node
+                            && p["metadata"]["deletionTimestamp"].is_null()
+                            && p["spec"]["containers"][0]["image"] == image.as_str()
+                            && p["status"]["conditions"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+                };
+                Ok(nodes.iter().all(|n| ready_on(n)))
+            }
+        },
+    )
+    .await
 }
 
 /// A kubeconfig that authenticates as the operator's service account (a bound token), written by
@@ -181,8 +268,6 @@ impl OperatorProcess {
             "ferry-system",
             "--host-root",
             &format!("*={host_root}"),
-            "--cas-root",
-            &format!("{host_root}/cas"),
             "--metrics-addr",
             "127.0.0.1:0",
             "--leader-election-id",

@@ -398,6 +398,7 @@ async fn deleting_the_destination_half_stops_the_sender_and_cleans_both_clusters
 #[tokio::test]
 async fn a_repeated_dataset_reports_block_store_hits_on_both_sides() -> anyhow::Result<()> {
     pair().await?;
+    ferry_cluster_tests::operator::wait_node_service_in(EAST, &[EAST_NODE]).await?;
     let west = TestNamespace::create_in(WEST, "xc-dedup").await?;
     let east = TestNamespace::create_in(EAST, "xc-dedup").await?;
     let (src, src_host) = node_dir(WEST, WEST_NODE, &west.name, "src")?;

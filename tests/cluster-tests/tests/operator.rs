@@ -447,6 +447,11 @@ async fn twenty_small_transfers_at_once_all_succeed() -> anyhow::Result<()> {
 async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() -> anyhow::Result<()>
 {
     ensure_operator().await?;
+    ferry_cluster_tests::operator::wait_node_service_in(
+        ferry_cluster_tests::Cluster::Main,
+        &[NODE_B],
+    )
+    .await?;
     let ns = TestNamespace::create("xfer-dedup").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
     make_tree(&src_host, 3, 32, &ns.name)?;
@@ -588,8 +593,8 @@ async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -
 {
     ensure_operator().await?;
     let ns = TestNamespace::create("xfer-pvc").await?;
-    // The strictest Pod Security level: the movers must comply, and without the hostPath block
-    // store the Transfer runs without dedup and says so.
+    // The strictest Pod Security level: the movers must comply, and the receiver (no hostPath
+    // allowed) still takes blocks from its node's store, through the node service.
     kubectl(&[
         "label",
         "namespace",
@@ -598,6 +603,11 @@ async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -
     ])?;
     let (src_class, src_disk) = local_pv(&ns, "src", NODE_A).await?;
     let (dst_class, dst_disk) = local_pv(&ns, "dst", NODE_B).await?;
+    ferry_cluster_tests::operator::wait_node_service_in(
+        ferry_cluster_tests::Cluster::Main,
+        &[NODE_B],
+    )
+    .await?;
     let src_host = src_disk.join("sets/a");
     std::fs::create_dir_all(&src_host)?;
     make_tree(&src_host, 200, 8, &ns.name)?;
@@ -658,13 +668,26 @@ async fn claim_to_claim_on_two_nodes_waits_for_a_missing_claim_then_succeeds() -
     assert_eq!(st.sender.and_then(|s| s.node).as_deref(), Some(NODE_A));
     assert_eq!(st.receiver.and_then(|s| s.node).as_deref(), Some(NODE_B));
     assert!(
-        st.conditions
-            .iter()
-            .any(|c| c.type_ == "Dedup" && c.reason == "PodSecurityForbidsHostPath"),
+        st.conditions.iter().all(|c| c.type_ != "Dedup"),
         "{:?}",
         st.conditions
     );
     assert_eq!(assert_same_tree(&src_host, &dst_disk.join("copy"))?, 201);
+    // The same tree again into another directory of the claim: its two full blocks come from
+    // the node's store (the receiver mounts no store: the node service hands them out).
+    let again: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "again"},
+        "spec": {
+            "source": {"pvc": {"claimName": "source", "path": "/sets/a"}},
+            "destination": {"pvc": {"claimName": "target", "path": "copy2"}},
+        }
+    }))?;
+    api.create(&PostParams::default(), &again).await?;
+    let t = wait_phase(&api, "again", Duration::from_secs(120), Phase::Succeeded).await?;
+    let wire = t.status.and_then(|s| s.wire).context("wire")?;
+    assert_eq!(wire.dedup_blocks, 2, "8 MiB of large.bin: {wire:?}");
+    assert_eq!(assert_same_tree(&src_host, &dst_disk.join("copy2"))?, 201);
     let name = ns.name.clone();
     let client = ns.client.clone();
     ns.delete().await?;

@@ -339,3 +339,44 @@ async fn missing_transfers_timeouts_and_kubeconfigs_get_clear_errors() -> anyhow
     );
     ns.delete().await
 }
+
+/// `nodes` shows each node's store against its cap, and what a Transfer adds to it.
+#[tokio::test]
+async fn nodes_shows_each_node_store_and_what_a_transfer_added() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    ferry_cluster_tests::operator::wait_node_service_in(
+        ferry_cluster_tests::Cluster::Main,
+        &[NODE_A, NODE_B],
+    )
+    .await?;
+    // Columns: NODE READY BLOCKS STORED(2) CAP(2) USED HITS HIT-BYTES(2) ADDED EVICTED LAST-GC
+    let added_on_b = |run: &Run| -> anyhow::Result<u64> {
+        let r = row(&run.stdout, NODE_B).with_context(|| format!("no {NODE_B} row: {run:?}"))?;
+        Ok(r[11].parse()?)
+    };
+    let before = plugin(&["nodes"]).await?;
+    assert_eq!(before.code, 0, "{before:?}");
+    assert!(before.lines()[0].starts_with("NODE"), "{before:?}");
+    for node in [NODE_A, NODE_B] {
+        let r = row(&before.stdout, node).with_context(|| format!("no {node} row: {before:?}"))?;
+        assert_eq!(r[1], "yes", "{before:?}");
+        assert_eq!((r[5], r[6]), ("4.0", "GiB"), "the chart's cap: {before:?}");
+    }
+    let added = added_on_b(&before)?;
+
+    let ns = TestNamespace::create("plugin-nodes").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, _) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 2, 12, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &transfer("fill", &src, &dst, serde_json::json!({}))?,
+    )
+    .await?;
+    transfers::wait_phase(&api, "fill", Duration::from_secs(120), Phase::Succeeded).await?;
+    // 12 MiB of unique content: three full blocks reached node-b's store.
+    let after = plugin(&["nodes"]).await?;
+    assert_eq!(added_on_b(&after)?, added + 3, "{before:?}\n{after:?}");
+    ns.delete().await
+}

@@ -14,10 +14,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::effects::{self, Dropped, Scratch, Session};
 use super::state::{Route, SenderViolation, StreamRules};
 use super::{Accepted, ReceiveError, ReceiverConfig, failure_message, more_telling};
-use crate::cas::dedup::DedupReceiver;
+use crate::cas::dedup::{BlockDedup, DedupReceiver};
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, HashPool, LinkList, SortedTree};
 use crate::kind::ErrorKind;
+use crate::node::client::NodeDedup;
 use crate::progress::{Phase, Progress};
 use crate::session::blocking::BlockingPool;
 use crate::session::framed::{FrameReader, FrameWriter};
@@ -105,6 +106,10 @@ where
     let root = cfg.root.clone();
     let tid = cfg.transfer_id.clone();
     let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
+    let service = cfg
+        .block_service
+        .clone()
+        .filter(|_| caps & caps::DEDUP != 0);
     // Only a sender that asked for --delete may have non-empty directories replaced.
     let replace = Replace::with_delete(caps & caps::DELETE != 0);
     let keep = cfg.keep;
@@ -128,7 +133,11 @@ where
             }
             let dest = PeerDest::open(&root, replace, keep.special_bits)?;
             let staging = StagingDir::open(&dest, &tid)?;
-            let dedup = store.map(|s| DedupReceiver::new(s, &tid)).transpose()?;
+            let dedup = match (store, service) {
+                (Some(s), _) => Some(BlockDedup::Local(DedupReceiver::new(s, &tid)?)),
+                (None, Some(c)) => Some(BlockDedup::Node(NodeDedup::new(c))),
+                (None, None) => None,
+            };
             Ok::<_, ReceiveError>((dest, staging, dedup, None))
         })
         .await
@@ -233,6 +242,9 @@ where
             shared
                 .blocking
                 .run(move || {
+                    if let Some(d) = &sh.dedup {
+                        d.finish();
+                    }
                     if sh.dry_run {
                         return Ok(());
                     }

@@ -13,7 +13,7 @@ use super::{
     Keep, MAX_REPORTED_FAILURES, MAX_XATTR_BYTES, MAX_XATTR_BYTES_IN_FLIGHT, ReceiveError,
 };
 use crate::cas::BlockHash;
-use crate::cas::dedup::DedupReceiver;
+use crate::cas::dedup::BlockDedup;
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::progress::Progress;
@@ -139,7 +139,7 @@ pub(super) struct Session {
     pub(super) blocking: crate::session::blocking::BlockingPool,
     pub(super) progress: Arc<Progress>,
     /// Block store side of dedup (with a store and the dedup capability).
-    pub(super) dedup: Option<DedupReceiver>,
+    pub(super) dedup: Option<BlockDedup>,
     /// Root directory metadata, applied after the staging directory is gone (its removal
     /// would otherwise bump the root's mtime).
     pub(super) root_meta: Mutex<Option<(u32, (i64, u32))>>,

@@ -159,6 +159,9 @@ pub struct ReceiverConfig {
     /// The node's block store: with it the receiver offers dedup, materialises announced blocks
     /// it holds (after proof of possession) and adds verified full blocks from the wire.
     pub cas: Option<Arc<CasStore>>,
+    /// The node's block store service, used when there is no `cas`: the same dedup, with the
+    /// store owned by the node service instead of this process.
+    pub block_service: Option<crate::node::client::NodeStoreClient>,
     /// This receiver's own identity (from its certificate), named in the log when a peer
     /// refuses the handshake.
     pub identity: Option<crate::net::Identity>,
@@ -205,7 +208,7 @@ where
     let mut reader = FrameReader::new(r, index_hint, cfg.timeouts.handshake, wire_bytes);
     let mut writer = FrameWriter::new(w, index_hint, cfg.timeouts.handshake, Default::default());
     let mut supported = caps::SUPPORTED | caps::MODES;
-    if cfg.cas.is_some() {
+    if cfg.cas.is_some() || cfg.block_service.is_some() {
         supported |= caps::DEDUP;
     }
     if cfg.keep.xattrs {

@@ -1,0 +1,284 @@
+//! A receiver's side of its node's block store service. The receiver's session calls it from
+//! its blocking threads, as it would a local store: each call waits on the runtime the client
+//! was connected on. The store is a cache: a failing service costs dedup, never the transfer.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ferry_proto::blockstore::v1 as pb;
+use ferry_proto::blockstore::v1::block_store_client::BlockStoreClient;
+use tonic::transport::Channel;
+
+use super::{MAX_MESSAGE, MAX_TAKE};
+use crate::cas::dedup::{AnnouncedBlock, DedupCounters};
+use crate::cas::pop::PopKey;
+use crate::cas::store::BlockSink;
+use crate::cas::{BLOCK_SIZE, BlockHash};
+use crate::net::TlsFiles;
+
+/// How long one call may take before the blocks come over the wire instead.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Failures are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeClientError {
+    #[error("invalid block store service address {0:?}")]
+    Address(String),
+    #[error("failed to build the TLS settings for the block store service")]
+    Tls(#[source] crate::net::TlsError),
+    #[error("failed to connect to the block store service at {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A connection to the node service, shared by a receiver's sessions.
+#[derive(Clone)]
+pub struct NodeStoreClient {
+    client: BlockStoreClient<Channel>,
+    runtime: tokio::runtime::Handle,
+    addr: String,
+}
+
+impl std::fmt::Debug for NodeStoreClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeStoreClient({})", self.addr)
+    }
+}
+
+impl NodeStoreClient {
+    /// Connects (on the current runtime) with the receiver's own certificate; the server must
+    /// present this cluster's node service identity.
+    pub async fn connect(addr: &str, files: &TlsFiles) -> Result<Self, NodeClientError> {
+        let resolved = tokio::net::lookup_host(addr)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| NodeClientError::Address(addr.to_owned()))?;
+        let tls = Arc::new(
+            crate::net::node_client_config(&files.local_only()).map_err(NodeClientError::Tls)?,
+        );
+        let channel = crate::net::tls_channel(resolved, tls, |e| {
+            e.initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(32 << 20))
+                .connect_timeout(Duration::from_secs(5))
+        })
+        .await
+        .map_err(|source| NodeClientError::Connect {
+            addr: addr.to_owned(),
+            source,
+        })?;
+        let client = BlockStoreClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(Self {
+            client,
+            runtime: tokio::runtime::Handle::current(),
+            addr: addr.to_owned(),
+        })
+    }
+
+    /// The service's figures.
+    pub async fn stats(&self) -> Result<pb::StoreStats, tonic::Status> {
+        let mut c = self.client.clone();
+        Ok(c.stats(pb::StatsRequest {}).await?.into_inner())
+    }
+}
+
+/// Blocks waiting to be put: a receiver thread hands a block over and goes on while it travels
+/// to the service; a full queue makes it wait (every verified block reaches the store).
+const PUT_QUEUE: usize = 4;
+/// Puts in flight at once.
+const PUT_WORKERS: usize = 2;
+/// How long a finished session waits for its queued puts.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+type PutQueue = tokio::sync::mpsc::Sender<(BlockHash, Vec<u8>)>;
+
+/// One session's use of the node service: what [`crate::cas::dedup::DedupReceiver`] does with
+/// a local store, over the wire.
+pub struct NodeDedup {
+    client: NodeStoreClient,
+    counters: Arc<Counters>,
+    puts: Mutex<Option<PutQueue>>,
+    workers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    dedup_blocks: AtomicU64,
+    dedup_bytes: AtomicU64,
+    blocks_inserted: AtomicU64,
+    failures: AtomicU64,
+    last_log: Mutex<Option<Instant>>,
+}
+
+impl Counters {
+    fn failed(&self, addr: &str, what: &str, status: &tonic::Status) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
+            tracing::warn!(
+                service = %addr, code = ?status.code(), message = status.message(),
+                failures = self.failures.load(Ordering::Relaxed),
+                "block store service: {what} failed (those blocks come over the wire)"
+            );
+            *last = Some(Instant::now());
+        }
+    }
+}
+
+impl NodeDedup {
+    pub fn new(client: NodeStoreClient) -> Self {
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = tokio::sync::mpsc::channel::<(BlockHash, Vec<u8>)>(PUT_QUEUE);
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let workers = (0..PUT_WORKERS)
+            .map(|_| {
+                let (rx, counters, client) = (rx.clone(), counters.clone(), client.clone());
+                client.runtime.clone().spawn(async move {
+                    loop {
+                        let next = rx.lock().await.recv().await;
+                        let Some((hash, data)) = next else { break };
+                        put(&client, &counters, hash, data).await;
+                    }
+                })
+            })
+            .collect();
+        Self {
+            client,
+            counters,
+            puts: Mutex::new(Some(tx)),
+            workers: Mutex::new(workers),
+        }
+    }
+
+    /// Waits (at most [`DRAIN_TIMEOUT`]) until the blocks queued so far are in the store; later
+    /// inserts are dropped. Call from a blocking thread when the session is done.
+    pub fn finish(&self) {
+        drop(self.puts.lock().unwrap_or_else(|e| e.into_inner()).take());
+        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        let drained = self.client.runtime.block_on(tokio::time::timeout(
+            DRAIN_TIMEOUT,
+            futures::future::join_all(workers),
+        ));
+        if drained.is_err() {
+            tracing::warn!("block store service: queued blocks not stored within 30 s; dropped");
+        }
+    }
+
+    /// Asks the service for the announced blocks (proofs checked there), writes each one it
+    /// returns into `dst` after hashing it here too, and answers, parallel to `announced`,
+    /// whether each must still come over the wire.
+    pub fn materialize_announced(
+        &self,
+        key: &PopKey,
+        dst: &(impl BlockSink + Sync + ?Sized),
+        announced: &[AnnouncedBlock],
+    ) -> crate::cas::Result<Vec<bool>> {
+        let mut need = vec![true; announced.len()];
+        for (part_no, part) in announced.chunks(MAX_TAKE).enumerate() {
+            let base = part_no * MAX_TAKE;
+            let request = pb::TakeRequest {
+                pop_key: key.to_bytes().to_vec(),
+                blocks: part
+                    .iter()
+                    .map(|a| pb::AnnouncedBlock {
+                        hash: a.hash.as_bytes().to_vec(),
+                        proof: a.proof.0.to_vec(),
+                    })
+                    .collect(),
+            };
+            let mut client = self.client.client.clone();
+            let outcome = self.client.runtime.block_on(async {
+                let mut req = tonic::Request::new(request);
+                req.set_timeout(CALL_TIMEOUT);
+                let mut stream = client.take(req).await?.into_inner();
+                // Written as they come: at most one block is held here.
+                while let Some(b) = stream.message().await? {
+                    let done = self.write_taken(dst, part, &b)?;
+                    need[base + done] = false;
+                }
+                Ok::<_, tonic::Status>(())
+            });
+            if let Err(status) = outcome {
+                self.counters.failed(&self.client.addr, "take", &status);
+                // What was written before the failure stays taken.
+            }
+        }
+        Ok(need)
+    }
+
+    /// Checks one returned block against the hash it was asked for and writes it; returns its
+    /// position in `part`. A wrong block ends the call: it and the rest come over the wire.
+    fn write_taken(
+        &self,
+        dst: &(impl BlockSink + Sync + ?Sized),
+        part: &[AnnouncedBlock],
+        b: &pb::TakenBlock,
+    ) -> Result<usize, tonic::Status> {
+        let pos = b.position as usize;
+        let Some(a) = part.get(pos) else {
+            return Err(tonic::Status::data_loss("block position out of range"));
+        };
+        if b.data.len() > BLOCK_SIZE || BlockHash::of(&b.data) != a.hash {
+            return Err(tonic::Status::data_loss(
+                "a returned block does not match its hash",
+            ));
+        }
+        dst.write_block(&b.data, a.index.saturating_mul(BLOCK_SIZE as u64))
+            .map_err(|e| tonic::Status::internal(format!("writing a taken block failed: {e}")))?;
+        self.counters.dedup_blocks.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .dedup_bytes
+            .fetch_add(b.data.len() as u64, Ordering::Relaxed);
+        Ok(pos)
+    }
+
+    /// Queues a block that arrived over the wire and was verified against `hash` for the store
+    /// (waiting while the queue is full). Only full blocks are kept (only they are announced).
+    pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> crate::cas::Result<()> {
+        if bytes.len() != BLOCK_SIZE {
+            return Ok(());
+        }
+        let queue = self.puts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(queue) = queue {
+            // Fails only once the workers are gone (the session finished): dropped, a cache.
+            let _ = queue.blocking_send((*hash, bytes.to_vec()));
+        }
+        Ok(())
+    }
+
+    pub fn counters(&self) -> DedupCounters {
+        let c = &self.counters;
+        DedupCounters {
+            dedup_blocks: c.dedup_blocks.load(Ordering::Relaxed),
+            dedup_bytes: c.dedup_bytes.load(Ordering::Relaxed),
+            // The service checks proofs; it does not tell a refused proof from an absent block.
+            proofs_rejected: 0,
+            blocks_inserted: c.blocks_inserted.load(Ordering::Relaxed),
+            corrupt_discarded: 0,
+        }
+    }
+}
+
+async fn put(client: &NodeStoreClient, counters: &Counters, hash: BlockHash, data: Vec<u8>) {
+    let mut c = client.client.clone();
+    let mut req = tonic::Request::new(pb::PutRequest {
+        hash: hash.as_bytes().to_vec(),
+        data,
+    });
+    req.set_timeout(CALL_TIMEOUT);
+    match c.put(req).await {
+        Ok(r) if r.get_ref().inserted => {
+            counters.blocks_inserted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(_) => {}
+        Err(status) => counters.failed(&client.addr, "put", &status),
+    }
+}

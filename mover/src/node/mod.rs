@@ -1,0 +1,22 @@
+//! The node service (`ferry-mover node serve`, run by the `ferry-node` DaemonSet): it owns its
+//! node's block store and serves it over mutual TLS to the receivers on that node, whatever
+//! their namespace, so tenant pods never mount the store.
+//!
+//! - [`service`]: the gRPC `BlockStore` server: proven blocks out, verified blocks in, figures;
+//! - [`client`]: a receiver's side of it (the [`crate::cas::dedup::BlockDedup`] over the wire);
+//! - [`prepare`]: makes the store directory usable by the unprivileged service (init container);
+//! - [`metrics`]: the store's figures in Prometheus' text format;
+//! - [`run`]: serves, reloads a renewed certificate, collects garbage on its own schedule.
+
+pub mod client;
+pub mod metrics;
+pub mod prepare;
+mod run;
+pub mod service;
+
+pub use run::{NodeServiceConfig, run, serve};
+
+/// Most blocks one `Take` may ask for: the receiver's own bound for one announce.
+pub const MAX_TAKE: usize = crate::cas::dedup::MAX_STORE_READS_PER_ANNOUNCE;
+/// The largest message either side sends: one 4 MiB block and its framing.
+pub const MAX_MESSAGE: usize = crate::cas::BLOCK_SIZE + 64 * 1024;

@@ -1,0 +1,186 @@
+//! The `BlockStore` gRPC service over one node's store. Every client is treated as hostile (a
+//! tenant can read its receiver's certificate from its own namespace): requests are bounded, a
+//! block is handed out only against a proof of possession checked against the secret stored
+//! beside it, an absent block and a refused proof get the same answer after the same work, and
+//! a block put into the store is hashed here again before it is kept.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferry_proto::blockstore::v1 as pb;
+use ferry_proto::blockstore::v1::block_store_server::BlockStore;
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use super::MAX_TAKE;
+use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
+use crate::cas::pop::{PopKey, Proof};
+use crate::cas::store::BlockSink;
+use crate::cas::{BLOCK_SIZE, BlockHash, CasError, CasStore, InsertOutcome};
+use crate::net::PeerIdentity;
+
+/// What the service counted since it started (the store's own figures come from a scan).
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    pub hits: AtomicU64,
+    pub hit_bytes: AtomicU64,
+    pub proofs_rejected: AtomicU64,
+    pub inserted: AtomicU64,
+    pub put_refused: AtomicU64,
+    pub last_gc_unix: AtomicU64,
+    pub evicted: AtomicU64,
+}
+
+pub struct BlockStoreService {
+    pub store: Arc<CasStore>,
+    pub counters: Arc<ServiceCounters>,
+    pub scans: Arc<super::metrics::ScanCache>,
+    pub node: String,
+}
+
+type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
+
+/// Blocks handed to the response stream as they are read; a client that went away stops the
+/// reading at its next block.
+struct StreamSink {
+    tx: tokio::sync::mpsc::Sender<Result<pb::TakenBlock, Status>>,
+}
+
+impl BlockSink for StreamSink {
+    fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        let position = u32::try_from(offset / BLOCK_SIZE as u64).unwrap_or(u32::MAX);
+        self.tx
+            .blocking_send(Ok(pb::TakenBlock {
+                position,
+                data: data.to_vec(),
+            }))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+    }
+}
+
+fn fixed32(bytes: &[u8], what: &str) -> Result<[u8; 32], Status> {
+    bytes
+        .try_into()
+        .map_err(|_| Status::invalid_argument(format!("{what} must be 32 bytes")))
+}
+
+/// The lease name of a client: its transfer id (the verifier admitted only receivers).
+fn client_name<T>(req: &Request<T>) -> String {
+    req.extensions()
+        .get::<PeerIdentity>()
+        .and_then(|p| p.0.as_ref())
+        .map_or_else(|| "unknown".to_owned(), |i| i.transfer_id.clone())
+}
+
+#[tonic::async_trait]
+impl BlockStore for BlockStoreService {
+    type TakeStream = TakeStream;
+
+    async fn take(
+        &self,
+        req: Request<pb::TakeRequest>,
+    ) -> Result<Response<Self::TakeStream>, Status> {
+        let client = client_name(&req);
+        let req = req.into_inner();
+        if req.blocks.len() > MAX_TAKE {
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_TAKE} blocks per request"
+            )));
+        }
+        let key = PopKey::from_bytes(fixed32(&req.pop_key, "pop_key")?);
+        let announced = req
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                Ok(AnnouncedBlock {
+                    // The position stands in for the block index: the sink maps it back.
+                    index: i as u64,
+                    hash: BlockHash::from(fixed32(&b.hash, "hash")?),
+                    proof: Proof(fixed32(&b.proof, "proof")?),
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        // Two blocks in flight: a slow client holds at most ~8 MiB of this service's memory.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let (store, counters) = (self.store.clone(), self.counters.clone());
+        tokio::task::spawn_blocking(move || {
+            let err_tx = tx.clone();
+            let sink = StreamSink { tx };
+            // A lease per request pins the proven blocks while they are read.
+            let result = DedupReceiver::new(store, &client)
+                .and_then(|d| Ok((d.materialize_announced(&key, &sink, &announced)?, d)));
+            match result {
+                Ok((_, d)) => {
+                    let c = d.counters();
+                    counters.hits.fetch_add(c.dedup_blocks, Ordering::Relaxed);
+                    counters
+                        .hit_bytes
+                        .fetch_add(c.dedup_bytes, Ordering::Relaxed);
+                    counters
+                        .proofs_rejected
+                        .fetch_add(c.proofs_rejected, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::warn!(client = %client, error = %e, "block store read failed");
+                    let _ = err_tx.blocking_send(Err(Status::unavailable(format!(
+                        "block store read failed: {e}"
+                    ))));
+                }
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
+        let req = req.into_inner();
+        let hash = BlockHash::from(fixed32(&req.hash, "hash")?);
+        if req.data.len() != BLOCK_SIZE {
+            return Err(Status::invalid_argument("only full 4 MiB blocks are kept"));
+        }
+        let (store, counters) = (self.store.clone(), self.counters.clone());
+        // The store hashes the data before keeping it and refuses a mismatch.
+        let outcome = match tokio::task::spawn_blocking(move || store.insert(&hash, &req.data))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+        {
+            Ok(o) => o,
+            Err(CasError::HashMismatch { .. }) => {
+                self.counters.put_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(Status::invalid_argument(
+                    "the block's content does not match its hash",
+                ));
+            }
+            Err(e) => {
+                return Err(Status::unavailable(format!(
+                    "block store write failed: {e}"
+                )));
+            }
+        };
+        let inserted = outcome == InsertOutcome::Inserted;
+        if inserted {
+            counters.inserted.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Response::new(pb::PutReply { inserted }))
+    }
+
+    async fn stats(
+        &self,
+        _req: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StoreStats>, Status> {
+        let (store, scans) = (self.store.clone(), self.scans.clone());
+        let stats = tokio::task::spawn_blocking(move || scans.get(&store))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::unavailable(format!("block store scan failed: {e}")))?;
+        Ok(Response::new(super::metrics::figures(
+            &self.node,
+            &stats,
+            &self.counters,
+        )))
+    }
+}

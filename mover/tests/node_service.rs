@@ -1,0 +1,348 @@
+//! The node service (`ferry-mover node serve`) on 127.0.0.1 with real TLS, a real store and
+//! real files: receivers of different transfers share it, it hands out only proven blocks,
+//! keeps only blocks whose content matches their name, stays under its cap, and admits only this
+//! cluster's receivers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use ferry_mover::cas::pop::{Nonce, PopKey};
+use ferry_mover::cas::{BLOCK_SIZE, BlockHash};
+use ferry_mover::net::{self, Identity, Role};
+use ferry_mover::node::client::NodeStoreClient;
+use ferry_mover::node::{self, NodeServiceConfig};
+use ferry_mover::session::{Compress, Shutdown};
+use ferry_proto::blockstore::v1 as pb;
+use ferry_proto::blockstore::v1::block_store_client::BlockStoreClient;
+
+const CLUSTER: &str = "test";
+
+struct NodeService {
+    addr: SocketAddr,
+    store: PathBuf,
+    _dir: tempfile::TempDir,
+    _stop: ferry_mover::session::ShutdownTrigger,
+}
+
+/// A node service with certificates from `ca`, its store capped at `cap` bytes.
+async fn start_node_service(ca: &net::Ca, cap: u64) -> NodeService {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = ca
+        .issue_for(&Identity::node_service(CLUSTER).unwrap())
+        .unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("node.crt"), cert).unwrap();
+    std::fs::write(dir.path().join("node.key"), key).unwrap();
+    let store = dir.path().join("cas");
+    let cfg = NodeServiceConfig {
+        store: store.clone(),
+        cap_bytes: cap,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        ca: dir.path().join("ca.crt"),
+        cert: dir.path().join("node.crt"),
+        key: dir.path().join("node.key"),
+        gc_every: Duration::from_secs(3600),
+        node: "node-a".into(),
+        fsync: false,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, shutdown) = Shutdown::new();
+    tokio::spawn(async move { node::serve(cfg, listener, shutdown).await.unwrap() });
+    NodeService {
+        addr,
+        store,
+        _dir: dir,
+        _stop: stop,
+    }
+}
+
+async fn client_for(pki: &Pki, svc: &NodeService) -> NodeStoreClient {
+    NodeStoreClient::connect(&svc.addr.to_string(), &pki.files(Role::Receiver))
+        .await
+        .unwrap()
+}
+
+/// A raw gRPC client presenting `role`'s certificate of `pki` (the node service's rules apply).
+async fn raw_client(
+    pki: &Pki,
+    role: Role,
+    svc: &NodeService,
+) -> Result<BlockStoreClient<tonic::transport::Channel>, String> {
+    let files = pki.files(role);
+    let tls = std::sync::Arc::new(net::node_client_config(&files).unwrap());
+    let channel = net::tls_channel(svc.addr, tls, |e| e)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(BlockStoreClient::new(channel)
+        .max_decoding_message_size(node::MAX_MESSAGE)
+        .max_encoding_message_size(node::MAX_MESSAGE))
+}
+
+fn dataset(root: &Path, seed: u64) {
+    // Two files of two full blocks and a tail each, and one small file.
+    for (i, name) in ["a.bin", "d/b.bin"].iter().enumerate() {
+        write(
+            &root.join(name),
+            &random_bytes(2 * BLOCK_SIZE + 1000, seed + i as u64),
+        );
+    }
+    write(&root.join("small.txt"), b"small");
+}
+
+async fn send_via_service(
+    pki: &Pki,
+    svc: &NodeService,
+    src: &Path,
+    dst: &Path,
+) -> (
+    ferry_mover::session::SessionSummary,
+    ferry_mover::session::SessionSummary,
+) {
+    let (addr, recv) = start_receiver_with_service(pki, dst, client_for(pki, svc).await).await;
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let sent = send(pki, src, addr, &o).await.expect("send");
+    (sent, recv.await.unwrap().expect("receive"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receivers_of_two_transfers_share_the_node_store_through_the_service() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let svc = start_node_service(&ca, 1 << 30).await;
+    let src = tempfile::tempdir().unwrap();
+    dataset(src.path(), 7);
+
+    let first_pki = Pki::scoped(&ca, CLUSTER, "first-1", 1);
+    let dst1 = tempfile::tempdir().unwrap();
+    let (_, r1) = send_via_service(&first_pki, &svc, src.path(), dst1.path()).await;
+    assert_same_tree(src.path(), dst1.path());
+    assert_eq!(r1.dedup_blocks, 0, "{r1:?}");
+
+    let stats = client_for(&first_pki, &svc).await.stats().await.unwrap();
+    assert_eq!((stats.blocks, stats.inserted), (4, 4), "{stats:?}");
+
+    // Another Transfer, another attempt: the four full blocks come from the node's store.
+    let second_pki = Pki::scoped(&ca, CLUSTER, "second-1", 3);
+    let dst2 = tempfile::tempdir().unwrap();
+    let (sent, r2) = send_via_service(&second_pki, &svc, src.path(), dst2.path()).await;
+    assert_same_tree(src.path(), dst2.path());
+    assert_eq!(r2.dedup_blocks, 4, "{r2:?}");
+    assert_eq!(r2.dedup_bytes, 4 * BLOCK_SIZE as u64);
+    assert!(
+        sent.wire_bytes < 64 * 1024,
+        "only tails and metadata crossed the wire: {sent:?}"
+    );
+    let stats = client_for(&second_pki, &svc).await.stats().await.unwrap();
+    assert_eq!(stats.hits, 4, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_name() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let svc = start_node_service(&ca, 1 << 30).await;
+    let pki = Pki::scoped(&ca, CLUSTER, "probe-1", 1);
+    let mut c = raw_client(&pki, Role::Receiver, &svc).await.unwrap();
+
+    let block = random_bytes(BLOCK_SIZE, 42);
+    let hash = BlockHash::of(&block);
+    // A block whose content does not match the hash it is put under is refused and not kept.
+    let wrong = c
+        .put(pb::PutRequest {
+            hash: BlockHash::of(b"other").as_bytes().to_vec(),
+            data: block.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::InvalidArgument, "{wrong:?}");
+    let put = c
+        .put(pb::PutRequest {
+            hash: hash.as_bytes().to_vec(),
+            data: block.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(put.get_ref().inserted);
+
+    let key = PopKey::derive(&Nonce([9; 32]));
+    let take = |proof: [u8; 32], hash: BlockHash| pb::TakeRequest {
+        pop_key: key.to_bytes().to_vec(),
+        blocks: vec![pb::AnnouncedBlock {
+            hash: hash.as_bytes().to_vec(),
+            proof: proof.to_vec(),
+        }],
+    };
+    let collect = |mut c: BlockStoreClient<_>, req| async move {
+        let mut s = c.take(req).await.unwrap().into_inner();
+        let mut out = Vec::new();
+        while let Some(b) = s.message().await.unwrap() {
+            out.push(b);
+        }
+        out
+    };
+    // Knowing the hash is not enough: a wrong proof gets the same nothing as an absent block.
+    let guessed = collect(c.clone(), take([0; 32], hash)).await;
+    assert!(guessed.is_empty());
+    let absent = collect(c.clone(), take([0; 32], BlockHash::of(b"absent"))).await;
+    assert!(absent.is_empty());
+    // Holding the content is.
+    let proven = collect(c.clone(), take(key.prove(&block).0, hash)).await;
+    assert_eq!(proven.len(), 1);
+    assert_eq!(proven[0].position, 0);
+    assert!(proven[0].data == block, "the block as stored");
+
+    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        (stats.hits, stats.proofs_rejected, stats.blocks),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+
+    // Oversized requests are refused whole.
+    let many = pb::TakeRequest {
+        pop_key: key.to_bytes().to_vec(),
+        blocks: vec![
+            pb::AnnouncedBlock {
+                hash: hash.as_bytes().to_vec(),
+                proof: vec![0; 32],
+            };
+            node::MAX_TAKE + 1
+        ],
+    };
+    assert_eq!(
+        c.take(many).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_stays_under_its_cap() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let cap = 3 * BLOCK_SIZE as u64;
+    let svc = start_node_service(&ca, cap).await;
+    let pki = Pki::scoped(&ca, CLUSTER, "fill-1", 1);
+    let mut c = raw_client(&pki, Role::Receiver, &svc).await.unwrap();
+    for seed in 0..8 {
+        let block = random_bytes(BLOCK_SIZE, 100 + seed);
+        c.put(pb::PutRequest {
+            hash: BlockHash::of(&block).as_bytes().to_vec(),
+            data: block,
+        })
+        .await
+        .unwrap();
+    }
+    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.inserted, 8);
+    assert!(stats.bytes <= cap, "{stats:?}");
+    assert_eq!(stats.cap_bytes, cap);
+    let on_disk: u64 = walk_files(&svc.store.join("blocks"))
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        on_disk <= cap,
+        "{on_disk} bytes of blocks on disk, cap {cap}"
+    );
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_this_clusters_receivers_get_in() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let svc = start_node_service(&ca, 1 << 30).await;
+    let pki = Pki::scoped(&ca, CLUSTER, "who-1", 1);
+    let stats = |mut c: BlockStoreClient<tonic::transport::Channel>| async move {
+        c.stats(pb::StatsRequest {}).await.map(|_| ())
+    };
+    // A sender of this cluster: refused in the handshake.
+    let sender = raw_client(&pki, Role::Sender, &svc).await;
+    let refused = match sender {
+        Err(e) => e,
+        Ok(c) => format!("{:?}", stats(c).await.unwrap_err()),
+    };
+    assert!(!refused.is_empty());
+    // A receiver whose certificate another cluster's CA issued.
+    let other_ca = net::Ca::new("other", 1).unwrap();
+    let other = Pki::scoped(&other_ca, CLUSTER, "who-1", 1);
+    match NodeStoreClient::connect(&svc.addr.to_string(), &other.files(Role::Receiver)).await {
+        Err(_) => {}
+        Ok(c) => assert!(
+            c.stats().await.is_err(),
+            "a foreign CA's receiver was served"
+        ),
+    }
+    // A receiver of this cluster is served.
+    assert!(
+        stats(raw_client(&pki, Role::Receiver, &svc).await.unwrap())
+            .await
+            .is_ok()
+    );
+}
+
+/// Not a test: times one 512 MiB file received without a store, through the node service and
+/// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
+/// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn timing_without_a_store_through_the_service_and_with_a_local_store() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let svc = start_node_service(&ca, 8 << 30).await;
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    for round in 0..3 {
+        let src = tempfile::tempdir().unwrap();
+        write(
+            &src.path().join("big.bin"),
+            &random_bytes(512 << 20, 1000 + round),
+        );
+        let pki = Pki::scoped(&ca, CLUSTER, &format!("cost-{round}"), 1);
+        let mut times = Vec::new();
+        for how in 0..3 {
+            let dst = tempfile::tempdir().unwrap();
+            let store = tempfile::tempdir().unwrap();
+            let t = std::time::Instant::now();
+            let (addr, recv) = match how {
+                0 => start_receiver(&pki, dst.path()).await,
+                1 => {
+                    start_receiver_with_service(&pki, dst.path(), client_for(&pki, &svc).await)
+                        .await
+                }
+                _ => {
+                    let local = ferry_mover::cas::CasStore::open(store.path(), 8 << 30).unwrap();
+                    start_receiver_with_store(&pki, dst.path(), Some(std::sync::Arc::new(local)))
+                        .await
+                }
+            };
+            send(&pki, src.path(), addr, &o).await.unwrap();
+            recv.await.unwrap().unwrap();
+            times.push(t.elapsed());
+            assert_same_tree(src.path(), dst.path());
+        }
+        eprintln!(
+            "round {round}: no store {:?}, node service {:?}, local store {:?}",
+            times[0], times[1], times[2]
+        );
+    }
+}
