@@ -119,14 +119,15 @@ struct Counters {
 }
 
 impl Counters {
-    fn failed(&self, addr: &str, what: &str, status: &tonic::Status) {
+    /// Counts a failed call and logs it (at most every [`LOG_EVERY`]); `cost` says what it cost.
+    fn failed(&self, addr: &str, what: &str, cost: &str, status: &tonic::Status) {
         self.failures.fetch_add(1, Ordering::Relaxed);
         let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
             tracing::warn!(
                 service = %addr, code = ?status.code(), message = status.message(),
                 failures = self.failures.load(Ordering::Relaxed),
-                "block store service: {what} failed (those blocks come over the wire)"
+                "block store service: {what} failed ({cost})"
             );
             *last = Some(Instant::now());
         }
@@ -207,7 +208,12 @@ impl NodeDedup {
                 Ok::<_, tonic::Status>(())
             });
             if let Err(status) = outcome {
-                self.counters.failed(&self.client.addr, "take", &status);
+                self.counters.failed(
+                    &self.client.addr,
+                    "take",
+                    "those blocks come over the wire",
+                    &status,
+                );
                 // What was written before the failure stays taken.
             }
         }
@@ -279,6 +285,6 @@ async fn put(client: &NodeStoreClient, counters: &Counters, hash: BlockHash, dat
             counters.blocks_inserted.fetch_add(1, Ordering::Relaxed);
         }
         Ok(_) => {}
-        Err(status) => counters.failed(&client.addr, "put", &status),
+        Err(status) => counters.failed(&client.addr, "put", "the block is not stored", &status),
     }
 }

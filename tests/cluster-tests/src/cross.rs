@@ -11,7 +11,7 @@ use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams, PostParams};
 
-use crate::operator::{OperatorProcess, install_crd_and_rbac_in, kubectl_in, prepare_nodes_in};
+use crate::operator::{OperatorProcess, install_crd_and_rbac_in, prepare_nodes_in};
 use crate::transfers::{MOVER_UID, make_tree};
 use crate::{Cluster, TestNamespace, wait_until};
 
@@ -94,19 +94,11 @@ pub fn apply_peer(
         "metadata": {"name": name},
         "spec": {"clusterName": cluster_name, "caBundle": ca, "endpoint": endpoint},
     });
-    let file = cluster.dir().join(format!("peer-{name}.json"));
-    std::fs::write(&file, manifest.to_string())?;
-    kubectl_in(
+    crate::operator::apply_file(
         cluster,
-        &[
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "-f",
-            &file.display().to_string(),
-        ],
-    )?;
-    Ok(())
+        &format!("peer-{name}.json"),
+        manifest.to_string().as_bytes(),
+    )
 }
 
 /// Starts an operator in each cluster (`ferry-<tag>-west`, `ferry-<tag>-east`, each with a

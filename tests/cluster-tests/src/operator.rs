@@ -127,8 +127,14 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let manifest = cluster.dir().join("node-service.yaml");
-    std::fs::write(&manifest, &out.stdout)?;
+    apply_file(cluster, "node-service.yaml", &out.stdout)
+}
+
+/// Writes `manifest` to `name` in the cluster's directory and applies it server-side (taking
+/// over fields another manager set).
+pub fn apply_file(cluster: Cluster, name: &str, manifest: &[u8]) -> anyhow::Result<()> {
+    let file = cluster.dir().join(name);
+    std::fs::write(&file, manifest)?;
     kubectl_in(
         cluster,
         &[
@@ -136,7 +142,7 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
             "--server-side",
             "--force-conflicts",
             "-f",
-            &manifest.display().to_string(),
+            &file.display().to_string(),
         ],
     )?;
     Ok(())
