@@ -104,6 +104,9 @@ pub async fn serve(
         counters,
         scans,
         node: cfg.node.clone(),
+        readers: Arc::new(tokio::sync::Semaphore::new(
+            super::service::MAX_CONCURRENT_TAKES,
+        )),
     })
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);

@@ -37,7 +37,13 @@ pub struct BlockStoreService {
     pub counters: Arc<ServiceCounters>,
     pub scans: Arc<super::metrics::ScanCache>,
     pub node: String,
+    /// Store reads running at once, over all clients (each `Take` reads up to 256 blocks on up
+    /// to four threads): more clients wait their turn instead of taking every thread.
+    pub readers: Arc<tokio::sync::Semaphore>,
 }
+
+/// Default for [`BlockStoreService::readers`].
+pub const MAX_CONCURRENT_TAKES: usize = 8;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
 
@@ -65,6 +71,42 @@ fn fixed32(bytes: &[u8], what: &str) -> Result<[u8; 32], Status> {
         .map_err(|_| Status::invalid_argument(format!("{what} must be 32 bytes")))
 }
 
+/// A `Take` as the store reads it: the proof key and the announced blocks, each block's index
+/// standing for its position in the request. Refused whole when anything is malformed or there
+/// are more than [`MAX_TAKE`] blocks.
+pub fn parse_take(req: &pb::TakeRequest) -> Result<(PopKey, Vec<AnnouncedBlock>), Status> {
+    if req.blocks.len() > MAX_TAKE {
+        return Err(Status::invalid_argument(format!(
+            "at most {MAX_TAKE} blocks per request"
+        )));
+    }
+    let key = PopKey::from_bytes(fixed32(&req.pop_key, "pop_key")?);
+    let announced = req
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Ok(AnnouncedBlock {
+                // The position stands in for the block index: the sink maps it back.
+                index: i as u64,
+                hash: BlockHash::from(fixed32(&b.hash, "hash")?),
+                proof: Proof(fixed32(&b.proof, "proof")?),
+            })
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok((key, announced))
+}
+
+/// A `Put`'s hash, when the request is well formed (a full block; the content is checked
+/// against the hash when it is kept).
+pub fn parse_put(req: &pb::PutRequest) -> Result<BlockHash, Status> {
+    let hash = BlockHash::from(fixed32(&req.hash, "hash")?);
+    if req.data.len() != BLOCK_SIZE {
+        return Err(Status::invalid_argument("only full 4 MiB blocks are kept"));
+    }
+    Ok(hash)
+}
+
 /// The lease name of a client: its transfer id (the verifier admitted only receivers).
 fn client_name<T>(req: &Request<T>) -> String {
     req.extensions()
@@ -82,30 +124,18 @@ impl BlockStore for BlockStoreService {
         req: Request<pb::TakeRequest>,
     ) -> Result<Response<Self::TakeStream>, Status> {
         let client = client_name(&req);
-        let req = req.into_inner();
-        if req.blocks.len() > MAX_TAKE {
-            return Err(Status::invalid_argument(format!(
-                "at most {MAX_TAKE} blocks per request"
-            )));
-        }
-        let key = PopKey::from_bytes(fixed32(&req.pop_key, "pop_key")?);
-        let announced = req
-            .blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                Ok(AnnouncedBlock {
-                    // The position stands in for the block index: the sink maps it back.
-                    index: i as u64,
-                    hash: BlockHash::from(fixed32(&b.hash, "hash")?),
-                    proof: Proof(fixed32(&b.proof, "proof")?),
-                })
-            })
-            .collect::<Result<Vec<_>, Status>>()?;
+        let (key, announced) = parse_take(req.get_ref())?;
         // Two blocks in flight: a slow client holds at most ~8 MiB of this service's memory.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let (store, counters) = (self.store.clone(), self.counters.clone());
+        let turn = self
+            .readers
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("the node service is stopping"))?;
         tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let err_tx = tx.clone();
             let sink = StreamSink { tx };
             // A lease per request pins the proven blocks while they are read.
@@ -138,10 +168,7 @@ impl BlockStore for BlockStoreService {
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
         let req = req.into_inner();
-        let hash = BlockHash::from(fixed32(&req.hash, "hash")?);
-        if req.data.len() != BLOCK_SIZE {
-            return Err(Status::invalid_argument("only full 4 MiB blocks are kept"));
-        }
+        let hash = parse_put(&req)?;
         let (store, counters) = (self.store.clone(), self.counters.clone());
         // The store hashes the data before keeping it and refuses a mismatch.
         let outcome = match tokio::task::spawn_blocking(move || store.insert(&hash, &req.data))
