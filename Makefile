@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release images push chart-push test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster clusters-up clusters-down node-stop node-start demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry
+	test-cluster clusters-up clusters-down node-stop node-start demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry bench-fanout
 build:
 	$(CARGO) build --workspace
 
@@ -91,6 +91,11 @@ fuzz-smoke:
 # ferry-only loopback numbers against plaintext socket references (root; tmpfs in a private mount ns).
 bench-net-ferry: release
 	tests/scripts/bench-net-ferry.sh
+
+# Fan-out over capped links between network namespaces (one source, up to four destinations with
+# node services), against separate transfers. Knobs: ROUNDS=3 RATE_MBIT=400 MIB=1024 FILES=8.
+bench-fanout: release
+	python3 tests/bench/fanout_bench.py
 
 # Benchmarks (tests/bench/bench.py; method and tables in docs/benchmarks.md). Knobs, as make variables
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench

@@ -470,7 +470,7 @@ impl ReceiveError {
             | ReceiveError::Protocol(_)
             | ReceiveError::Codec { .. }
             | ReceiveError::HashMismatch { .. } => ErrorKind::Peer,
-            ReceiveError::NoProgress { .. } => ErrorKind::Timeout,
+            ReceiveError::NoProgress { .. } | ReceiveError::PeerBlocks(_) => ErrorKind::Timeout,
             // The peer may retry; a rerun resumes.
             ReceiveError::ShutDown(_) => ErrorKind::Network,
             ReceiveError::Dest(e) | ReceiveError::Publish { source: e, .. } => dest_kind(e),

@@ -254,6 +254,7 @@ async fn a_hash_announced_without_possession_is_refused() {
         sync: false,
         cas: Some(store.clone()),
         block_service: None,
+        swarm: None,
         identity: None,
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

@@ -49,6 +49,7 @@ async fn connect_with(
         sync: false,
         cas: None,
         block_service: None,
+        swarm: None,
         identity: None,
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

@@ -34,6 +34,7 @@ async fn each_session_of_a_long_running_receiver_reports_its_own_counts() {
         sync: false,
         cas: None,
         block_service: None,
+        swarm: None,
         identity: Some(files.identity.clone()),
         keep: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),

@@ -179,6 +179,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
             hash: hash.as_bytes().to_vec(),
             proof: proof.to_vec(),
         }],
+        wait_ms: 0,
     };
     let collect = |mut c: BlockStoreClient<_>, req| async move {
         let mut s = c.take(req).await.unwrap().into_inner();
@@ -216,9 +217,54 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
             };
             node::MAX_TAKE + 1
         ],
+        wait_ms: 0,
     };
     assert_eq!(
         c.take(many).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+
+    // A fan-out Take waits for a block still on its way and gets it once it is put...
+    let later = random_bytes(BLOCK_SIZE, 43);
+    let later_hash = BlockHash::of(&later);
+    let waiting = |proof: [u8; 32], hash: BlockHash, wait_ms| pb::TakeRequest {
+        wait_ms,
+        ..take(proof, hash)
+    };
+    let started = std::time::Instant::now();
+    let pending = tokio::spawn(collect(
+        c.clone(),
+        waiting(key.prove(&later).0, later_hash, 30_000),
+    ));
+    // ...whenever it comes: the put may land before the Take is read or after.
+    c.put(pb::PutRequest {
+        hash: later_hash.as_bytes().to_vec(),
+        data: later.clone(),
+    })
+    .await
+    .unwrap();
+    let got = pending.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(got[0].data == later);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // A wrong proof waits its whole time and gets the same nothing as an absent block.
+    let started = std::time::Instant::now();
+    assert!(
+        collect(c.clone(), waiting([1; 32], later_hash, 300))
+            .await
+            .is_empty()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // A wait past the bound is refused.
+    assert_eq!(
+        c.take(waiting([1; 32], later_hash, 120_001))
+            .await
+            .unwrap_err()
+            .code(),
         tonic::Code::InvalidArgument
     );
 }
@@ -302,6 +348,145 @@ async fn only_this_clusters_receivers_get_in() {
 /// Not a test: times one 512 MiB file received without a store, through the node service and
 /// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
 /// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.
+/// The destinations of one fan-out: a node service each, addressed in one agreed order.
+struct FanOut {
+    services: Vec<NodeService>,
+    addrs: Vec<String>,
+}
+
+async fn fan_out(ca: &net::Ca, n: usize) -> FanOut {
+    let mut services = Vec::new();
+    for _ in 0..n {
+        services.push(start_node_service(ca, 1 << 30).await);
+    }
+    let addrs = services.iter().map(|s| s.addr.to_string()).collect();
+    FanOut { services, addrs }
+}
+
+/// Destination `i` of `f` (its own transfer id and certificate, as each destination's attempt
+/// has), receiving into `dst` with the fan-out `wait`.
+async fn fan_out_receiver(
+    ca: &net::Ca,
+    f: &FanOut,
+    i: usize,
+    dst: &Path,
+    wait: Duration,
+) -> (
+    Pki,
+    SocketAddr,
+    tokio::task::JoinHandle<Result<ferry_mover::session::SessionSummary, String>>,
+) {
+    let pki = Pki::scoped(ca, CLUSTER, &format!("fan-d{i}-1"), 1);
+    let files = pki.files(Role::Receiver);
+    let swarm = node::swarm::SwarmPeers::connect(&f.addrs, i, &files, wait)
+        .await
+        .unwrap();
+    let own = client_for(&pki, &f.services[i]).await;
+    let (addr, recv) = start_receiver_in_fan_out(&pki, dst, own, swarm).await;
+    (pki, addr, recv)
+}
+
+fn fan_out_dataset(root: &Path) -> u64 {
+    // 18 full blocks over three files (each with a tail), and a small file.
+    for (i, name) in ["a.bin", "d/b.bin", "d/e/c.bin"].iter().enumerate() {
+        write(
+            &root.join(name),
+            &random_bytes(6 * BLOCK_SIZE + 777, 100 + i as u64),
+        );
+    }
+    write(&root.join("small.txt"), b"small");
+    18
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_to_four_destinations_sends_each_block_from_the_source_once() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 4).await;
+    let src = tempfile::tempdir().unwrap();
+    let blocks = fan_out_dataset(src.path());
+    let dsts: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for (i, dst) in dsts.iter().enumerate() {
+        let (pki, addr, recv) =
+            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(60)).await;
+        let (src, o) = (src.path().to_owned(), o.clone());
+        // Every pair runs at once, as a fan-out's pods do.
+        runs.push(tokio::spawn(async move {
+            let sent = send(&pki, &src, addr, &o).await.expect("send");
+            (sent, recv.await.unwrap().expect("receive"))
+        }));
+    }
+    let mut wire = 0;
+    let mut from_stores = 0;
+    for r in runs {
+        let (sent, received) = r.await.unwrap();
+        wire += sent.wire_bytes;
+        from_stores += received.dedup_blocks;
+    }
+    for dst in &dsts {
+        assert_same_tree(src.path(), dst.path());
+    }
+    // Each full block crossed from the source once, to its owner; the three other destinations
+    // took it from the owner's store.
+    assert_eq!(
+        from_stores,
+        3 * blocks,
+        "blocks taken from a fellow destination"
+    );
+    let full = blocks * BLOCK_SIZE as u64;
+    let per_copy_extra = 3 * 777 + 5 + 256 * 1024;
+    assert!(
+        wire >= full && wire < full + 4 * per_copy_extra,
+        "the source sent {wire} bytes for {full} bytes of full blocks to 4 destinations"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_never_receives_fails_the_others_in_time_and_a_retry_resumes() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // Destination 1's node service runs, but its receiver never does: the blocks it owns never
+    // reach its store.
+    let f = fan_out(&ca, 2).await;
+    let src = tempfile::tempdir().unwrap();
+    fan_out_dataset(src.path());
+    let dst = tempfile::tempdir().unwrap();
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let (pki, addr, recv) = fan_out_receiver(&ca, &f, 0, dst.path(), Duration::from_secs(1)).await;
+    let started = std::time::Instant::now();
+    let _ = send(&pki, src.path(), addr, &o).await;
+    let err = recv
+        .await
+        .unwrap()
+        .expect_err("a peer that never delivers fails the session");
+    assert!(
+        err.contains("did not arrive within 1 s") && err.contains(&f.addrs[1]),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The retry, alone (no fan-out), resumes what destination 0 already holds.
+    let (addr, recv) =
+        start_receiver_with_service(&pki, dst.path(), client_for(&pki, &f.services[0]).await).await;
+    let sent = send(&pki, src.path(), addr, &o).await.expect("send");
+    let received = recv.await.unwrap().expect("receive");
+    assert_same_tree(src.path(), dst.path());
+    assert!(
+        sent.wire_bytes < 18 * BLOCK_SIZE as u64,
+        "the blocks destination 0 owned were not sent again: {sent:?} {received:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn timing_without_a_store_through_the_service_and_with_a_local_store() {

@@ -4,16 +4,17 @@
 #![no_main]
 
 use ferry_mover::node::MAX_TAKE;
-use ferry_mover::node::service::{parse_put, parse_take};
+use ferry_mover::node::service::{MAX_TAKE_WAIT, parse_put, parse_take};
 use ferry_proto::blockstore::v1 as pb;
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(req) = pb::TakeRequest::decode(data)
-        && let Ok((_, announced)) = parse_take(&req)
+        && let Ok((_, announced, wait)) = parse_take(&req)
     {
         assert!(announced.len() <= MAX_TAKE);
+        assert!(wait <= MAX_TAKE_WAIT);
         assert_eq!(announced.len(), req.blocks.len());
         for (i, a) in announced.iter().enumerate() {
             assert_eq!(a.index, i as u64);

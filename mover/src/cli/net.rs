@@ -38,7 +38,7 @@ impl From<CompressArg> for Compress {
 
 #[derive(clap::Args, Debug)]
 pub struct CertsArgs {
-    /// Directory for ca.crt, {sender,receiver,operator}.{crt,key}.
+    /// Directory for ca.crt, {sender,receiver,operator}.{crt,key} (and node.{crt,key}).
     #[arg(long)]
     pub out: PathBuf,
     /// Transfer id the certificates are bound to.
@@ -47,6 +47,10 @@ pub struct CertsArgs {
     /// Validity in days.
     #[arg(long, default_value_t = 7)]
     pub days: u32,
+    /// Issue the certificates as this cluster's operator does (attempt 1), and a node service
+    /// certificate (node.crt, node.key) that admits them: for `node serve` and fan-out by hand.
+    #[arg(long)]
+    pub cluster: Option<String>,
     /// Overwrite certificate and key files that exist already.
     #[arg(long)]
     pub force: bool,
@@ -190,6 +194,20 @@ pub struct ReceiveArgs {
     /// it cannot be reached the receiver goes on without dedup.
     #[arg(long, conflicts_with = "cas", value_name = "HOST:PORT")]
     pub block_service: Option<String>,
+    /// Fan-out: the node services of every destination of the Transfer, in the same order on
+    /// each (this receiver's own included, at --swarm-self). Each full block is asked of the
+    /// sender by one destination only (chosen by its hash) and taken by the others from that
+    /// destination's node service.
+    #[arg(long, requires_all = ["block_service", "swarm_self"], value_delimiter = ',',
+          value_name = "HOST:PORT,...")]
+    pub swarm_peers: Vec<String>,
+    /// This receiver's position in --swarm-peers.
+    #[arg(long, requires = "swarm_peers")]
+    pub swarm_self: Option<usize>,
+    /// Seconds a fan-out peer may take to hand over a block it owns (it may still be receiving
+    /// it) before this session fails; a retry resumes.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=120))]
+    pub swarm_wait: u64,
     /// Apply the sender's owner and group to what is written (needs root; refused otherwise).
     /// Without it everything belongs to the user running the receiver.
     #[arg(long)]
@@ -206,7 +224,7 @@ pub struct ReceiveArgs {
 }
 
 pub fn run_certs(args: CertsArgs) -> anyhow::Result<ExitCode> {
-    let certs = net::generate_certs(&args.transfer, args.days)?;
+    let certs = net::generate_certs_in(&args.transfer, args.days, args.cluster.as_deref())?;
     if !args.force {
         let mut names = vec!["ca.crt".to_owned()];
         for (role, _, _) in &certs.leaves {
@@ -618,6 +636,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         sync: args.tls.sync,
         cas,
         block_service: None,
+        swarm: None,
         identity: Some(files.identity.clone()),
         keep: crate::session::Keep {
             owner: args.owner,
@@ -636,6 +655,20 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         cfg.shutdown = session::Shutdown::on_signals()?;
         if let Some(addr) = &args.block_service {
             cfg.block_service = connect_block_service(addr, &files).await;
+        }
+        match args.swarm_self {
+            Some(me) if cfg.block_service.is_some() => {
+                let wait = Duration::from_secs(args.swarm_wait);
+                let peers =
+                    crate::node::swarm::SwarmPeers::connect(&args.swarm_peers, me, &files, wait)
+                        .await?;
+                cfg.swarm = Some(Arc::new(peers));
+            }
+            Some(_) => tracing::warn!(
+                "fan-out off: without this node's block store service every block comes from \
+                 the source"
+            ),
+            None => {}
         }
         let listen = super::addr::resolve(&args.listen, "0.0.0.0").await?;
         let listener = tokio::net::TcpListener::bind(listen)

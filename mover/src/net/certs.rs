@@ -141,13 +141,32 @@ impl Ca {
 
 /// Generates a throwaway CA and sender, receiver and operator leaves for `transfer_id`.
 pub fn generate_certs(transfer_id: &str, days: u32) -> Result<GeneratedCerts, CertsError> {
+    generate_certs_in(transfer_id, days, None)
+}
+
+/// [`generate_certs`], or with `cluster` the certificates an operator of that cluster issues
+/// (attempt 1) plus its node service's (`node.crt`): what a node service admits, so a fan-out
+/// can be run by hand.
+pub fn generate_certs_in(
+    transfer_id: &str,
+    days: u32,
+    cluster: Option<&str>,
+) -> Result<GeneratedCerts, CertsError> {
     // Validate up front so the error is about the id, not about certificate encoding.
     Identity::new(transfer_id, Role::Sender)?;
     let ca = Ca::new(&format!("transfer {transfer_id}"), days)?;
     let mut leaves = Vec::new();
     for role in [Role::Sender, Role::Receiver, Role::Operator] {
-        let (cert, key) = ca.issue(transfer_id, role)?;
+        let id = match cluster {
+            Some(c) => Identity::scoped(transfer_id, role, c, 1)?,
+            None => Identity::new(transfer_id, role)?,
+        };
+        let (cert, key) = ca.issue_for(&id)?;
         leaves.push((role, cert, key));
+    }
+    if let Some(c) = cluster {
+        let (cert, key) = ca.issue_for(&Identity::node_service(c)?)?;
+        leaves.push((Role::Node, cert, key));
     }
     Ok(GeneratedCerts {
         ca_cert_pem: ca.cert_pem.clone(),

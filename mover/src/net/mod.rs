@@ -13,7 +13,7 @@ mod node_tls;
 mod tls;
 mod transport;
 
-pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, write_certs};
+pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, generate_certs_in, write_certs};
 pub use grpc::{PeerIdentity, TlsConn, tls_channel, tls_incoming};
 pub use identity::{Identity, IdentityError, NODE_SERVICE_ID, Role, Scope};
 pub use node_tls::{node_client_config, node_server_config};

@@ -83,10 +83,40 @@ impl NodeStoreClient {
         })
     }
 
+    /// The runtime the connection was made on (calls from blocking threads wait on it).
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
+    }
+
+    /// The gRPC client (cheap to clone).
+    pub fn grpc(&self) -> BlockStoreClient<Channel> {
+        self.client.clone()
+    }
+
     /// The service's figures.
     pub async fn stats(&self) -> Result<pb::StoreStats, tonic::Status> {
         let mut c = self.client.clone();
         Ok(c.stats(pb::StatsRequest {}).await?.into_inner())
+    }
+}
+
+/// A `Take` of `blocks` (at most [`MAX_TAKE`]) proven under `key`, waiting up to `wait` for
+/// those not there yet.
+pub(super) fn take_request(
+    key: &PopKey,
+    blocks: &[AnnouncedBlock],
+    wait: Duration,
+) -> pb::TakeRequest {
+    pb::TakeRequest {
+        pop_key: key.to_bytes().to_vec(),
+        blocks: blocks
+            .iter()
+            .map(|a| pb::AnnouncedBlock {
+                hash: a.hash.as_bytes().to_vec(),
+                proof: a.proof.0.to_vec(),
+            })
+            .collect(),
+        wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
     }
 }
 
@@ -185,16 +215,7 @@ impl NodeDedup {
         let mut need = vec![true; announced.len()];
         for (part_no, part) in announced.chunks(MAX_TAKE).enumerate() {
             let base = part_no * MAX_TAKE;
-            let request = pb::TakeRequest {
-                pop_key: key.to_bytes().to_vec(),
-                blocks: part
-                    .iter()
-                    .map(|a| pb::AnnouncedBlock {
-                        hash: a.hash.as_bytes().to_vec(),
-                        proof: a.proof.0.to_vec(),
-                    })
-                    .collect(),
-            };
+            let request = take_request(key, part, Duration::ZERO);
             let mut client = self.client.client.clone();
             let outcome = self.client.runtime.block_on(async {
                 let mut req = tonic::Request::new(request);

@@ -46,6 +46,7 @@ pub fn figures(node: &str, s: &StoreStats, c: &ServiceCounters) -> pb::StoreStat
         inserted: c.inserted.load(Ordering::Relaxed),
         last_gc_unix: c.last_gc_unix.load(Ordering::Relaxed),
         evicted: c.evicted.load(Ordering::Relaxed),
+        puts_refused: c.put_refused.load(Ordering::Relaxed),
     }
 }
 
@@ -99,6 +100,12 @@ pub fn render(f: &pb::StoreStats, hit_bytes: u64) -> String {
         "counter",
         "Blocks receivers added.",
         f.inserted,
+    );
+    metric(
+        "ferry_node_store_puts_refused_total",
+        "counter",
+        "Blocks refused because their content did not match their hash.",
+        f.puts_refused,
     );
     metric(
         "ferry_node_store_evicted_total",
@@ -183,6 +190,7 @@ mod tests {
             inserted: 3,
             last_gc_unix: 1_700_000_000,
             evicted: 0,
+            puts_refused: 4,
         };
         let text = render(&f, 8 << 20);
         assert!(
@@ -191,6 +199,7 @@ mod tests {
         );
         assert!(text.contains("ferry_node_store_cap_bytes{node=\"node-a\"} 1073741824\n"));
         assert!(text.contains("ferry_node_store_hit_bytes_total{node=\"node-a\"} 8388608\n"));
-        assert_eq!(text.matches("# TYPE ").count(), 9);
+        assert!(text.contains("ferry_node_store_puts_refused_total{node=\"node-a\"} 4\n"));
+        assert_eq!(text.matches("# TYPE ").count(), 10);
     }
 }

@@ -5,6 +5,7 @@
 //! - [`service`]: the gRPC `BlockStore` server: proven blocks out, verified blocks in, figures;
 //! - [`client`]: a receiver's side of it (the [`crate::cas::dedup::BlockDedup`] over the wire);
 //! - [`prepare`]: makes the store directory usable by the unprivileged service (init container);
+//! - [`swarm`]: fan-out, a receiver taking blocks its fellow destinations own from their services;
 //! - [`metrics`]: the store's figures in Prometheus' text format;
 //! - [`run`]: serves, reloads a renewed certificate, collects garbage on its own schedule.
 
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod prepare;
 mod run;
 pub mod service;
+pub mod swarm;
 
 pub use run::{NodeServiceConfig, run, serve};
 

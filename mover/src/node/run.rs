@@ -107,6 +107,9 @@ pub async fn serve(
         readers: Arc::new(tokio::sync::Semaphore::new(
             super::service::MAX_CONCURRENT_TAKES,
         )),
+        waiters: Arc::new(tokio::sync::Semaphore::new(
+            super::service::MAX_WAITING_TAKES,
+        )),
     })
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);

@@ -7,6 +7,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use ferry_proto::blockstore::v1 as pb;
 use ferry_proto::blockstore::v1::block_store_server::BlockStore;
@@ -30,6 +31,8 @@ pub struct ServiceCounters {
     pub put_refused: AtomicU64,
     pub last_gc_unix: AtomicU64,
     pub evicted: AtomicU64,
+    /// Woken on every insert: fan-out Takes waiting for blocks look again.
+    pub inserts: tokio::sync::Notify,
 }
 
 pub struct BlockStoreService {
@@ -40,10 +43,16 @@ pub struct BlockStoreService {
     /// Store reads running at once, over all clients (each `Take` reads up to 256 blocks on up
     /// to four threads): more clients wait their turn instead of taking every thread.
     pub readers: Arc<tokio::sync::Semaphore>,
+    /// Fan-out Takes allowed to wait at once ([`MAX_WAITING_TAKES`]).
+    pub waiters: Arc<tokio::sync::Semaphore>,
 }
 
 /// Default for [`BlockStoreService::readers`].
 pub const MAX_CONCURRENT_TAKES: usize = 8;
+/// The longest a fan-out Take may wait for blocks to arrive.
+pub const MAX_TAKE_WAIT: Duration = Duration::from_secs(120);
+/// Fan-out Takes waiting at once (they hold no reader while waiting, only a small task).
+pub const MAX_WAITING_TAKES: usize = 256;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
 
@@ -74,10 +83,19 @@ fn fixed32(bytes: &[u8], what: &str) -> Result<[u8; 32], Status> {
 /// A `Take` as the store reads it: the proof key and the announced blocks, each block's index
 /// standing for its position in the request. Refused whole when anything is malformed or there
 /// are more than [`MAX_TAKE`] blocks.
-pub fn parse_take(req: &pb::TakeRequest) -> Result<(PopKey, Vec<AnnouncedBlock>), Status> {
+pub fn parse_take(
+    req: &pb::TakeRequest,
+) -> Result<(PopKey, Vec<AnnouncedBlock>, Duration), Status> {
     if req.blocks.len() > MAX_TAKE {
         return Err(Status::invalid_argument(format!(
             "at most {MAX_TAKE} blocks per request"
+        )));
+    }
+    let wait = Duration::from_millis(req.wait_ms.into());
+    if wait > MAX_TAKE_WAIT {
+        return Err(Status::invalid_argument(format!(
+            "wait_ms must be at most {}",
+            MAX_TAKE_WAIT.as_millis()
         )));
     }
     let key = PopKey::from_bytes(fixed32(&req.pop_key, "pop_key")?);
@@ -94,7 +112,7 @@ pub fn parse_take(req: &pb::TakeRequest) -> Result<(PopKey, Vec<AnnouncedBlock>)
             })
         })
         .collect::<Result<Vec<_>, Status>>()?;
-    Ok((key, announced))
+    Ok((key, announced, wait))
 }
 
 /// A `Put`'s hash, when the request is well formed (a full block; the content is checked
@@ -115,6 +133,66 @@ fn client_name<T>(req: &Request<T>) -> String {
         .map_or_else(|| "unknown".to_owned(), |i| i.transfer_id.clone())
 }
 
+/// One `Take`: reads the proven blocks it asked for, once or (fan-out) each time blocks arrive.
+struct Take {
+    store: Arc<CasStore>,
+    counters: Arc<ServiceCounters>,
+    readers: Arc<tokio::sync::Semaphore>,
+    client: String,
+    key: PopKey,
+}
+
+impl Take {
+    /// Sends every block of `announced` the store holds (with its proof matching) down `tx` and
+    /// returns the others.
+    async fn read(
+        &self,
+        announced: Vec<AnnouncedBlock>,
+        tx: tokio::sync::mpsc::Sender<Result<pb::TakenBlock, Status>>,
+    ) -> Result<Vec<AnnouncedBlock>, Status> {
+        let turn = self
+            .readers
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("the node service is stopping"))?;
+        let (store, counters, client, key) = (
+            self.store.clone(),
+            self.counters.clone(),
+            self.client.clone(),
+            self.key.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            let sink = StreamSink { tx };
+            // A lease per read pins the proven blocks while they are read.
+            let d = DedupReceiver::new(store, &client)?;
+            let need = d.materialize_announced(&key, &sink, &announced)?;
+            let c = d.counters();
+            counters.hits.fetch_add(c.dedup_blocks, Ordering::Relaxed);
+            counters
+                .hit_bytes
+                .fetch_add(c.dedup_bytes, Ordering::Relaxed);
+            counters
+                .proofs_rejected
+                .fetch_add(c.proofs_rejected, Ordering::Relaxed);
+            Ok::<_, CasError>(
+                announced
+                    .into_iter()
+                    .zip(need)
+                    .filter_map(|(a, n)| n.then_some(a))
+                    .collect(),
+            )
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| {
+            tracing::warn!(client = %self.client, error = %e, "block store read failed");
+            Status::unavailable(format!("block store read failed: {e}"))
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl BlockStore for BlockStoreService {
     type TakeStream = TakeStream;
@@ -124,39 +202,45 @@ impl BlockStore for BlockStoreService {
         req: Request<pb::TakeRequest>,
     ) -> Result<Response<Self::TakeStream>, Status> {
         let client = client_name(&req);
-        let (key, announced) = parse_take(req.get_ref())?;
+        let (key, announced, wait) = parse_take(req.get_ref())?;
         // Two blocks in flight: a slow client holds at most ~8 MiB of this service's memory.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
-        let (store, counters) = (self.store.clone(), self.counters.clone());
-        let turn = self
-            .readers
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Status::unavailable("the node service is stopping"))?;
-        tokio::task::spawn_blocking(move || {
-            let _turn = turn;
-            let err_tx = tx.clone();
-            let sink = StreamSink { tx };
-            // A lease per request pins the proven blocks while they are read.
-            let result = DedupReceiver::new(store, &client)
-                .and_then(|d| Ok((d.materialize_announced(&key, &sink, &announced)?, d)));
-            match result {
-                Ok((_, d)) => {
-                    let c = d.counters();
-                    counters.hits.fetch_add(c.dedup_blocks, Ordering::Relaxed);
-                    counters
-                        .hit_bytes
-                        .fetch_add(c.dedup_bytes, Ordering::Relaxed);
-                    counters
-                        .proofs_rejected
-                        .fetch_add(c.proofs_rejected, Ordering::Relaxed);
+        let waiting =
+            if wait.is_zero() {
+                None
+            } else {
+                Some(self.waiters.clone().try_acquire_owned().map_err(|_| {
+                    Status::resource_exhausted("too many fan-out requests are waiting")
+                })?)
+            };
+        let take = Take {
+            store: self.store.clone(),
+            counters: self.counters.clone(),
+            readers: self.readers.clone(),
+            client,
+            key,
+        };
+        tokio::spawn(async move {
+            let _waiting = waiting;
+            let deadline = tokio::time::Instant::now() + wait;
+            let mut left = announced;
+            loop {
+                // Registered before the store is read, so an insert during the read is not missed.
+                let inserted = take.counters.inserts.notified();
+                tokio::pin!(inserted);
+                inserted.as_mut().enable();
+                match take.read(left, tx.clone()).await {
+                    Ok(rest) => left = rest,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(client = %client, error = %e, "block store read failed");
-                    let _ = err_tx.blocking_send(Err(Status::unavailable(format!(
-                        "block store read failed: {e}"
-                    ))));
+                if left.is_empty() || tx.is_closed() {
+                    return;
+                }
+                if tokio::time::timeout_at(deadline, inserted).await.is_err() {
+                    return;
                 }
             }
         });
@@ -191,6 +275,7 @@ impl BlockStore for BlockStoreService {
         let inserted = outcome == InsertOutcome::Inserted;
         if inserted {
             counters.inserted.fetch_add(1, Ordering::Relaxed);
+            counters.inserts.notify_waiters();
         }
         Ok(Response::new(pb::PutReply { inserted }))
     }

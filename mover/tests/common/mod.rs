@@ -268,7 +268,7 @@ pub async fn start_receiver_with_store(
     SocketAddr,
     tokio::task::JoinHandle<Result<SessionSummary, String>>,
 ) {
-    start_receiver_full(pki, root, cas, None, Default::default()).await
+    start_receiver_full(pki, root, cas, None, None, Default::default()).await
 }
 
 /// Like [`start_receiver`], using the node's block store service through `client`.
@@ -280,7 +280,7 @@ pub async fn start_receiver_with_service(
     SocketAddr,
     tokio::task::JoinHandle<Result<SessionSummary, String>>,
 ) {
-    start_receiver_full(pki, root, None, Some(client), Default::default()).await
+    start_receiver_full(pki, root, None, Some(client), None, Default::default()).await
 }
 
 /// Like [`start_receiver`], keeping the metadata `keep` names (`--owner`, `--special-bits`,
@@ -293,7 +293,21 @@ pub async fn start_receiver_keep(
     SocketAddr,
     tokio::task::JoinHandle<Result<SessionSummary, String>>,
 ) {
-    start_receiver_full(pki, root, None, None, keep).await
+    start_receiver_full(pki, root, None, None, None, keep).await
+}
+
+/// Like [`start_receiver_with_service`], as one destination of a fan-out over `swarm`.
+pub async fn start_receiver_in_fan_out(
+    pki: &Pki,
+    root: &Path,
+    client: ferry_mover::node::client::NodeStoreClient,
+    swarm: ferry_mover::node::swarm::SwarmPeers,
+) -> (
+    SocketAddr,
+    tokio::task::JoinHandle<Result<SessionSummary, String>>,
+) {
+    let swarm = Some(Arc::new(swarm));
+    start_receiver_full(pki, root, None, Some(client), swarm, Default::default()).await
 }
 
 async fn start_receiver_full(
@@ -301,6 +315,7 @@ async fn start_receiver_full(
     root: &Path,
     cas: Option<std::sync::Arc<ferry_mover::cas::CasStore>>,
     block_service: Option<ferry_mover::node::client::NodeStoreClient>,
+    swarm: Option<Arc<ferry_mover::node::swarm::SwarmPeers>>,
     keep: ferry_mover::session::Keep,
 ) -> (
     SocketAddr,
@@ -317,6 +332,7 @@ async fn start_receiver_full(
         sync: false,
         cas,
         block_service,
+        swarm,
         identity: Some(files.identity.clone()),
         keep,
         shutdown: ferry_mover::session::Shutdown::never(),
@@ -347,6 +363,7 @@ async fn start_receiver_full(
     (addr, h)
 }
 
+#[derive(Clone)]
 pub struct SendOpts {
     pub streams: u32,
     pub compress: Compress,

@@ -163,6 +163,12 @@ where
         sync: cfg.sync,
         state: Mutex::new(Default::default()),
         progress: progress.clone(),
+        // Fan-out needs the node service (fetched blocks are proven with this session's keys).
+        fetches: cfg
+            .swarm
+            .clone()
+            .filter(|_| matches!(dedup, Some(BlockDedup::Node(_))))
+            .map(|p| Arc::new(crate::node::swarm::Fetches::new(p))),
         dedup,
         root_meta: Mutex::new(None),
         write_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
@@ -257,11 +263,7 @@ where
                 })
                 .await??;
             let p = progress.snapshot();
-            let d = shared
-                .dedup
-                .as_ref()
-                .map(|d| d.counters())
-                .unwrap_or_default();
+            let d = shared.store_counters();
             let summary = SessionSummary {
                 dry_run: shared.dry_run,
                 files: p.files_done,
@@ -477,6 +479,13 @@ where
                             .await
                             .map_err(|_| ReceiveError::Internal("session closed"))?;
                     }
+                    // And for the blocks fan-out peers are still handing over.
+                    if let Some(f) = shared.fetches.clone() {
+                        let task = shared.blocking.run(move || f.wait_idle());
+                        super::super::while_busy(writer, busy, &work, task)
+                            .await??
+                            .map_err(ReceiveError::PeerBlocks)?;
+                    }
                     shared.progress.set_phase(Phase::Finishing);
                 }
                 (Route::DirDone, Message::DirDone(d)) => {
@@ -545,11 +554,7 @@ where
             .to_vec()
     };
     let p = shared.progress.snapshot();
-    let d = shared
-        .dedup
-        .as_ref()
-        .map(|d| d.counters())
-        .unwrap_or_default();
+    let d = shared.store_counters();
     writer
         .send(&Message::Summary(pb::Summary {
             files: p.files_done,

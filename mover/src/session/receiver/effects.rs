@@ -13,7 +13,7 @@ use super::{
     Keep, MAX_REPORTED_FAILURES, MAX_XATTR_BYTES, MAX_XATTR_BYTES_IN_FLIGHT, ReceiveError,
 };
 use crate::cas::BlockHash;
-use crate::cas::dedup::BlockDedup;
+use crate::cas::dedup::{AnnouncedBlock, BlockDedup};
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::progress::Progress;
@@ -140,6 +140,8 @@ pub(super) struct Session {
     pub(super) progress: Arc<Progress>,
     /// Block store side of dedup (with a store and the dedup capability).
     pub(super) dedup: Option<BlockDedup>,
+    /// Fan-out: blocks fellow destinations own, taken from their node services.
+    pub(super) fetches: Option<Arc<crate::node::swarm::Fetches>>,
     /// Root directory metadata, applied after the staging directory is gone (its removal
     /// would otherwise bump the root's mtime).
     pub(super) root_meta: Mutex<Option<(u32, (i64, u32))>>,
@@ -185,6 +187,21 @@ impl Session {
     /// The protocol state, to ask or record (never held across I/O).
     pub(super) fn state(&self) -> Result<MutexGuard<'_, State>, ReceiveError> {
         self.state.lock().map_err(|_| ReceiveError::Poisoned)
+    }
+
+    /// Blocks and bytes taken from a block store instead of the wire.
+    pub(super) fn store_counters(&self) -> crate::cas::dedup::DedupCounters {
+        let mut d = self
+            .dedup
+            .as_ref()
+            .map(|d| d.counters())
+            .unwrap_or_default();
+        // Blocks from a fan-out peer's store count as taken from a store too.
+        if let Some(f) = &self.fetches {
+            d.dedup_blocks += f.blocks.load(Ordering::Relaxed);
+            d.dedup_bytes += f.bytes.load(Ordering::Relaxed);
+        }
+        d
     }
 
     /// This end's work counter for Busy frames. Called while this end is busy itself, so it
@@ -965,15 +982,20 @@ fn blocks_written(sh: &Session, file_id: u64, n: u64) -> Result<(), ReceiveError
 }
 
 /// One BlockAnnounce: claim the announced blocks, take from the store every one it holds whose
-/// proof of possession matches, and answer which of them must still come over the wire.
+/// proof of possession matches, and answer which of them must still come over the wire. In a
+/// fan-out, blocks another destination owns are answered "not needed" too and taken from that
+/// destination's node service in the background.
 pub(super) fn handle_announce(
-    sh: &Session,
+    sh: &Arc<Session>,
     key: &PopKey,
     a: pb::BlockAnnounce,
 ) -> Result<pb::NeedBlocks, ReceiveError> {
     let Some(dedup) = &sh.dedup else {
         return Err(SenderViolation::NotNegotiated(crate::wire::FrameType::BlockAnnounce).into());
     };
+    if let Some(msg) = sh.fetches.as_ref().and_then(|f| f.failure()) {
+        return Err(ReceiveError::PeerBlocks(msg));
+    }
     let (claimed, announced) = sh.state()?.claim_announce(&a)?;
     let lf = claimed.file;
     // Reads, verifies and writes without holding the state's lock.
@@ -987,9 +1009,22 @@ pub(super) fn handle_announce(
                 source,
             })?;
     }
+    let taken_blocks = needed.iter().filter(|n| !**n).count() as u64;
+    // Of the blocks still needed, those a fellow destination owns come from it.
+    let mut from_wire = needed;
+    let mut from_peers = Vec::new();
+    if let Some(f) = &sh.fetches {
+        let owed: Vec<usize> = (0..announced.len())
+            .filter(|&i| from_wire[i] && f.peers().owner(&announced[i].hash).is_some())
+            .collect();
+        // Beyond what peers may owe, blocks come from the source.
+        for &i in owed.iter().take(f.admit(owed.len())) {
+            from_wire[i] = false;
+            from_peers.push(announced[i]);
+        }
+    }
     let indexes: Vec<u64> = announced.iter().map(|b| b.index).collect();
-    let (answer, taken) = answer_needed(sh, a.file_id, &indexes, &needed)?;
-    let taken_blocks = taken.len() as u64;
+    let (answer, _) = answer_needed(sh, a.file_id, &indexes, &from_wire)?;
     // Only full blocks are announced.
     let taken = taken_blocks * BLOCK_SIZE as u64;
     sh.progress.add(&sh.progress.bytes_done, taken);
@@ -999,7 +1034,47 @@ pub(super) fn handle_announce(
     if taken_blocks > 0 {
         blocks_written(sh, a.file_id, taken_blocks)?;
     }
+    if let Some(f) = &sh.fetches
+        && !from_peers.is_empty()
+    {
+        let sink = Arc::new(PeerBlockSink {
+            sh: sh.clone(),
+            file: lf.clone(),
+            file_id: a.file_id,
+        });
+        f.start(key, from_peers, sink);
+    }
     Ok(answer)
+}
+
+/// Where blocks taken from a fan-out peer go: the large file they were announced for.
+struct PeerBlockSink {
+    sh: Arc<Session>,
+    file: Arc<LargeFile>,
+    file_id: u64,
+}
+
+impl crate::node::swarm::FetchSink for PeerBlockSink {
+    fn deliver(&self, b: &AnnouncedBlock, block: &[u8]) -> Result<(), String> {
+        let (sh, lf) = (&self.sh, &self.file);
+        let fail = |e: &dyn std::error::Error| {
+            format!("{}: {}", lf.meta.path, crate::session::anyhow_chain(e))
+        };
+        lf.staging
+            .write_block(b.index * BLOCK_SIZE as u64, block)
+            .and_then(|()| lf.staging.record(b.index, b.hash.as_bytes()))
+            .map_err(|e| fail(&e))?;
+        if let Some(d) = &sh.dedup
+            && let Err(e) = d.insert_received(&b.hash, block)
+        {
+            tracing::warn!(error = %e, "could not add a fan-out block to the block store");
+        }
+        let len = block.len() as u64;
+        sh.progress.add(&sh.progress.bytes_done, len);
+        sh.progress.add(&sh.progress.dedup_blocks, 1);
+        sh.progress.add(&sh.progress.dedup_bytes, len);
+        blocks_written(sh, self.file_id, 1).map_err(|e| fail(&e))
+    }
 }
 
 /// The NeedBlocks answer to an announce or a resume check of `indexes`, where `needed[i]` says

@@ -109,6 +109,9 @@ pub enum ReceiveError {
     Digest(#[source] std::io::Error),
     #[error(transparent)]
     ReadBack(#[from] HashError),
+    /// A fan-out peer did not hand over blocks this receiver left to it.
+    #[error("{0}")]
+    PeerBlocks(String),
     #[error("internal error: a lock was poisoned by a panic")]
     Poisoned,
     #[error("internal error: {0}")]
@@ -162,6 +165,8 @@ pub struct ReceiverConfig {
     /// The node's block store service, used when there is no `cas`: the same dedup, with the
     /// store owned by the node service instead of this process.
     pub block_service: Option<crate::node::client::NodeStoreClient>,
+    /// Fan-out: the node services of every destination of the Transfer (with `block_service`).
+    pub swarm: Option<Arc<crate::node::swarm::SwarmPeers>>,
     /// This receiver's own identity (from its certificate), named in the log when a peer
     /// refuses the handshake.
     pub identity: Option<crate::net::Identity>,

@@ -1,0 +1,349 @@
+//! Fan-out: the receivers of one Transfer with many destination nodes share what each got from
+//! the source. Every full block has one owner among the destinations (chosen by its hash, so all
+//! agree without talking), and only the owner asks the sender for it; every other destination
+//! answers the sender's announce "not needed" and takes the block from the owner's node service
+//! as soon as it is there (a `Take` that waits). The source so sends about one copy of the
+//! dataset whatever the number of destinations, and each destination's link carries one copy in
+//! and about one copy out.
+//!
+//! The blocks come with the sender's proofs of possession for this receiver's stream, so an
+//! owner's service hands out only what the asking receiver was announced. Each block is hashed
+//! here before it is written. A peer that cannot be reached when the session starts owns
+//! nothing (its blocks come from the source); one that does not deliver in time fails this
+//! session with a retryable error, and the retry (which resumes) can run without fan-out.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::client::NodeStoreClient;
+use crate::cas::dedup::AnnouncedBlock;
+use crate::cas::pop::PopKey;
+use crate::cas::{BLOCK_SIZE, BlockHash};
+use crate::net::TlsFiles;
+
+/// Fetch threads per session (each holds at most one block here).
+const MAX_FETCHES: usize = 32;
+/// Fetch threads taking from one peer at once: a peer that lags (its own share of the source
+/// comes slowly) holds at most these, never the threads that would take from the others.
+const MAX_FETCHES_PER_PEER: usize = 4;
+/// Blocks a session may leave to its peers at once (64 GiB of data, about 1.2 MiB of
+/// bookkeeping); beyond it, blocks come from the source instead.
+const MAX_OWED_BLOCKS: usize = 16384;
+
+/// The destinations of one fan-out, as every one of its receivers sees them.
+#[derive(Debug)]
+pub struct SwarmPeers {
+    /// One entry per destination, in the order all destinations were given; `None` for this
+    /// receiver's own and for a peer that could not be reached.
+    peers: Vec<Option<(String, NodeStoreClient)>>,
+    me: usize,
+    /// How long a fetch waits for the owner to receive a block before this session fails.
+    wait: Duration,
+    /// The runtime the connections were made on (fetch threads wait on it).
+    runtime: tokio::runtime::Handle,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SwarmError {
+    #[error("--swarm-self {me} is not an index into the {n} --swarm-peers")]
+    SelfOutOfRange { me: usize, n: usize },
+    #[error("--swarm-wait must be between 1 s and 120 s")]
+    Wait,
+}
+
+impl SwarmPeers {
+    /// Connects to every peer's node service but this receiver's own (`addrs[me]`). A peer that
+    /// cannot be reached is logged and left out: the blocks it would own come from the source.
+    pub async fn connect(
+        addrs: &[String],
+        me: usize,
+        files: &TlsFiles,
+        wait: Duration,
+    ) -> Result<Self, SwarmError> {
+        if me >= addrs.len() {
+            return Err(SwarmError::SelfOutOfRange { me, n: addrs.len() });
+        }
+        if wait < Duration::from_secs(1) || wait > super::service::MAX_TAKE_WAIT {
+            return Err(SwarmError::Wait);
+        }
+        let connects = addrs.iter().enumerate().map(|(i, addr)| async move {
+            if i == me {
+                return None;
+            }
+            match NodeStoreClient::connect(addr, files).await {
+                Ok(c) => Some((addr.clone(), c)),
+                Err(e) => {
+                    tracing::warn!(
+                        peer = %addr, error = %crate::session::anyhow_chain(&e),
+                        "fan-out peer unreachable: the blocks it would own come from the source"
+                    );
+                    None
+                }
+            }
+        });
+        let peers = futures::future::join_all(connects).await;
+        Ok(Self {
+            peers,
+            me,
+            wait,
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// The destination that owns `hash`: the same answer on every destination.
+    fn owner_index(&self, hash: &BlockHash) -> usize {
+        let b = hash.as_bytes();
+        let n = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        (n % self.peers.len() as u64) as usize
+    }
+
+    /// The peer to take `hash` from, or `None` when this receiver asks the sender for it (it
+    /// owns the block, or its owner is out of reach).
+    pub fn owner(&self, hash: &BlockHash) -> Option<usize> {
+        let i = self.owner_index(hash);
+        (i != self.me && self.peers[i].is_some()).then_some(i)
+    }
+
+    pub fn destinations(&self) -> usize {
+        self.peers.len()
+    }
+}
+
+/// Where a fetched block goes: written at its offset and recorded (a large file's staging).
+pub trait FetchSink: Send + Sync + 'static {
+    /// `block` was verified against `announced.hash`.
+    fn deliver(&self, announced: &AnnouncedBlock, block: &[u8]) -> Result<(), String>;
+}
+
+/// Blocks of one announce one peer owns, to be taken from it.
+struct Job {
+    owner: usize,
+    key: PopKey,
+    blocks: Vec<AnnouncedBlock>,
+    sink: std::sync::Arc<dyn FetchSink>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Jobs waiting, per owner.
+    jobs: BTreeMap<usize, VecDeque<Job>>,
+    /// Fetch threads running, in all and per owner they are taking from.
+    running: usize,
+    running_for: BTreeMap<usize, usize>,
+    /// Blocks admitted and not yet fetched (queued or being fetched).
+    owed: usize,
+}
+
+impl Queue {
+    /// An owner with jobs waiting and fewer than [`MAX_FETCHES_PER_PEER`] threads on it.
+    fn next_owner(&self) -> Option<usize> {
+        self.jobs
+            .iter()
+            .find(|(o, j)| {
+                !j.is_empty()
+                    && self.running_for.get(o).copied().unwrap_or(0) < MAX_FETCHES_PER_PEER
+            })
+            .map(|(o, _)| *o)
+    }
+
+    /// Takes a job of `owner`'s for a thread that works on it.
+    fn take_for(&mut self, owner: usize) -> Option<Job> {
+        let job = self.jobs.get_mut(&owner)?.pop_front()?;
+        *self.running_for.entry(owner).or_default() += 1;
+        Some(job)
+    }
+
+    fn done_with(&mut self, job: &Job) {
+        self.owed -= job.blocks.len();
+        if let Some(n) = self.running_for.get_mut(&job.owner) {
+            *n -= 1;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.jobs.values().all(VecDeque::is_empty)
+    }
+}
+
+/// One session's fetches from peers: admitted up to a bound, run on at most [`MAX_FETCHES`]
+/// threads, counted, and waited for before the session's directory metadata and digest.
+///
+/// Nothing here ever blocks the session's streams: a stream that waited for a peer would stop
+/// reading the blocks this destination owns, which the peers wait for in turn.
+pub struct Fetches {
+    peers: std::sync::Arc<SwarmPeers>,
+    queue: Mutex<Queue>,
+    idle: Condvar,
+    failure: Mutex<Option<String>>,
+    pub blocks: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl Fetches {
+    pub fn new(peers: std::sync::Arc<SwarmPeers>) -> Self {
+        Self {
+            peers,
+            queue: Mutex::new(Queue::default()),
+            idle: Condvar::new(),
+            failure: Mutex::new(None),
+            blocks: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn peers(&self) -> &SwarmPeers {
+        &self.peers
+    }
+
+    /// The first failure of a fetch, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// How many of `n` more blocks may be left to peers (reserved): at most
+    /// [`MAX_OWED_BLOCKS`] are owed at once. The others come from the source.
+    pub fn admit(&self, n: usize) -> usize {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let room = MAX_OWED_BLOCKS.saturating_sub(q.owed).min(n);
+        q.owed += room;
+        room
+    }
+
+    /// Queues the admitted `announced` blocks, one job per owner, and starts fetch threads up
+    /// to [`MAX_FETCHES`]. Every block is handed to `sink` once verified.
+    pub fn start(
+        self: &std::sync::Arc<Self>,
+        key: &PopKey,
+        announced: Vec<AnnouncedBlock>,
+        sink: std::sync::Arc<dyn FetchSink>,
+    ) {
+        let mut by_owner: BTreeMap<usize, Vec<AnnouncedBlock>> = BTreeMap::new();
+        for a in announced {
+            if let Some(o) = self.peers.owner(&a.hash) {
+                by_owner.entry(o).or_default().push(a);
+            }
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        for (owner, blocks) in by_owner {
+            q.jobs.entry(owner).or_default().push_back(Job {
+                owner,
+                key: key.clone(),
+                blocks,
+                sink: sink.clone(),
+            });
+        }
+        // A new thread for each job no running thread may take, up to the bounds.
+        while q.running < MAX_FETCHES
+            && let Some(owner) = q.next_owner()
+            && let Some(job) = q.take_for(owner)
+        {
+            q.running += 1;
+            let this = self.clone();
+            self.peers.runtime.spawn_blocking(move || this.work(job));
+        }
+    }
+
+    /// A fetch thread: runs `job`, then any job of an owner with room, until there is none.
+    fn work(&self, mut job: Job) {
+        loop {
+            // After a failure the session fails anyway: the rest is not fetched.
+            if let Some((addr, client)) = &self.peers.peers[job.owner]
+                && self.failure().is_none()
+                && let Err(msg) = self.fetch(client, &job.key, &job.blocks, job.sink.as_ref())
+            {
+                tracing::warn!(peer = %addr, "fan-out: {msg}");
+                let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+                f.get_or_insert(format!("fan-out peer {addr}: {msg}"));
+            }
+            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.done_with(&job);
+            let next = q.next_owner().and_then(|o| q.take_for(o));
+            match next {
+                Some(j) => job = j,
+                None => {
+                    q.running -= 1;
+                    self.idle.notify_all();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes `blocks` from the owner's service, waiting for those it does not hold yet.
+    fn fetch(
+        &self,
+        client: &NodeStoreClient,
+        key: &PopKey,
+        blocks: &[AnnouncedBlock],
+        sink: &dyn FetchSink,
+    ) -> Result<(), String> {
+        let mut delivered = vec![false; blocks.len()];
+        for (part_no, part) in blocks.chunks(super::MAX_TAKE).enumerate() {
+            let base = part_no * super::MAX_TAKE;
+            let request = super::client::take_request(key, part, self.peers.wait);
+            // Each reply is awaited on the client's runtime and handled here, on this blocking
+            // thread (the sink writes files and may wait on the put queue).
+            let rt = client.runtime();
+            let patience = self.peers.wait + Duration::from_secs(10);
+            let status = |s: tonic::Status| format!("{:?}: {}", s.code(), s.message());
+            let late = || format!("no answer within {} s", patience.as_secs());
+            let mut c = client.grpc();
+            let mut stream = rt
+                .block_on(tokio::time::timeout(patience, c.take(request)))
+                .map_err(|_| late())?
+                .map_err(status)?
+                .into_inner();
+            loop {
+                let next = rt
+                    .block_on(tokio::time::timeout(patience, stream.message()))
+                    .map_err(|_| late())?
+                    .map_err(status)?;
+                let Some(b) = next else { break };
+                let pos = b.position as usize;
+                let Some(a) = part.get(pos) else {
+                    return Err("a block position out of range".into());
+                };
+                if b.data.len() != BLOCK_SIZE || BlockHash::of(&b.data) != a.hash {
+                    return Err("a returned block does not match its hash".into());
+                }
+                if !delivered[base + pos] {
+                    sink.deliver(a, &b.data)?;
+                    delivered[base + pos] = true;
+                    self.blocks.fetch_add(1, Ordering::Relaxed);
+                    self.bytes.fetch_add(b.data.len() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        let missing = delivered.iter().filter(|d| !**d).count();
+        if missing > 0 {
+            return Err(format!(
+                "{missing} of {} blocks did not arrive within {} s (a retry resumes)",
+                blocks.len(),
+                self.peers.wait.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Waits until every block admitted was fetched or failed (from a blocking thread); the
+    /// first failure.
+    pub fn wait_idle(&self) -> Result<(), String> {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        while q.running > 0 || !q.is_empty() {
+            q = self.idle.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(q);
+        self.failure().map_or(Ok(()), Err)
+    }
+}
+
+impl std::fmt::Debug for Fetches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fetches({} destinations)", self.peers.destinations())
+    }
+}
