@@ -345,9 +345,50 @@ async fn only_this_clusters_receivers_get_in() {
     );
 }
 
-/// Not a test: times one 512 MiB file received without a store, through the node service and
-/// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
-/// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certs_for_a_cluster_run_a_node_service_by_hand() {
+    // `ferry-mover certs --cluster` writes what an operator would issue, and a node service's.
+    let dir = tempfile::tempdir().unwrap();
+    let certs = net::generate_certs_in("by-hand", 1, Some("bench")).unwrap();
+    net::write_certs(dir.path(), &certs).unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let cfg = NodeServiceConfig {
+        store: p("cas"),
+        cap_bytes: 1 << 30,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: None,
+        ca: p("ca.crt"),
+        cert: p("node.crt"),
+        key: p("node.key"),
+        gc_every: Duration::from_secs(3600),
+        node: "node-h".into(),
+        fsync: false,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (_stop, shutdown) = Shutdown::new();
+    tokio::spawn(async move { node::serve(cfg, listener, shutdown).await.unwrap() });
+    let load = |role: Role, name: &str| {
+        net::load_files(
+            &p("ca.crt"),
+            &p(&format!("{name}.crt")),
+            &p(&format!("{name}.key")),
+            "by-hand",
+            role,
+        )
+        .unwrap()
+    };
+    let client = NodeStoreClient::connect(&addr, &load(Role::Receiver, "receiver"))
+        .await
+        .unwrap();
+    assert_eq!(client.stats().await.unwrap().node, "node-h");
+    // Its sender certificate is not a receiver's: refused.
+    match NodeStoreClient::connect(&addr, &load(Role::Sender, "sender")).await {
+        Err(_) => {}
+        Ok(c) => assert!(c.stats().await.is_err(), "a sender was served"),
+    }
+}
+
 /// The destinations of one fan-out: a node service each, addressed in one agreed order.
 struct FanOut {
     services: Vec<NodeService>,
@@ -487,6 +528,9 @@ async fn a_destination_that_never_receives_fails_the_others_in_time_and_a_retry_
     );
 }
 
+/// Not a test: times one 512 MiB file received without a store, through the node service and
+/// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
+/// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn timing_without_a_store_through_the_service_and_with_a_local_store() {
