@@ -120,6 +120,21 @@ pub(super) fn take_request(
     }
 }
 
+/// A block a service returned for the request `part`: its position and what was announced for
+/// it, once its bytes are checked against that hash (the service is not trusted to have sent the
+/// block asked for).
+pub(super) fn checked_block<'a>(
+    part: &'a [AnnouncedBlock],
+    b: &pb::TakenBlock,
+) -> Result<(usize, &'a AnnouncedBlock), &'static str> {
+    let pos = b.position as usize;
+    let a = part.get(pos).ok_or("a block position out of range")?;
+    if b.data.len() > BLOCK_SIZE || BlockHash::of(&b.data) != a.hash {
+        return Err("a returned block does not match its hash");
+    }
+    Ok((pos, a))
+}
+
 /// Blocks waiting to be put: a receiver thread hands a block over and goes on while it travels
 /// to the service; a full queue makes it wait (every verified block reaches the store).
 const PUT_QUEUE: usize = 4;
@@ -249,15 +264,7 @@ impl NodeDedup {
         part: &[AnnouncedBlock],
         b: &pb::TakenBlock,
     ) -> Result<usize, tonic::Status> {
-        let pos = b.position as usize;
-        let Some(a) = part.get(pos) else {
-            return Err(tonic::Status::data_loss("block position out of range"));
-        };
-        if b.data.len() > BLOCK_SIZE || BlockHash::of(&b.data) != a.hash {
-            return Err(tonic::Status::data_loss(
-                "a returned block does not match its hash",
-            ));
-        }
+        let (pos, a) = checked_block(part, b).map_err(tonic::Status::data_loss)?;
         dst.write_block(&b.data, a.index.saturating_mul(BLOCK_SIZE as u64))
             .map_err(|e| tonic::Status::internal(format!("writing a taken block failed: {e}")))?;
         self.counters.dedup_blocks.fetch_add(1, Ordering::Relaxed);

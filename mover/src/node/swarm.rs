@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::client::NodeStoreClient;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::PopKey;
-use crate::cas::{BLOCK_SIZE, BlockHash};
+use crate::cas::BlockHash;
 use crate::net::TlsFiles;
 
 /// Fetch threads per session (each holds at most one block here).
@@ -304,13 +304,7 @@ impl Fetches {
                     .map_err(|_| late())?
                     .map_err(status)?;
                 let Some(b) = next else { break };
-                let pos = b.position as usize;
-                let Some(a) = part.get(pos) else {
-                    return Err("a block position out of range".into());
-                };
-                if b.data.len() != BLOCK_SIZE || BlockHash::of(&b.data) != a.hash {
-                    return Err("a returned block does not match its hash".into());
-                }
+                let (pos, a) = super::client::checked_block(part, &b)?;
                 if !delivered[base + pos] {
                     sink.deliver(a, &b.data)?;
                     delivered[base + pos] = true;
