@@ -18,9 +18,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::client::NodeStoreClient;
+use crate::cas::BlockHash;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::PopKey;
-use crate::cas::BlockHash;
 use crate::net::TlsFiles;
 
 /// Fetch threads per session (each holds at most one block here).
