@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, Namespace, Node, NodeStatus, PersistentVolumeClaim, Pod, Service,
+    Event as CoreEvent, Namespace, Node, NodeSpec, NodeStatus, PersistentVolumeClaim, Pod, Service,
 };
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -103,16 +103,22 @@ pub fn start(
             watcher::Config::default(),
             |n: &mut Node| {
                 // Images, conditions and capacity change often and are big; only the
-                // addresses are read (the NodePort of a cross-cluster receiver).
+                // addresses (the NodePort of a cross-cluster receiver), the labels and
+                // whether it is cordoned (a fan-out's nodeSelector) are read.
                 let addresses = n.status.as_ref().and_then(|s| s.addresses.clone());
+                let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable);
                 *n = Node {
                     metadata: kube::api::ObjectMeta {
                         name: n.metadata.name.take(),
                         resource_version: n.metadata.resource_version.take(),
                         uid: n.metadata.uid.take(),
+                        labels: n.metadata.labels.take(),
                         ..Default::default()
                     },
-                    spec: None,
+                    spec: unschedulable.map(|u| NodeSpec {
+                        unschedulable: Some(u),
+                        ..NodeSpec::default()
+                    }),
                     status: Some(NodeStatus {
                         addresses,
                         ..NodeStatus::default()

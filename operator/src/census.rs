@@ -34,7 +34,8 @@ pub fn count(transfers: &[Arc<Transfer>], limits: Limits) -> Census {
     let mut waiting = Vec::new();
     let mut refs = std::collections::HashMap::new();
     for t in transfers {
-        if t.metadata.deletion_timestamp.is_some() {
+        // A fan-out runs no movers itself; its children are counted.
+        if t.metadata.deletion_timestamp.is_some() || t.is_fan_out() {
             continue;
         }
         let uid = t.uid().unwrap_or_default();

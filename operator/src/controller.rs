@@ -83,6 +83,8 @@ pub struct Context {
     pub acting_since: Timestamp,
     /// Reconciles that failed in a row, per Transfer UID (the error policy's backoff).
     pub failing: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Asks for a reconcile of a Transfer (a fan-out whose child changed).
+    pub wake: mpsc::Sender<ObjectRef<Transfer>>,
 }
 
 /// Reconciles at once: paces the storm of a start (every Transfer is looked at once) so the
@@ -178,6 +180,7 @@ pub async fn run(
         own_writes: OwnWrites::default(),
         acting_since: Timestamp::now(),
         failing: Default::default(),
+        wake: wake_tx.clone(),
     });
     metrics.set_ready(true);
     controller
@@ -264,6 +267,9 @@ async fn reconcile_once(cached: Arc<Transfer>, ctx: &Arc<Context>) -> Result<Req
         set_finalizer(t, ctx, true).await?;
         return Ok(Requeue::requeue(Duration::ZERO));
     }
+    if t.is_fan_out() {
+        return crate::fan_out::reconcile(t, ctx).await;
+    }
     let obs = observe(t, ctx).await?;
     let mut plan = plan::plan(t, &obs);
     log_failure(t, &obs, &plan.status);
@@ -305,7 +311,16 @@ async fn reconcile_once(cached: Arc<Transfer>, ctx: &Arc<Context>) -> Result<Req
         }));
     }
     let deferred = match write_status(t, ctx, &plan.status).await? {
-        Written::Now => None,
+        Written::Now => {
+            if t.status.as_ref() != Some(&plan.status)
+                && let Some(parent) = crate::fan_out::parent_of(t)
+            {
+                // The fan-out reports its children: a full queue only delays that to its
+                // periodic look.
+                let _ = ctx.wake.try_send(parent);
+            }
+            None
+        }
         Written::Later(wait) => Some(wait),
         // Planned from a version that changed meanwhile: plan again once the cache has the
         // new one (its watch event wakes the reconcile), and announce nothing of a status
@@ -441,6 +456,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
             CleanupAction::CreateCleanupPod => {
                 let Some(dest) = dest else { continue };
                 let pod = movers::cleanup_pod(&MoverPodInput {
+                    swarm: None,
                     transfer: t,
                     config: &ctx.config,
                     role: MoverRole::Receiver,
@@ -627,7 +643,7 @@ fn transfer_nodes(t: &Transfer) -> BTreeSet<String> {
         );
     }
     for ep in [&t.spec.source, &t.spec.destination] {
-        if let Some(hp) = &ep.host_path {
+        if let Some(hp) = ep.host_path.as_ref().filter(|hp| !hp.node.is_empty()) {
             nodes.insert(hp.node.clone());
         }
     }
@@ -654,7 +670,8 @@ fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
     let mut active = Vec::new();
     let mut waiting = vec![waiting_of(t)];
     for o in ctx.store.state() {
-        if o.uid() == t.uid() || o.metadata.deletion_timestamp.is_some() {
+        // A fan-out runs no movers itself; its children are counted.
+        if o.uid() == t.uid() || o.metadata.deletion_timestamp.is_some() || o.is_fan_out() {
             continue;
         }
         match &o.status {
@@ -781,7 +798,7 @@ fn pod_view(p: &Pod) -> PodView {
     }
 }
 
-fn ssa() -> PatchParams {
+pub(crate) fn ssa() -> PatchParams {
     PatchParams::apply(MANAGER).force()
 }
 
@@ -850,7 +867,15 @@ async fn apply(
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };
+                let use_block_store = plan.dedup && ctx.config.block_service.is_some();
+                // A fan-out child takes blocks from its siblings until an attempt failed; a
+                // retry asks the source for all it lacks (a sibling may be what failed).
+                let swarm = match (&dst.node, use_block_store && plan.status.failures == 0) {
+                    (Some(node), true) => crate::fan_out::swarm_of(t, node, ctx).await?,
+                    _ => None,
+                };
                 let pod = movers::mover_pod(&MoverPodInput {
+                    swarm: swarm.as_ref(),
                     transfer: t,
                     config: &ctx.config,
                     role: MoverRole::Receiver,
@@ -858,7 +883,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: dst,
                     receiver_ip: None,
-                    use_block_store: plan.dedup && ctx.config.block_service.is_some(),
+                    use_block_store,
                     remote: remote.map(|r| RemoteMover {
                         peer_cluster: &r.cluster,
                         transfer_id: &r.transfer_id,
@@ -875,6 +900,7 @@ async fn apply(
             } => {
                 let Some((src, _)) = placed else { continue };
                 let pod = movers::mover_pod(&MoverPodInput {
+                    swarm: None,
                     transfer: t,
                     config: &ctx.config,
                     role: MoverRole::Sender,
@@ -897,6 +923,7 @@ async fn apply(
                     continue;
                 };
                 let pod = movers::mover_pod(&MoverPodInput {
+                    swarm: None,
                     transfer: t,
                     config: &ctx.config,
                     role: MoverRole::Sender,
@@ -960,7 +987,7 @@ struct RemoteIds {
 }
 
 /// What became of a planned status.
-enum Written {
+pub(crate) enum Written {
     /// Written (or already current).
     Now,
     /// Only progress changed, and the patch rate limit defers it this long.
@@ -971,7 +998,7 @@ enum Written {
 
 /// Server-side apply of the status subresource when it changed, on the version `t` was read
 /// at; a change of progress alone waits for the limiter.
-async fn write_status(
+pub(crate) async fn write_status(
     t: &Transfer,
     ctx: &Context,
     status: &crate::api::TransferStatus,
@@ -1010,7 +1037,7 @@ async fn write_status(
     Ok(Written::Now)
 }
 
-async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
+pub(crate) async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
     for n in notes {
         let event = Event {
             type_: if n.warning {

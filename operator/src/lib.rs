@@ -9,6 +9,7 @@ pub mod census;
 pub mod cleanup;
 pub mod config;
 pub mod controller;
+pub mod fan_out;
 pub mod leader;
 pub mod limits;
 pub mod metrics;

@@ -40,6 +40,8 @@ pub struct MoverPodInput<'a> {
     pub use_block_store: bool,
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteMover<'a>>,
+    /// A fan-out child's receiver: its siblings' block services.
+    pub swarm: Option<&'a crate::fan_out::Swarm>,
 }
 
 /// What a mover of a cross-cluster Transfer needs to meet its peer in the other cluster.
@@ -121,6 +123,12 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             {
                 push("--block-service");
                 push(addr);
+                if let Some(swarm) = input.swarm {
+                    push("--swarm-peers");
+                    push(&swarm.peers.join(","));
+                    push("--swarm-self");
+                    push(&swarm.me.to_string());
+                }
             }
         }
         MoverRole::Sender => {
@@ -425,6 +433,7 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
 /// `ferry-mover clean-staging` instead, without certificates or ports.
 pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
     let mut pod = mover_pod(&MoverPodInput {
+        swarm: None,
         role: MoverRole::Receiver,
         use_block_store: false,
         remote: None,
@@ -586,6 +595,7 @@ mod tests {
             node: Some("a".into()),
         };
         let pod = mover_pod(&MoverPodInput {
+            swarm: None,
             transfer: &t,
             config: &cfg,
             role: MoverRole::Receiver,
@@ -633,6 +643,7 @@ mod tests {
         };
         let pod = |cfg: &Config, role: MoverRole| {
             mover_pod(&MoverPodInput {
+                swarm: None,
                 transfer: &t,
                 config: cfg,
                 role,
@@ -711,6 +722,7 @@ mod tests {
         };
         let receiver = |t: &Transfer| {
             mover_pod(&MoverPodInput {
+                swarm: None,
                 transfer: t,
                 config: &cfg,
                 role: MoverRole::Receiver,
@@ -751,6 +763,7 @@ mod tests {
             node: Some("node-b".into()),
         };
         let pod = mover_pod(&MoverPodInput {
+            swarm: None,
             transfer: &t,
             config: &cfg,
             role: MoverRole::Receiver,
@@ -818,6 +831,7 @@ mod tests {
             node: None,
         };
         let pod = mover_pod(&MoverPodInput {
+            swarm: None,
             transfer: &t,
             config: &cfg,
             role: MoverRole::Sender,
@@ -868,6 +882,7 @@ mod tests {
         };
         let sender_args = |t: &Transfer| {
             args_of(&mover_pod(&MoverPodInput {
+                swarm: None,
                 transfer: t,
                 config: &cfg,
                 role: MoverRole::Sender,
@@ -914,6 +929,7 @@ mod tests {
         };
         let pods = |cfg: &Config| {
             let input = |role| MoverPodInput {
+                swarm: None,
                 transfer: &t,
                 config: cfg,
                 role,

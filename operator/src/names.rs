@@ -13,6 +13,11 @@ pub const LABEL_ROLE: &str = "ferry.dev/role";
 pub const LABEL_ATTEMPT: &str = "ferry.dev/attempt";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "ferry-operator";
+/// Label on a fan-out's child Transfers: the fan-out Transfer's UID.
+pub const LABEL_FAN_OUT_OF: &str = "ferry.dev/fan-out-of";
+/// Annotation on a fan-out's child Transfers: every destination node of the run, in the order
+/// all of them share (a receiver's position in it is its place in the swarm).
+pub const ANNOTATION_FAN_OUT_NODES: &str = "ferry.dev/fan-out-nodes";
 /// The finalizer that removes staging data before a Transfer goes away.
 pub const FINALIZER: &str = "ferry.dev/cleanup";
 
@@ -70,6 +75,18 @@ pub fn transfer_id(uid: &str, run: u32) -> String {
     format!("{uid}.{run}")
 }
 
+/// The child Transfer of a fan-out that writes to `node`: `<fan-out>-<node>` when that is a
+/// valid name, else shortened with a hash of both so that it stays unique.
+pub fn fan_out_child_name(parent: &str, node: &str) -> String {
+    let name = format!("{parent}-{node}");
+    if name.len() <= 253 {
+        return name;
+    }
+    let hash = blake3::hash(name.as_bytes()).to_hex();
+    let keep: String = name.chars().take(253 - 13).collect();
+    format!("{}-{}", keep.trim_end_matches(['-', '.']), &hash[..12])
+}
+
 /// Labels on every child of a Transfer.
 pub fn labels(name: &str, uid: &str) -> BTreeMap<String, String> {
     let mut l = BTreeMap::new();
@@ -101,5 +118,15 @@ mod tests {
         assert_eq!(transfer_id(uid, 1), format!("{uid}.1"));
         let long = "x".repeat(200);
         assert_eq!(labels(&long, uid)[LABEL_TRANSFER].len(), 63);
+    }
+
+    #[test]
+    fn fan_out_children_are_named_after_their_node_and_stay_valid_names() {
+        assert_eq!(fan_out_child_name("imagenet", "gpu-1"), "imagenet-gpu-1");
+        let (a, b) = ("p".repeat(200), "n".repeat(100));
+        let long = fan_out_child_name(&a, &b);
+        assert!(long.len() <= 253, "{}", long.len());
+        assert_ne!(long, fan_out_child_name(&a, &"n".repeat(101)));
+        assert!(crate::placement::is_dns_subdomain(&long), "{long}");
     }
 }

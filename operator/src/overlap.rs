@@ -29,6 +29,8 @@ impl Location {
     /// The side's directory, or `None` for a side in another cluster or an invalid one.
     pub fn of(endpoint: &Endpoint, namespace: &str) -> Option<Location> {
         match (&endpoint.host_path, &endpoint.pvc) {
+            // A fan-out's own destination is many nodes; its children each name one.
+            (Some(hp), None) if hp.node.is_empty() => None,
             (Some(hp), None) => Some(Location::Host {
                 node: hp.node.clone(),
                 path: format!("/{}", clean_sub_path(&hp.path)?),

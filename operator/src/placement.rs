@@ -212,6 +212,7 @@ pub(crate) mod tests {
             host_path: Some(HostPathEndpoint {
                 node: node.into(),
                 path: path.into(),
+                ..HostPathEndpoint::default()
             }),
             ..Endpoint::default()
         }

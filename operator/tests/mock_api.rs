@@ -81,6 +81,17 @@ fn route(method: &str, path: &str, body: &Value, held: &Held) -> (StatusCode, Va
             conflict()
         }
         ("GET", "/api/v1/namespaces/ml/pods") => (StatusCode::OK, list("PodList")),
+        // The node service's pods: ready on node-a and node-b.
+        ("GET", "/api/v1/namespaces/ferry-system/pods") => {
+            let pod = |node: &str, ip: &str| {
+                json!({"metadata": {"name": format!("ferry-node-{node}")},
+                       "spec": {"nodeName": node, "containers": []},
+                       "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+            };
+            let mut l = list("PodList");
+            l["items"] = json!([pod("node-b", "10.0.0.2"), pod("node-a", "10.0.0.1")]);
+            (StatusCode::OK, l)
+        }
         ("GET", p) if p.starts_with("/api/v1/namespaces/ml/secrets/") => not_found(),
         ("GET", "/api/v1/nodes/node-a" | "/api/v1/nodes/node-b") => {
             let name = path.rsplit('/').next().unwrap();
@@ -155,7 +166,7 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         authority,
         peers: caches.peers.clone(),
         registry: Default::default(),
-        watchers: Watchers::new(wake, 10, limiter.clone()),
+        watchers: Watchers::new(wake.clone(), 10, limiter.clone()),
         metrics: Arc::new(Metrics::default()),
         store: caches.transfers.clone(),
         limiter,
@@ -164,6 +175,7 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         own_writes: Default::default(),
         acting_since: k8s_openapi::jiff::Timestamp::now(),
         failing: Default::default(),
+        wake,
     })
 }
 
@@ -429,4 +441,79 @@ async fn reconcile_reads_nothing_but_a_new_transfers_secrets_from_the_api_server
         Vec::<String>::new(),
         "the second reconcile reads nothing"
     );
+}
+
+/// A fan-out of `t`'s tree to node-a and node-b.
+fn fan_out() -> Value {
+    let mut t = transfer(true);
+    t["spec"]["destination"] =
+        json!({"hostPath": {"nodes": ["node-a", "node-b"], "path": "/data/dst"}});
+    t
+}
+
+#[tokio::test]
+async fn a_fan_out_applies_one_child_transfer_per_node_and_no_pods() {
+    let seen = run(fan_out(), granted()).await;
+    let w = writes(&seen);
+    assert!(
+        !w.iter()
+            .any(|s| s.path.contains("/pods") || s.path.contains("/secrets")),
+        "{w:#?}"
+    );
+    for (node, i) in [("node-a", 0), ("node-b", 1)] {
+        let child = w
+            .iter()
+            .find(|s| {
+                s.path == format!("/apis/ferry.dev/v1alpha1/namespaces/ml/transfers/t-{node}")
+            })
+            .unwrap_or_else(|| panic!("child for {node}: {w:#?}"));
+        let b = &child.body;
+        assert_eq!(b["spec"]["destination"]["hostPath"]["node"], node);
+        assert_eq!(b["spec"]["destination"]["hostPath"].get("nodes"), None);
+        assert_eq!(b["spec"]["trigger"], "fan-out-run-1");
+        assert_eq!(b["metadata"]["ownerReferences"][0]["uid"], UID);
+        assert_eq!(b["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(b["metadata"]["labels"]["ferry.dev/fan-out-of"], UID);
+        assert_eq!(
+            b["metadata"]["annotations"]["ferry.dev/fan-out-nodes"],
+            "node-a,node-b"
+        );
+        let status = status_patches(&seen)[0];
+        assert_eq!(status.body["status"]["destinations"][i]["node"], node);
+        assert_eq!(
+            status.body["status"]["destinations"][i]["transfer"],
+            format!("t-{node}")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fan_out_childs_first_receiver_joins_its_siblings_node_services() {
+    let mut child = transfer(true);
+    child["metadata"]["labels"] = json!({"ferry.dev/fan-out-of": "parent-uid"});
+    child["metadata"]["annotations"] = json!({"ferry.dev/fan-out-nodes": "node-a,node-b,node-c"});
+    let seen = run(child, granted()).await;
+    let pod = writes(&seen)
+        .into_iter()
+        .find(|s| s.path.ends_with("-1-1-recv"))
+        .expect("receiver applied")
+        .clone();
+    let args: Vec<String> =
+        serde_json::from_value(pod.body["spec"]["containers"][0]["args"].clone()).unwrap();
+    let after = |flag: &str| {
+        let i = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} in {args:?}"));
+        args[i + 1].clone()
+    };
+    // node-c has no node service running: it stays in the list (every sibling shares the
+    // order) and owns nothing.
+    assert_eq!(after("--swarm-peers"), "10.0.0.1:7443,10.0.0.2:7443,");
+    assert_eq!(
+        after("--swarm-self"),
+        "1",
+        "the receiver's node, node-b, is second"
+    );
+    assert_eq!(after("--block-service"), "ferry-node.ferry-system.svc:7443");
 }

@@ -79,6 +79,8 @@ pub enum Reason {
     PriorityClassNotAllowed,
     /// The node's block store failed; the run goes on without it (`Dedup=False`).
     BlockStoreFailed,
+    /// A fan-out Transfer finished with at least one destination failed.
+    DestinationFailed,
 }
 
 impl Reason {
@@ -114,6 +116,7 @@ impl Reason {
             Reason::DestinationUnwritable => "DestinationUnwritable",
             Reason::SourceDestinationOverlap => "SourceDestinationOverlap",
             Reason::DestinationInUse => "DestinationInUse",
+            Reason::DestinationFailed => "DestinationFailed",
             Reason::PrivilegedReadersNotAllowed => "PrivilegedReadersNotAllowed",
             Reason::MoverUnschedulable => "MoverUnschedulable",
             Reason::MoverVolumeMountFailed => "MoverVolumeMountFailed",

@@ -9,6 +9,7 @@ mod status;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,8 +18,8 @@ use std::collections::BTreeMap;
 pub use conditions::{ConditionType, Reason, set_condition};
 pub use peer::{Peer, PeerSpec};
 pub use status::{
-    LastError, MoverRef, Phase, ProgressStatus, QueueStatus, RemoteStatus, ThroughputStatus,
-    TransferStatus, UnreadableStatus, WireStatus,
+    DestinationStatus, LastError, MoverRef, Phase, ProgressStatus, QueueStatus, RemoteStatus,
+    ThroughputStatus, TransferStatus, UnreadableStatus, WireStatus,
 };
 
 /// Default number of parallel TLS streams.
@@ -42,7 +43,9 @@ pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.spec.source == oldSelf.spec.source").message("spec.source is immutable"),
     validation = Rule::new("self.spec.destination == oldSelf.spec.destination").message("spec.destination is immutable"),
-    validation = Rule::new("!has(self.spec.source.remote) || !has(self.spec.destination.remote)").message("at most one side may be remote")
+    validation = Rule::new("!has(self.spec.source.remote) || !has(self.spec.destination.remote)").message("at most one side may be remote"),
+    validation = Rule::new("!has(self.spec.source.hostPath) || has(self.spec.source.hostPath.node)").message("a source is one node: spec.source.hostPath takes node, not nodes or nodeSelector"),
+    validation = Rule::new("!has(self.spec.destination.hostPath) || has(self.spec.destination.hostPath.node) || !has(self.spec.source.remote)").message("a fan-out destination (nodes, nodeSelector) needs a source in this cluster")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
@@ -159,20 +162,111 @@ pub struct PvcEndpoint {
     pub path: String,
 }
 
-/// A directory on one node's filesystem, under a root the operator's configuration allows.
+/// A directory on one node's filesystem, under a root the operator's configuration allows; as
+/// a destination, the same directory on many nodes (fan-out): exactly one of `node`, `nodes` or
+/// `nodeSelector`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "(has(self.node) ? 1 : 0) + (has(self.nodes) ? 1 : 0) + (has(self.nodeSelector) ? 1 : 0) == 1"
+).message("set exactly one of node, nodes or nodeSelector"))]
 pub struct HostPathEndpoint {
     /// A node's name (a DNS subdomain name).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     #[schemars(regex(
         pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
     ))]
     pub node: String,
+    /// Fan-out (destination only): every one of these nodes gets the tree. The source is read
+    /// once; the destinations take from each other what one of them already received.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self.all(n, self.exists_one(m, m == n))").message("nodes must not repeat"))]
+    pub nodes: Vec<NodeName>,
+    /// Fan-out (destination only): the nodes these labels select when a run starts (the set
+    /// is recorded in `status.destinations` and kept for the run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<NodeLabelSelector>,
     #[schemars(length(min = 1, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("path must be absolute and must not contain '..'"))]
     pub path: String,
 }
+
+/// Nodes by their labels: a Kubernetes label selector (`matchLabels`, `matchExpressions`),
+/// with bounds so that the API server can check the Transfer's rules cheaply.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub match_labels: BTreeMap<String, LabelValue>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub match_expressions: Vec<NodeLabelRequirement>,
+}
+
+/// `key operator values`, as in a Kubernetes label selector.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLabelRequirement {
+    #[schemars(length(min = 1, max = 317))]
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub values: Vec<LabelValue>,
+}
+
+/// A label value (at most 63 characters).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct LabelValue(#[schemars(length(max = 63))] pub String);
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SelectorOperator {
+    #[default]
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl NodeLabelSelector {
+    /// The same selector as Kubernetes' own type.
+    pub fn to_label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: (!self.match_labels.is_empty()).then(|| {
+                self.match_labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect()
+            }),
+            match_expressions: (!self.match_expressions.is_empty()).then(|| {
+                self.match_expressions
+                    .iter()
+                    .map(|r| LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: format!("{:?}", r.operator),
+                        values: (!r.values.is_empty())
+                            .then(|| r.values.iter().map(|v| v.0.clone()).collect()),
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+/// A node's name (a DNS subdomain name).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct NodeName(
+    #[schemars(length(min = 1, max = 253))]
+    #[schemars(regex(
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ))]
+    pub String,
+);
 
 /// The other half of a cross-cluster Transfer. Both clusters declare their half: the
 /// destination's names the source Transfer, the source's names the destination Transfer.
@@ -252,7 +346,24 @@ impl Side {
     }
 }
 
+impl HostPathEndpoint {
+    /// Whether this names many nodes (a fan-out destination).
+    pub fn is_fan_out(&self) -> bool {
+        !self.nodes.is_empty() || self.node_selector.is_some()
+    }
+}
+
 impl Transfer {
+    /// A fan-out Transfer: its destination names many nodes. The operator runs it as one
+    /// child Transfer per node and reports them together.
+    pub fn is_fan_out(&self) -> bool {
+        self.spec
+            .destination
+            .host_path
+            .as_ref()
+            .is_some_and(HostPathEndpoint::is_fan_out)
+    }
+
     /// The source half of a cross-cluster Transfer (its destination is in another cluster).
     pub fn is_source_half(&self) -> bool {
         self.spec.destination.remote.is_some()

@@ -102,6 +102,12 @@ pub struct TransferStatus {
     /// A cross-cluster Transfer's pairing with its other half.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<RemoteStatus>,
+    /// A fan-out Transfer's destinations: the nodes this run writes to (resolved when it
+    /// started, kept for the run), each with its own Transfer and how it stands. The figures
+    /// above (progress, throughput, wire) are their totals.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub destinations: Vec<DestinationStatus>,
     /// Where a Transfer that waits for a slot (`--max-active` and the other limits) stands;
     /// absent once it runs. Updated within the status budget, like progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,4 +195,38 @@ pub struct MoverRef {
     pub pod: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+}
+
+/// One destination node of a fan-out Transfer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationStatus {
+    pub node: String,
+    /// The Transfer (same namespace) that writes to this node: its status has the detail.
+    pub transfer: String,
+    #[serde(default)]
+    pub phase: Phase,
+    /// Attempts of this destination's current run.
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default)]
+    pub bytes_total: u64,
+    /// "42%".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub progress: String,
+    /// Bytes per second over the mover's last interval.
+    #[serde(default)]
+    pub bytes_per_second: u64,
+    /// Blocks taken from a node store (this node's, or another destination's) instead of the
+    /// source.
+    #[serde(default)]
+    pub dedup_bytes: u64,
+    /// The end-to-end digest once it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Why it is not moving, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

@@ -85,7 +85,7 @@ pub fn fold_progress(st: &mut TransferStatus, obs: &Observed) {
     }
 }
 
-pub(super) fn percent(p: &ProgressStatus) -> u32 {
+pub fn percent(p: &ProgressStatus) -> u32 {
     let pct = (p.bytes_done.saturating_mul(100))
         .checked_div(p.bytes_total)
         .or_else(|| {

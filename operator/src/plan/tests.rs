@@ -10,6 +10,7 @@ pub(crate) fn transfer() -> Transfer {
         host_path: Some(HostPathEndpoint {
             node: node.into(),
             path: path.into(),
+            ..HostPathEndpoint::default()
         }),
         ..Endpoint::default()
     };

@@ -162,12 +162,53 @@ pub fn render_describe(input: &DescribeInput<'_>) -> String {
         out.push_str(&table.render("  "));
     }
 
+    if !st.destinations.is_empty() {
+        out.push_str("Destinations:\n");
+        out.push_str(&render_destinations(st));
+    }
+
     out.push_str("Mover Pods:\n");
     out.push_str(&render_pods(st, input.pods));
 
     out.push_str("Events:\n");
     out.push_str(&render_events(input.events, now));
     out
+}
+
+/// A fan-out's nodes: each one's Transfer, phase, attempts, progress and what stops it.
+fn render_destinations(st: &TransferStatus) -> String {
+    let mut table = Table::new([
+        "NODE",
+        "TRANSFER",
+        "PHASE",
+        "ATTEMPTS",
+        "PROGRESS",
+        "RATE",
+        "FROM STORES",
+        "MESSAGE",
+    ]);
+    for d in &st.destinations {
+        table.push([
+            d.node.clone(),
+            d.transfer.clone(),
+            phase_name(d.phase).to_owned(),
+            d.attempts.to_string(),
+            format!(
+                "{} {}/{}",
+                if d.progress.is_empty() {
+                    "-"
+                } else {
+                    &d.progress
+                },
+                human_bytes(d.bytes_done),
+                human_bytes(d.bytes_total)
+            ),
+            human_rate(d.bytes_per_second),
+            human_bytes(d.dedup_bytes),
+            d.message.clone().unwrap_or_default(),
+        ]);
+    }
+    table.render("  ")
 }
 
 fn on_off(b: bool) -> &'static str {
@@ -181,7 +222,19 @@ fn at_and_age(t: &Timestamp, now: Timestamp) -> String {
 /// "hostPath node-a:/data/src", "pvc scratch:/copy", "remote peer/ns/name".
 pub fn endpoint(e: &Endpoint) -> String {
     if let Some(h) = &e.host_path {
-        format!("hostPath {}:{}", h.node, h.path)
+        if !h.nodes.is_empty() {
+            let nodes: Vec<&str> = h.nodes.iter().map(|n| n.0.as_str()).collect();
+            format!("hostPath {{{}}}:{}", nodes.join(","), h.path)
+        } else if let Some(sel) = &h.node_selector {
+            let labels: Vec<String> = sel
+                .match_labels
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.0))
+                .collect();
+            format!("hostPath nodes labelled {}:{}", labels.join(","), h.path)
+        } else {
+            format!("hostPath {}:{}", h.node, h.path)
+        }
     } else if let Some(p) = &e.pvc {
         let path = if p.path.is_empty() { "/" } else { &p.path };
         format!("pvc {}:{path}", p.claim_name)
@@ -435,5 +488,60 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("Last Error:    <none>\n"), "{out}");
+    }
+
+    #[test]
+    fn a_fan_out_lists_its_destinations() {
+        let mut st = running();
+        st.destinations = vec![
+            crate::api::DestinationStatus {
+                node: "gpu-1".into(),
+                transfer: "stage-gpu-1".into(),
+                phase: Phase::Succeeded,
+                attempts: 1,
+                bytes_done: 1 << 30,
+                bytes_total: 1 << 30,
+                progress: "100%".into(),
+                dedup_bytes: 768 << 20,
+                ..Default::default()
+            },
+            crate::api::DestinationStatus {
+                node: "gpu-2".into(),
+                transfer: "stage-gpu-2".into(),
+                phase: Phase::Retrying,
+                attempts: 2,
+                message: Some("MoverFailed: connection reset".into()),
+                ..Default::default()
+            },
+        ];
+        let mut t = transfer("stage", Some(st));
+        let hp = crate::api::HostPathEndpoint {
+            nodes: vec![
+                crate::api::NodeName("gpu-1".into()),
+                crate::api::NodeName("gpu-2".into()),
+            ],
+            path: "/scratch/in".into(),
+            ..Default::default()
+        };
+        t.spec.destination = Endpoint {
+            host_path: Some(hp),
+            ..Endpoint::default()
+        };
+        let out = render_describe(&DescribeInput {
+            transfer: &t,
+            pods: &[],
+            events: &[],
+            now: at(1_000).0,
+        });
+        for want in [
+            "Destination:   hostPath {gpu-1,gpu-2}:/scratch/in\n",
+            "Destinations:\n  NODE    TRANSFER      PHASE",
+            "gpu-1   stage-gpu-1   Succeeded   1          100% 1.0 GiB/1.0 GiB",
+            "768.0 MiB",
+            "gpu-2   stage-gpu-2   Retrying    2",
+            "MoverFailed: connection reset",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
     }
 }

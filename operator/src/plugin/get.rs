@@ -52,7 +52,7 @@ pub fn render_get(transfers: &[Transfer], layout: GetLayout, now: Timestamp) -> 
             current_rate_cell(st),
             average_rate_cell(st),
             st.eta.clone().unwrap_or_else(|| "-".into()),
-            st.attempts.to_string(),
+            attempts_cell(st),
             age_cell(t, now),
         ]);
         if layout.wide {
@@ -70,6 +70,19 @@ pub fn render_get(transfers: &[Transfer], layout: GetLayout, now: Timestamp) -> 
         table.push(row);
     }
     table.render("")
+}
+
+/// Attempts of the current run; for a fan-out, how many of its nodes are done.
+pub fn attempts_cell(st: &TransferStatus) -> String {
+    if st.destinations.is_empty() {
+        return st.attempts.to_string();
+    }
+    let done = st
+        .destinations
+        .iter()
+        .filter(|d| d.phase == Phase::Succeeded)
+        .count();
+    format!("{done}/{} nodes", st.destinations.len())
 }
 
 /// The phase; `Pending` and `Retrying` add the `Ready` condition's reason when it says more.
@@ -280,6 +293,24 @@ pub(crate) mod tests {
             ],
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_fan_out_counts_its_nodes_done_in_place_of_attempts() {
+        let mut st = running();
+        assert_eq!(attempts_cell(&st), st.attempts.to_string());
+        for (node, phase) in [
+            ("a", Phase::Succeeded),
+            ("b", Phase::Running),
+            ("c", Phase::Succeeded),
+        ] {
+            st.destinations.push(crate::api::DestinationStatus {
+                node: node.into(),
+                phase,
+                ..Default::default()
+            });
+        }
+        assert_eq!(attempts_cell(&st), "2/3 nodes");
     }
 
     #[test]

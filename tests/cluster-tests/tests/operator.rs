@@ -16,6 +16,7 @@ use ferry_cluster_tests::{TestNamespace, node_root, wait_until};
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 /// Host roots the test operator grants (to every namespace).
@@ -478,6 +479,124 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
         second.bytes,
         first.bytes
     );
+    ns.delete().await
+}
+
+/// A fan-out to two nodes: one child Transfer per node, each verified by its own digest, and
+/// every full block crosses from the source once: the other destination takes it from the
+/// owner's node service.
+#[tokio::test]
+async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    ferry_cluster_tests::operator::wait_node_service_in(
+        ferry_cluster_tests::Cluster::Main,
+        &[NODE_A, NODE_B],
+    )
+    .await?;
+    let ns = TestNamespace::create("xfer-fanout").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    // 48 MiB of fresh content: 12 full blocks, none in any node's store yet.
+    make_tree(&src_host, 20, 48, &ns.name)?;
+    let (dst, dst_a) = node_dir(NODE_A, &ns.name, "dst")?;
+    let (_, dst_b) = node_dir(NODE_B, &ns.name, "dst")?;
+    let api: Api<Transfer> = ns.api();
+    let fan: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "fan"},
+        "spec": {
+            "source": {"hostPath": {"node": NODE_A, "path": src}},
+            "destination": {"hostPath": {"nodes": [NODE_A, NODE_B], "path": dst}},
+        }
+    }))?;
+    // The API server refuses what a fan-out cannot be, with the CRD's messages.
+    for (bad, message) in [
+        (
+            serde_json::json!({"source": {"hostPath": {"nodes": [NODE_A], "path": src}},
+                               "destination": {"hostPath": {"node": NODE_B, "path": dst}}}),
+            "a source is one node",
+        ),
+        (
+            serde_json::json!({"source": {"hostPath": {"node": NODE_A, "path": src}},
+                               "destination": {"hostPath": {"node": NODE_B, "nodes": [NODE_A], "path": dst}}}),
+            "set exactly one of node, nodes or nodeSelector",
+        ),
+        (
+            serde_json::json!({"source": {"hostPath": {"node": NODE_A, "path": src}},
+                               "destination": {"hostPath": {"nodes": [NODE_A, NODE_A], "path": dst}}}),
+            "nodes must not repeat",
+        ),
+    ] {
+        let t: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+            "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+            "metadata": {"name": "bad"}, "spec": bad,
+        }))?;
+        let refused = api.create(&PostParams::default(), &t).await;
+        let err = format!(
+            "{:?}",
+            refused.err().context("an invalid fan-out was accepted")?
+        );
+        assert!(err.contains(message), "{message:?} not in {err}");
+    }
+    api.create(&PostParams::default(), &fan).await?;
+    let t = wait_phase(&api, "fan", Duration::from_secs(180), Phase::Succeeded).await?;
+    for d in [&dst_a, &dst_b] {
+        assert_eq!(assert_same_tree(&src_host, d)?, 21);
+    }
+    let st = t.status.context("status")?;
+    let rows: Vec<(&str, Phase)> = st
+        .destinations
+        .iter()
+        .map(|d| (d.node.as_str(), d.phase))
+        .collect();
+    assert_eq!(
+        rows,
+        [(NODE_A, Phase::Succeeded), (NODE_B, Phase::Succeeded)]
+    );
+    let mut wire = 0;
+    for d in &st.destinations {
+        let child = api.get(&d.transfer).await?;
+        assert_eq!(
+            child.owner_references()[0].uid,
+            t.metadata.uid.clone().unwrap_or_default()
+        );
+        let cs = child.status.context("child status")?;
+        assert_eq!(
+            cs.digest, st.digest,
+            "{}: every destination has the source's digest",
+            d.node
+        );
+        wire += cs.wire.context("wire")?.bytes;
+    }
+    assert!(st.digest.is_some());
+    let from_peers: u64 = st.destinations.iter().map(|d| d.dedup_bytes).sum();
+    assert!(
+        from_peers >= 48 << 20,
+        "every full block taken once from the other node: {from_peers}"
+    );
+    assert!(
+        wire < (48 << 20) * 3 / 2,
+        "the source sent {wire} bytes to two destinations of 48 MiB: more than one copy"
+    );
+    // The children belong to the fan-out: deleting it deletes them.
+    api.delete("fan", &DeleteParams::default()).await?;
+    let children: Vec<String> = st.destinations.iter().map(|d| d.transfer.clone()).collect();
+    wait_until(
+        Duration::from_secs(90),
+        "children deleted with the fan-out",
+        || {
+            let api = api.clone();
+            let children = children.clone();
+            async move {
+                for c in &children {
+                    if api.get_opt(c).await?.is_some() {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
+        },
+    )
+    .await?;
     ns.delete().await
 }
 

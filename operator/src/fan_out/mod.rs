@@ -1,0 +1,306 @@
+//! Fan-out Transfers (a destination naming many nodes): observe the nodes and the child
+//! Transfers, plan (`plan`, pure), apply the children, write the status. Also what a child's
+//! receiver needs to join its siblings (`swarm_of`).
+
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use crate::api::{Reason, Transfer};
+use crate::controller::{Context, Error, Written, record, ssa, write_status};
+use crate::movers::owner_ref;
+use crate::names::{ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, MANAGER};
+use crate::placement::Blocked;
+use plan::{ChildView, FanOutAction, FanOutObserved};
+
+/// The label the chart puts on the node service's pods.
+const NODE_SERVICE_COMPONENT: &str = "app.kubernetes.io/component=node-service";
+
+pub async fn reconcile(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
+    let obs = observe(t, ctx)?;
+    let plan = plan::plan(t, &obs);
+    apply(t, ctx, &plan.actions).await?;
+    let deferred = match write_status(t, ctx, &plan.status).await? {
+        Written::Now => None,
+        Written::Later(wait) => Some(wait),
+        Written::Stale => return Ok(Requeue::requeue(Duration::from_secs(1))),
+    };
+    record(t, ctx, &plan.notes).await;
+    ctx.metrics.observe(t, &plan.status);
+    Ok(match plan.requeue.into_iter().chain(deferred).min() {
+        Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
+        None => Requeue::await_change(),
+    })
+}
+
+fn observe(t: &Transfer, ctx: &Context) -> Result<FanOutObserved, Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let hp = t
+        .spec
+        .destination
+        .host_path
+        .as_ref()
+        .ok_or(Error::Malformed("fan-out destination"))?;
+    let all_nodes = ctx.caches.nodes.state();
+    let nodes = if hp.nodes.is_empty() {
+        let selector = hp.node_selector.as_ref().map(|s| s.to_label_selector());
+        select_nodes(selector.unwrap_or_default(), &all_nodes)
+    } else {
+        let missing: Vec<&str> = hp
+            .nodes
+            .iter()
+            .map(|n| n.0.as_str())
+            .filter(|n| ctx.caches.node(n).is_none())
+            .collect();
+        if missing.is_empty() {
+            Ok(hp.nodes.iter().map(|n| n.0.clone()).collect())
+        } else {
+            Err(Blocked {
+                reason: Reason::NodeNotFound,
+                message: format!(
+                    "spec.destination.hostPath.nodes: {} not a node of this cluster; the Transfer starts once all are",
+                    missing.join(", ")
+                ),
+            })
+        }
+    };
+    let parent = t.name_any();
+    let children = ctx
+        .store
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+        .filter_map(|c| {
+            let owned = c
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && o.uid == uid);
+            let named = c.name_any().starts_with(&format!("{parent}-"));
+            (owned || named).then(|| ChildView {
+                name: c.name_any(),
+                owned,
+                spec: c.spec.clone(),
+                nodes_annotation: c.annotations().get(ANNOTATION_FAN_OUT_NODES).cloned(),
+                status: c.status.clone(),
+            })
+        })
+        .collect();
+    Ok(FanOutObserved {
+        now: Timestamp::now(),
+        nodes,
+        children,
+    })
+}
+
+/// The schedulable nodes a selector picks, by name.
+pub fn select_nodes(
+    selector: LabelSelector,
+    nodes: &[std::sync::Arc<Node>],
+) -> Result<Vec<String>, Blocked> {
+    let selector = Selector::try_from(selector).map_err(|e| Blocked {
+        reason: Reason::InvalidSpec,
+        message: format!("spec.destination.hostPath.nodeSelector: {e}"),
+    })?;
+    let mut picked: Vec<String> = nodes
+        .iter()
+        .filter(|n| {
+            let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+            !cordoned && selector.matches(n.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()))
+        })
+        .map(|n| n.name_any())
+        .collect();
+    picked.sort();
+    Ok(picked)
+}
+
+async fn apply(t: &Transfer, ctx: &Context, actions: &[FanOutAction]) -> Result<(), Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
+    for action in actions {
+        match action {
+            FanOutAction::ApplyChild {
+                name,
+                spec,
+                nodes_annotation,
+            } => {
+                let mut child = Transfer::new(name, (**spec).clone());
+                child.metadata = ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(BTreeMap::from([
+                        (LABEL_FAN_OUT_OF.to_owned(), uid.clone()),
+                        (LABEL_MANAGED_BY.to_owned(), MANAGER.to_owned()),
+                    ])),
+                    annotations: Some(BTreeMap::from([(
+                        ANNOTATION_FAN_OUT_NODES.to_owned(),
+                        nodes_annotation.clone(),
+                    )])),
+                    owner_references: owner_ref(t).map(|o| vec![o]),
+                    ..ObjectMeta::default()
+                };
+                api.patch(name, &ssa(), &Patch::Apply(&child)).await?;
+            }
+            FanOutAction::DeleteChild(name) => {
+                ignore_not_found(api.delete(name, &DeleteParams::default()).await)?;
+            }
+            FanOutAction::DeleteSelf => {
+                ignore_not_found(api.delete(&t.name_any(), &DeleteParams::default()).await)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The fan-out Transfer a child belongs to, to wake when the child's status changed.
+pub fn parent_of(child: &Transfer) -> Option<ObjectRef<Transfer>> {
+    child.labels().get(LABEL_FAN_OUT_OF)?;
+    let owner = child
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == Transfer::kind(&()))?;
+    Some(ObjectRef::new(&owner.name).within(&child.namespace()?))
+}
+
+/// Where a fan-out child's receiver finds its siblings: every destination node's block
+/// service (`""` for a node whose service is not running: it owns nothing), and its own place
+/// among them. None for a Transfer that is not a fan-out's child, or whose node is not in its
+/// list.
+pub async fn swarm_of(t: &Transfer, node: &str, ctx: &Context) -> Result<Option<Swarm>, Error> {
+    let Some(list) = t.annotations().get(ANNOTATION_FAN_OUT_NODES) else {
+        return Ok(None);
+    };
+    if t.labels().get(LABEL_FAN_OUT_OF).is_none() {
+        return Ok(None);
+    }
+    let Some(port) = ctx
+        .config
+        .block_service
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .map(|(_, p)| p.to_owned())
+    else {
+        return Ok(None);
+    };
+    let nodes: Vec<&str> = list.split(',').filter(|n| !n.is_empty()).collect();
+    let Some(me) = nodes.iter().position(|n| *n == node) else {
+        return Ok(None);
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let services = pods
+        .list(&ListParams::default().labels(NODE_SERVICE_COMPONENT))
+        .await?;
+    let address_of = |n: &str| {
+        services
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find_map(|p| {
+                let st = p.status.as_ref()?;
+                let ready = st
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let ip = st.pod_ip.as_deref()?;
+                ready.then(|| socket_address(ip, &port))
+            })
+            .unwrap_or_default()
+    };
+    Ok(Some(Swarm {
+        peers: nodes.iter().map(|n| address_of(n)).collect(),
+        me,
+    }))
+}
+
+fn socket_address(ip: &str, port: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
+    }
+}
+
+/// A fan-out child's receiver's place among its siblings (`--swarm-peers`, `--swarm-self`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Swarm {
+    pub peers: Vec<String>,
+    pub me: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use std::sync::Arc;
+
+    fn node(name: &str, pool: &str, cordoned: bool) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([("pool".to_owned(), pool.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            spec: cordoned.then(|| NodeSpec {
+                unschedulable: Some(true),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        })
+    }
+
+    #[test]
+    fn a_selector_picks_matching_schedulable_nodes_by_name() {
+        let nodes = [
+            node("gpu-2", "gpu", false),
+            node("cpu-1", "cpu", false),
+            node("gpu-1", "gpu", false),
+            node("gpu-3", "gpu", true),
+        ];
+        let sel = LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_owned(), "gpu".to_owned())])),
+            ..LabelSelector::default()
+        };
+        assert_eq!(select_nodes(sel, &nodes).unwrap(), ["gpu-1", "gpu-2"]);
+        let bad = LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "pool".into(),
+                    operator: "Near".into(),
+                    values: None,
+                },
+            ]),
+            ..LabelSelector::default()
+        };
+        assert_eq!(
+            select_nodes(bad, &nodes).unwrap_err().reason,
+            Reason::InvalidSpec
+        );
+    }
+
+    #[test]
+    fn ipv6_pod_addresses_get_brackets() {
+        assert_eq!(socket_address("10.0.0.1", "7443"), "10.0.0.1:7443");
+        assert_eq!(socket_address("fd00::1", "7443"), "[fd00::1]:7443");
+    }
+}

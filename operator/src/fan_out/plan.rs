@@ -1,0 +1,798 @@
+//! The pure core of a fan-out Transfer's reconcile: from the Transfer, the nodes its
+//! destination resolves to and its child Transfers as observed, the next status and the child
+//! Transfers to apply or delete. No I/O.
+//!
+//! A fan-out runs as one child Transfer per destination node, so that each destination has
+//! its own attempts, retries (resuming) and digest, and a slow or failed node never holds the
+//! others. The children share the destination node list of the run (an annotation), which
+//! makes their receivers take blocks from each other: the source sends about one copy.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::api::{
+    ConditionType, DestinationStatus, HostPathEndpoint, LastError, Phase, ProgressStatus, Reason,
+    ThroughputStatus, Transfer, TransferSpec, TransferStatus, WireStatus, set_condition,
+};
+use crate::names;
+use crate::placement::Blocked;
+use crate::plan::{Note, RESYNC_BLOCKED, RESYNC_RUNNING, human_rate, percent};
+
+/// A child Transfer as observed.
+#[derive(Debug, Clone)]
+pub struct ChildView {
+    pub name: String,
+    /// Its controller is this fan-out (else it is someone else's Transfer with the name a
+    /// child would have, and is left alone).
+    pub owned: bool,
+    pub spec: TransferSpec,
+    /// Its `ferry.dev/fan-out-nodes` annotation.
+    pub nodes_annotation: Option<String>,
+    pub status: Option<TransferStatus>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FanOutObserved {
+    pub now: Timestamp,
+    /// The nodes the destination names now (`nodes` in their order, a selector's matches by
+    /// name), or why they cannot be used. Only read when a run starts.
+    pub nodes: Result<Vec<String>, Blocked>,
+    /// Transfers of the namespace owned by this fan-out or named as one of its children.
+    pub children: Vec<ChildView>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FanOutAction {
+    /// Create or update a child (server-side apply).
+    ApplyChild {
+        name: String,
+        spec: Box<TransferSpec>,
+        nodes_annotation: String,
+    },
+    DeleteChild(String),
+    /// `ttlSecondsAfterFinished` ran out.
+    DeleteSelf,
+}
+
+#[derive(Debug, Clone)]
+pub struct FanOutPlan {
+    pub status: TransferStatus,
+    pub actions: Vec<FanOutAction>,
+    pub requeue: Option<Duration>,
+    pub notes: Vec<Note>,
+}
+
+/// The child's trigger for run `run` of the fan-out: a new run re-runs every child.
+pub fn child_trigger(run: u32) -> String {
+    format!("fan-out-run-{run}")
+}
+
+/// The spec of the child writing to `node`: the fan-out's, with one destination node.
+pub fn child_spec(spec: &TransferSpec, node: &str, run: u32) -> TransferSpec {
+    let mut child = spec.clone();
+    if let Some(hp) = &spec.destination.host_path {
+        child.destination.host_path = Some(HostPathEndpoint {
+            node: node.to_owned(),
+            path: hp.path.clone(),
+            ..HostPathEndpoint::default()
+        });
+    }
+    child.trigger = Some(child_trigger(run));
+    // The fan-out's own lifetime governs; a child deleted on its own would be created again.
+    child.ttl_seconds_after_finished = None;
+    child
+}
+
+fn cond(
+    st: &mut TransferStatus,
+    t: &Transfer,
+    now: &Time,
+    kind: ConditionType,
+    ok: bool,
+    reason: Reason,
+    msg: &str,
+) {
+    set_condition(
+        &mut st.conditions,
+        kind,
+        ok,
+        reason,
+        msg,
+        t.metadata.generation,
+        now,
+    );
+}
+
+pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
+    let now = Time(obs.now);
+    let before = t.status.clone().unwrap_or_default();
+    let mut st = before.clone();
+    st.observed_generation = t.metadata.generation;
+    let mut actions = Vec::new();
+    let mut notes = Vec::new();
+
+    // A new run: the first one, or a finished fan-out whose trigger changed. It fixes the
+    // destination nodes for the run.
+    if st.run == 0 || (st.phase.is_finished() && t.spec.trigger != st.observed_trigger) {
+        let nodes = match &obs.nodes {
+            Ok(n) if n.is_empty() => Err(Blocked {
+                reason: Reason::NodeNotFound,
+                message: "spec.destination.hostPath.nodeSelector selects no node; the Transfer starts once it does".into(),
+            }),
+            other => other.clone(),
+        };
+        let nodes = match nodes {
+            Ok(n) => n,
+            Err(b) => {
+                if !st
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str())
+                {
+                    notes.push(Note {
+                        warning: true,
+                        reason: b.reason.as_str(),
+                        message: b.message.clone(),
+                    });
+                }
+                st.phase = Phase::Pending;
+                cond(
+                    &mut st,
+                    t,
+                    &now,
+                    ConditionType::Ready,
+                    false,
+                    b.reason,
+                    &b.message,
+                );
+                st.last_error = Some(LastError {
+                    reason: b.reason.as_str().into(),
+                    message: b.message,
+                });
+                return FanOutPlan {
+                    status: st,
+                    actions,
+                    requeue: Some(RESYNC_BLOCKED),
+                    notes,
+                };
+            }
+        };
+        let run = st.run + 1;
+        let conditions = std::mem::take(&mut st.conditions);
+        st = TransferStatus {
+            run,
+            observed_trigger: t.spec.trigger.clone(),
+            observed_generation: t.metadata.generation,
+            conditions,
+            start_time: Some(now.clone()),
+            destinations: nodes
+                .iter()
+                .map(|n| DestinationStatus {
+                    node: n.clone(),
+                    transfer: names::fan_out_child_name(
+                        &t.metadata.name.clone().unwrap_or_default(),
+                        n,
+                    ),
+                    ..DestinationStatus::default()
+                })
+                .collect(),
+            ..TransferStatus::default()
+        };
+        cond(
+            &mut st,
+            t,
+            &now,
+            ConditionType::Succeeded,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        cond(
+            &mut st,
+            t,
+            &now,
+            ConditionType::Failed,
+            false,
+            Reason::Pending,
+            "not finished",
+        );
+        notes.push(Note {
+            warning: false,
+            reason: "FanOut",
+            message: format!(
+                "run {run} writes to {} nodes: {}",
+                nodes.len(),
+                nodes.join(", ")
+            ),
+        });
+    }
+
+    let run = st.run;
+    let trigger = child_trigger(run);
+    let annotation: String = st
+        .destinations
+        .iter()
+        .map(|d| d.node.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let wanted: Vec<String> = st.destinations.iter().map(|d| d.transfer.clone()).collect();
+
+    // Children of an earlier run's node set go; the current ones are applied when they
+    // differ from what they should be (so a steady state writes nothing).
+    for c in obs
+        .children
+        .iter()
+        .filter(|c| c.owned && !wanted.contains(&c.name))
+    {
+        actions.push(FanOutAction::DeleteChild(c.name.clone()));
+    }
+    let mut destinations = std::mem::take(&mut st.destinations);
+    let mut sums = Sums::default();
+    for d in &mut destinations {
+        let child = obs.children.iter().find(|c| c.name == d.transfer);
+        if let Some(c) = child.filter(|c| !c.owned) {
+            sums.finals = false;
+            d.phase = Phase::Pending;
+            d.message = Some(format!(
+                "Transfer {} exists and is not part of this fan-out; rename or delete it",
+                c.name
+            ));
+            continue;
+        }
+        let mut spec = child_spec(&t.spec, &d.node, run);
+        if st.phase.is_finished() {
+            // A finished run leaves its children as they are (a later spec edit waits for the
+            // next run).
+            if let Some(c) = child {
+                spec = c.spec.clone();
+            }
+        }
+        let current = child.is_some_and(|c| {
+            c.spec == spec && c.nodes_annotation.as_deref() == Some(annotation.as_str())
+        });
+        if !current {
+            actions.push(FanOutAction::ApplyChild {
+                name: d.transfer.clone(),
+                spec: Box::new(spec),
+                nodes_annotation: annotation.clone(),
+            });
+        }
+        let cs = child
+            .and_then(|c| c.status.clone())
+            .filter(|s| s.observed_trigger.as_deref() == Some(trigger.as_str()))
+            .unwrap_or_default();
+        fill_destination(d, &cs);
+        sums.add(&cs);
+    }
+    st.destinations = destinations;
+    totals(&mut st, &sums);
+
+    if st.phase.is_finished() {
+        return finished(t, st, actions, notes, obs.now);
+    }
+
+    let all = st.destinations.clone();
+    let finished_all = all.iter().all(|d| d.phase.is_finished());
+    let failed: Vec<&DestinationStatus> = all.iter().filter(|d| d.phase == Phase::Failed).collect();
+    if t.spec.suspend {
+        st.phase = Phase::Suspended;
+        cond(
+            &mut st,
+            t,
+            &now,
+            ConditionType::Ready,
+            false,
+            Reason::Suspended,
+            "spec.suspend is set: no movers run",
+        );
+    } else if finished_all && failed.is_empty() {
+        let digests: std::collections::BTreeSet<_> = all.iter().map(|d| d.digest.clone()).collect();
+        st.digest = if digests.len() == 1 {
+            digests.into_iter().next().flatten()
+        } else {
+            None
+        };
+        let msg = format!("all {} destinations succeeded", all.len());
+        finish(
+            &mut st,
+            t,
+            &now,
+            &mut notes,
+            Phase::Succeeded,
+            Reason::Completed,
+            &msg,
+        );
+    } else if finished_all {
+        let msg = failed
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}: {}",
+                    d.node,
+                    d.message.clone().unwrap_or_else(|| "failed".into())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let msg = format!(
+            "{} of {} destinations failed: {msg}",
+            failed.len(),
+            all.len()
+        );
+        finish(
+            &mut st,
+            t,
+            &now,
+            &mut notes,
+            Phase::Failed,
+            Reason::DestinationFailed,
+            &msg,
+        );
+    } else {
+        let moving = all
+            .iter()
+            .any(|d| matches!(d.phase, Phase::Running | Phase::Retrying));
+        st.phase = if moving {
+            Phase::Running
+        } else {
+            Phase::Pending
+        };
+        let done = all.iter().filter(|d| d.phase == Phase::Succeeded).count();
+        let msg = format!("{done} of {} destinations done", all.len());
+        let reason = if moving {
+            Reason::Running
+        } else {
+            Reason::Pending
+        };
+        cond(&mut st, t, &now, ConditionType::Ready, false, reason, &msg);
+        // The first failure of a destination that still retries is worth a look.
+        st.last_error = all.iter().find_map(|d| {
+            (d.phase == Phase::Retrying).then(|| LastError {
+                reason: Reason::Retrying.as_str().into(),
+                message: format!("{}: {}", d.node, d.message.clone().unwrap_or_default()),
+            })
+        });
+    }
+    if st.phase.is_finished() {
+        return finished(t, st, actions, notes, obs.now);
+    }
+    FanOutPlan {
+        status: st,
+        actions,
+        requeue: Some(RESYNC_RUNNING),
+        notes,
+    }
+}
+
+fn finish(
+    st: &mut TransferStatus,
+    t: &Transfer,
+    now: &Time,
+    notes: &mut Vec<Note>,
+    phase: Phase,
+    reason: Reason,
+    msg: &str,
+) {
+    st.phase = phase;
+    st.completion_time = Some(now.clone());
+    let ok = phase == Phase::Succeeded;
+    cond(st, t, now, ConditionType::Succeeded, ok, reason, msg);
+    cond(st, t, now, ConditionType::Failed, !ok, reason, msg);
+    cond(st, t, now, ConditionType::Ready, ok, reason, msg);
+    st.last_error = (!ok).then(|| LastError {
+        reason: reason.as_str().into(),
+        message: msg.into(),
+    });
+    notes.push(Note {
+        warning: !ok,
+        reason: if ok { "Succeeded" } else { "Failed" },
+        message: msg.into(),
+    });
+}
+
+/// A finished fan-out: only its TTL is left to watch.
+fn finished(
+    t: &Transfer,
+    st: TransferStatus,
+    mut actions: Vec<FanOutAction>,
+    notes: Vec<Note>,
+    now: Timestamp,
+) -> FanOutPlan {
+    let mut requeue = None;
+    if let (Some(ttl), Some(done)) = (t.spec.ttl_seconds_after_finished, &st.completion_time) {
+        let expires = done
+            .0
+            .checked_add(SignedDuration::from_secs(ttl.max(0)))
+            .unwrap_or(Timestamp::MAX);
+        if now >= expires {
+            actions.push(FanOutAction::DeleteSelf);
+        } else {
+            requeue = Duration::try_from(expires.duration_since(now)).ok();
+        }
+    }
+    FanOutPlan {
+        status: st,
+        actions,
+        requeue,
+        notes,
+    }
+}
+
+/// One destination's row, from its child's status of this run.
+fn fill_destination(d: &mut DestinationStatus, cs: &TransferStatus) {
+    d.phase = cs.phase;
+    d.attempts = cs.attempts;
+    let p = cs.progress.clone().unwrap_or_default();
+    d.bytes_done = p.bytes_done;
+    d.bytes_total = p.bytes_total;
+    d.progress = p.display;
+    d.bytes_per_second = cs
+        .throughput
+        .as_ref()
+        .map_or(0, |t| t.current_bytes_per_second);
+    d.dedup_bytes = cs.wire.as_ref().map_or(0, |w| w.dedup_bytes);
+    d.digest = (cs.phase == Phase::Succeeded)
+        .then(|| cs.digest.clone())
+        .flatten();
+    d.message = if cs.phase == Phase::Succeeded {
+        None
+    } else {
+        cs.last_error
+            .as_ref()
+            .map(|e| format!("{}: {}", e.reason, e.message))
+    };
+}
+
+/// What the destinations' rows do not keep, summed over the children.
+struct Sums {
+    /// Every child's totals are final.
+    finals: bool,
+    average_bytes_per_second: u64,
+    wire_bytes: u64,
+}
+
+impl Default for Sums {
+    fn default() -> Self {
+        Self {
+            finals: true,
+            average_bytes_per_second: 0,
+            wire_bytes: 0,
+        }
+    }
+}
+
+impl Sums {
+    fn add(&mut self, cs: &TransferStatus) {
+        self.finals &=
+            cs.phase == Phase::Succeeded || cs.progress.as_ref().is_some_and(|p| p.totals_final);
+        self.average_bytes_per_second += cs
+            .throughput
+            .as_ref()
+            .map_or(0, |t| t.average_bytes_per_second);
+        self.wire_bytes += cs.wire.as_ref().map_or(0, |w| w.bytes);
+    }
+}
+
+/// The fan-out's own figures: the sums over its destinations.
+fn totals(st: &mut TransferStatus, sums: &Sums) {
+    let ds = &st.destinations;
+    let mut p = ProgressStatus {
+        bytes_done: ds.iter().map(|d| d.bytes_done).sum(),
+        bytes_total: ds.iter().map(|d| d.bytes_total).sum(),
+        totals_final: !ds.is_empty() && sums.finals,
+        ..ProgressStatus::default()
+    };
+    p.bytes_total = p.bytes_total.max(p.bytes_done);
+    p.percent = percent(&p);
+    p.display = format!("{}%", p.percent);
+    let rate: u64 = ds.iter().map(|d| d.bytes_per_second).sum();
+    let running = ds.iter().any(|d| d.phase == Phase::Running);
+    st.throughput = Some(ThroughputStatus {
+        current_bytes_per_second: rate,
+        average_bytes_per_second: sums.average_bytes_per_second,
+        display: human_rate(if running {
+            rate
+        } else {
+            sums.average_bytes_per_second
+        }),
+    });
+    let ratio = if sums.wire_bytes > 0 {
+        format!("{:.2}", p.bytes_done as f64 / sums.wire_bytes as f64)
+    } else {
+        "0".into()
+    };
+    st.progress = Some(p);
+    st.wire = Some(WireStatus {
+        bytes: sums.wire_bytes,
+        compression_ratio: ratio,
+        dedup_blocks: 0,
+        dedup_bytes: ds.iter().map(|d| d.dedup_bytes).sum(),
+        resumed_bytes: 0,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::NodeName;
+
+    fn fan_out(nodes: &[&str]) -> Transfer {
+        let mut t = crate::plan::tests::transfer();
+        t.metadata.name = Some("imagenet".into());
+        let hp = t.spec.destination.host_path.as_mut().unwrap();
+        hp.node = String::new();
+        hp.nodes = nodes.iter().map(|n| NodeName((*n).into())).collect();
+        t
+    }
+
+    fn obs(nodes: &[&str], children: Vec<ChildView>) -> FanOutObserved {
+        FanOutObserved {
+            now: "2026-11-27T10:00:00Z".parse().unwrap(),
+            nodes: Ok(nodes.iter().map(|n| (*n).to_owned()).collect()),
+            children,
+        }
+    }
+
+    /// The child a previous plan applied, with `status` as its own reconcile wrote it.
+    fn child_from(action: &FanOutAction, status: Option<TransferStatus>) -> ChildView {
+        let FanOutAction::ApplyChild {
+            name,
+            spec,
+            nodes_annotation,
+        } = action
+        else {
+            panic!("{action:?}");
+        };
+        ChildView {
+            name: name.clone(),
+            owned: true,
+            spec: (**spec).clone(),
+            nodes_annotation: Some(nodes_annotation.clone()),
+            status,
+        }
+    }
+
+    fn child_status(phase: Phase, done: u64, total: u64) -> TransferStatus {
+        TransferStatus {
+            phase,
+            attempts: 1,
+            observed_trigger: Some(child_trigger(1)),
+            progress: Some(ProgressStatus {
+                bytes_done: done,
+                bytes_total: total,
+                totals_final: true,
+                ..Default::default()
+            }),
+            digest: (phase == Phase::Succeeded).then(|| "d1".to_owned()),
+            ..Default::default()
+        }
+    }
+
+    /// Plans once from nothing, then again with the children as applied and `statuses`.
+    fn second_plan(t: &mut Transfer, statuses: Vec<Option<TransferStatus>>) -> FanOutPlan {
+        let first = plan(t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        t.status = Some(first.status);
+        let children = first
+            .actions
+            .iter()
+            .zip(statuses)
+            .map(|(a, s)| child_from(a, s))
+            .collect();
+        plan(t, &obs(&["gpu-1", "gpu-2"], children))
+    }
+
+    #[test]
+    fn a_run_records_its_nodes_and_applies_one_child_per_node_once() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let p = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        assert_eq!(p.status.run, 1);
+        let nodes: Vec<&str> = p
+            .status
+            .destinations
+            .iter()
+            .map(|d| d.node.as_str())
+            .collect();
+        assert_eq!(nodes, ["gpu-1", "gpu-2"]);
+        assert_eq!(p.actions.len(), 2);
+        let FanOutAction::ApplyChild {
+            name,
+            spec,
+            nodes_annotation,
+        } = &p.actions[1]
+        else {
+            panic!()
+        };
+        assert_eq!(name, "imagenet-gpu-2");
+        assert_eq!(nodes_annotation, "gpu-1,gpu-2");
+        let hp = spec.destination.host_path.as_ref().unwrap();
+        assert_eq!((hp.node.as_str(), hp.nodes.len()), ("gpu-2", 0));
+        assert_eq!(spec.trigger.as_deref(), Some("fan-out-run-1"));
+        assert_eq!(spec.source, t.spec.source);
+        // Applied children that match write nothing again.
+        let again = second_plan(&mut t, vec![None, None]);
+        assert!(again.actions.is_empty(), "{:?}", again.actions);
+        assert_eq!(again.status.phase, Phase::Pending);
+    }
+
+    #[test]
+    fn a_failing_destination_retries_alone_and_the_fan_out_waits_for_it() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let mut retrying = child_status(Phase::Retrying, 10, 100);
+        retrying.last_error = Some(LastError {
+            reason: "MoverFailed".into(),
+            message: "node went away".into(),
+        });
+        let p = second_plan(
+            &mut t,
+            vec![
+                Some(child_status(Phase::Succeeded, 100, 100)),
+                Some(retrying),
+            ],
+        );
+        assert_eq!(p.status.phase, Phase::Running);
+        assert_eq!(p.status.destinations[0].phase, Phase::Succeeded);
+        assert_eq!(p.status.destinations[1].phase, Phase::Retrying);
+        let err = p.status.last_error.unwrap();
+        assert!(
+            err.message
+                .starts_with("gpu-2: MoverFailed: node went away"),
+            "{}",
+            err.message
+        );
+        let prog = p.status.progress.unwrap();
+        assert_eq!(
+            (prog.bytes_done, prog.bytes_total, prog.percent),
+            (110, 200, 55)
+        );
+    }
+
+    #[test]
+    fn all_destinations_succeeded_is_success_with_their_shared_digest() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let ok = || Some(child_status(Phase::Succeeded, 100, 100));
+        let p = second_plan(&mut t, vec![ok(), ok()]);
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        assert_eq!(p.status.digest.as_deref(), Some("d1"));
+        assert_eq!(p.status.progress.unwrap().percent, 100);
+        let succeeded = p
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Succeeded")
+            .unwrap();
+        assert_eq!(succeeded.status, "True");
+    }
+
+    #[test]
+    fn a_failed_destination_fails_the_fan_out_once_the_others_finished() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let mut failed = child_status(Phase::Failed, 0, 100);
+        failed.last_error = Some(LastError {
+            reason: "BackoffLimitExceeded".into(),
+            message: "3 attempts".into(),
+        });
+        let p = second_plan(
+            &mut t,
+            vec![
+                Some(child_status(Phase::Running, 50, 100)),
+                Some(failed.clone()),
+            ],
+        );
+        assert_eq!(
+            p.status.phase,
+            Phase::Running,
+            "the other destination goes on"
+        );
+        let p = second_plan(
+            &mut fan_out(&["gpu-1", "gpu-2"]),
+            vec![Some(child_status(Phase::Succeeded, 100, 100)), Some(failed)],
+        );
+        assert_eq!(p.status.phase, Phase::Failed);
+        let err = p.status.last_error.unwrap();
+        assert_eq!(err.reason, "DestinationFailed");
+        assert!(
+            err.message.contains("1 of 2 destinations failed: gpu-2"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_childs_status_of_an_earlier_run_does_not_count() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let mut old = child_status(Phase::Succeeded, 100, 100);
+        old.observed_trigger = Some(child_trigger(0));
+        let p = second_plan(&mut t, vec![Some(old.clone()), Some(old)]);
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert!(
+            p.status
+                .destinations
+                .iter()
+                .all(|d| d.phase == Phase::Pending)
+        );
+    }
+
+    #[test]
+    fn a_selector_that_picks_nothing_waits_with_a_reason() {
+        let t = fan_out(&[]);
+        let p = plan(&t, &obs(&[], vec![]));
+        assert_eq!(p.status.run, 0);
+        assert_eq!(p.status.phase, Phase::Pending);
+        assert_eq!(p.status.last_error.unwrap().reason, "NodeNotFound");
+        assert!(p.actions.is_empty());
+        assert_eq!(p.requeue, Some(RESYNC_BLOCKED));
+    }
+
+    #[test]
+    fn someone_elses_transfer_with_a_childs_name_is_left_alone_and_reported() {
+        let t = fan_out(&["gpu-1"]);
+        let foreign = ChildView {
+            name: "imagenet-gpu-1".into(),
+            owned: false,
+            spec: t.spec.clone(),
+            nodes_annotation: None,
+            status: None,
+        };
+        let p = plan(&t, &obs(&["gpu-1"], vec![foreign]));
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        let msg = p.status.destinations[0].message.clone().unwrap();
+        assert!(msg.contains("not part of this fan-out"), "{msg}");
+    }
+
+    #[test]
+    fn a_new_run_replaces_children_of_nodes_it_no_longer_has() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let ok = || Some(child_status(Phase::Succeeded, 1, 1));
+        let done = second_plan(&mut t, vec![ok(), ok()]);
+        let old_children: Vec<ChildView> = plan(
+            &fan_out(&["gpu-1", "gpu-2"]),
+            &obs(&["gpu-1", "gpu-2"], vec![]),
+        )
+        .actions
+        .iter()
+        .map(|a| child_from(a, ok()))
+        .collect();
+        t.status = Some(done.status);
+        t.spec.trigger = Some("again".into());
+        let p = plan(&t, &obs(&["gpu-1", "gpu-3"], old_children));
+        assert_eq!(p.status.run, 2);
+        assert!(
+            p.actions
+                .contains(&FanOutAction::DeleteChild("imagenet-gpu-2".into())),
+            "{:?}",
+            p.actions
+        );
+        let applied: Vec<&str> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                FanOutAction::ApplyChild { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            applied,
+            ["imagenet-gpu-1", "imagenet-gpu-3"],
+            "gpu-1 runs again with the new trigger"
+        );
+    }
+
+    #[test]
+    fn suspending_the_fan_out_suspends_every_child() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let first = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        let children: Vec<ChildView> = first.actions.iter().map(|a| child_from(a, None)).collect();
+        t.status = Some(first.status);
+        t.spec.suspend = true;
+        let p = plan(&t, &obs(&["gpu-1", "gpu-2"], children));
+        assert_eq!(p.status.phase, Phase::Suspended);
+        assert_eq!(p.actions.len(), 2);
+        assert!(
+            p.actions
+                .iter()
+                .all(|a| matches!(a, FanOutAction::ApplyChild { spec, .. } if spec.suspend))
+        );
+    }
+}
