@@ -43,6 +43,10 @@ fn transfer(
 
 /// A mover run that fails before it connects or listens.
 fn run(pki: &Pki, role: &str, root: &Path, sub: &str) -> std::process::Output {
+    run_with(pki, role, root, sub, &[])
+}
+
+fn run_with(pki: &Pki, role: &str, root: &Path, sub: &str, extra: &[&str]) -> std::process::Output {
     let mut cmd = Command::new(BIN);
     match role {
         "sender" => cmd.args(["send", "--connect", "127.0.0.1:9"]),
@@ -52,6 +56,7 @@ fn run(pki: &Pki, role: &str, root: &Path, sub: &str) -> std::process::Output {
         .arg(root)
         .args(["--sub-path", sub])
         .args(pki.args(role))
+        .args(extra)
         .stdin(Stdio::null())
         .output()
         .unwrap()
@@ -263,7 +268,7 @@ fn a_second_receiver_of_one_destination_is_refused_while_the_first_runs() {
     std::fs::create_dir_all(dst.join("a")).unwrap();
     // The first receiver listens (and holds the lock) until its session, which never comes.
     let (mut first, _addr, _out) = spawn_receiver(&pki, &dst, &["--sub-path", "a"]);
-    let second = run(&pki, "receiver", &dst, "a");
+    let second = run_with(&pki, "receiver", &dst, "a", &["--lock-wait", "0"]);
     let stderr = String::from_utf8_lossy(&second.stderr);
     first.kill().unwrap();
     first.wait().unwrap();

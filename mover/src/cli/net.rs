@@ -208,6 +208,10 @@ pub struct ReceiveArgs {
     /// it) before this session fails; a retry resumes.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=120))]
     pub swarm_wait: u64,
+    /// Seconds to wait for another receiver of the same destination (which holds its lock) to
+    /// let go before failing: an earlier attempt's receiver may still be stopping.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=600))]
+    pub lock_wait: u64,
     /// Apply the sender's owner and group to what is written (needs root; refused otherwise).
     /// Without it everything belongs to the user running the receiver.
     #[arg(long)]
@@ -459,12 +463,13 @@ fn anchor(root: &std::path::Path, sub: Option<&str>, side: Side) -> Result<Ancho
 /// exist yet is created by the session and has no other receiver to fear).
 fn lock_destination(
     anchored: &Anchored,
+    wait: Duration,
 ) -> Result<Option<crate::tree::dest_lock::DestLock>, crate::tree::dest_lock::LockError> {
-    use crate::tree::dest_lock::{LockError, lock_destination as lock};
+    use crate::tree::dest_lock::{LockError, lock_destination_within as lock};
     match anchored.dir() {
-        Some(fd) => lock(&fd).map(Some),
+        Some(fd) => lock(&fd, wait).map(Some),
         None => match std::fs::File::open(anchored.shown_dir()) {
-            Ok(dir) => lock(&dir).map(Some),
+            Ok(dir) => lock(&dir, wait).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(LockError::Io(e)),
         },
@@ -617,7 +622,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         Ok(a) => a,
         Err(code) => return Ok(code),
     };
-    let _lock = match lock_destination(&anchored) {
+    let _lock = match lock_destination(&anchored, Duration::from_secs(args.lock_wait)) {
         Ok(lock) => lock,
         Err(e) => {
             let message = format!("{}: {e}", anchored.shown_dir().display());

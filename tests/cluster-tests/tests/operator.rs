@@ -577,6 +577,34 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         wire < (48 << 20) * 3 / 2,
         "the source sent {wire} bytes to two destinations of 48 MiB: more than one copy"
     );
+    // The same tree again, to the nodes a selector picks: both stores hold every full block,
+    // so next to nothing crosses from the source.
+    let (again_dst, again_a) = node_dir(NODE_A, &ns.name, "again")?;
+    let (_, again_b) = node_dir(NODE_B, &ns.name, "again")?;
+    let again: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "again"},
+        "spec": {
+            "source": {"hostPath": {"node": NODE_A, "path": src}},
+            "destination": {"hostPath": {"path": again_dst, "nodeSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_B, NODE_A]}
+            ]}}},
+        }
+    }))?;
+    api.create(&PostParams::default(), &again).await?;
+    let t2 = wait_phase(&api, "again", Duration::from_secs(180), Phase::Succeeded).await?;
+    for d in [&again_a, &again_b] {
+        assert_eq!(assert_same_tree(&src_host, d)?, 21);
+    }
+    let st2 = t2.status.context("status")?;
+    let nodes: Vec<&str> = st2.destinations.iter().map(|d| d.node.as_str()).collect();
+    assert_eq!(nodes, [NODE_A, NODE_B], "a selector's nodes, by name");
+    let wire2 = st2.wire.context("wire")?.bytes;
+    assert!(
+        wire2 < 4 << 20,
+        "a repeat moved {wire2} bytes from the source"
+    );
+
     // The children belong to the fan-out: deleting it deletes them.
     api.delete("fan", &DeleteParams::default()).await?;
     let children: Vec<String> = st.destinations.iter().map(|d| d.transfer.clone()).collect();
