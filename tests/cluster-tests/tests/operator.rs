@@ -574,7 +574,7 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         "every full block taken once from the other node: {from_peers}"
     );
     assert!(
-        wire < (48 << 20) * 3 / 2,
+        wire < (48 << 20) * 11 / 10,
         "the source sent {wire} bytes to two destinations of 48 MiB: more than one copy"
     );
     // The same tree again, to the nodes a selector picks: both stores hold every full block,
@@ -600,6 +600,11 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     let nodes: Vec<&str> = st2.destinations.iter().map(|d| d.node.as_str()).collect();
     assert_eq!(nodes, [NODE_A, NODE_B], "a selector's nodes, by name");
     let wire2 = st2.wire.context("wire")?.bytes;
+    eprintln!(
+        "fan-out to 2 nodes: {wire} bytes from the source ({:.2} copies of the 48 MiB), \
+         {from_peers} from the sibling's node service; the repeat: {wire2} bytes",
+        wire as f64 / f64::from(48 << 20)
+    );
     assert!(
         wire2 < 4 << 20,
         "a repeat moved {wire2} bytes from the source"
