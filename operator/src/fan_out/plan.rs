@@ -209,6 +209,12 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
         });
     }
 
+    // A finished run keeps its rows as they were: a child deleted since is not created again
+    // (it would run again), and a spec edit waits for the next run.
+    if st.phase.is_finished() {
+        return finished(t, st, actions, notes, obs.now);
+    }
+
     let run = st.run;
     let trigger = child_trigger(run);
     let annotation: String = st
@@ -241,14 +247,7 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
             ));
             continue;
         }
-        let mut spec = child_spec(&t.spec, &d.node, run);
-        if st.phase.is_finished() {
-            // A finished run leaves its children as they are (a later spec edit waits for the
-            // next run).
-            if let Some(c) = child {
-                spec = c.spec.clone();
-            }
-        }
+        let spec = child_spec(&t.spec, &d.node, run);
         let current = child.is_some_and(|c| {
             c.spec == spec && c.nodes_annotation.as_deref() == Some(annotation.as_str())
         });
@@ -268,10 +267,6 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     }
     st.destinations = destinations;
     totals(&mut st, &sums);
-
-    if st.phase.is_finished() {
-        return finished(t, st, actions, notes, obs.now);
-    }
 
     let all = st.destinations.clone();
     let finished_all = all.iter().all(|d| d.phase.is_finished());
@@ -712,6 +707,18 @@ mod tests {
                 .iter()
                 .all(|d| d.phase == Phase::Pending)
         );
+    }
+
+    #[test]
+    fn a_finished_fan_out_keeps_its_rows_and_recreates_no_child() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let ok = || Some(child_status(Phase::Succeeded, 100, 100));
+        let done = second_plan(&mut t, vec![ok(), ok()]);
+        t.status = Some(done.status.clone());
+        // Both children deleted by hand since.
+        let p = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        assert!(p.actions.is_empty(), "{:?}", p.actions);
+        assert_eq!(p.status, done.status);
     }
 
     #[test]
