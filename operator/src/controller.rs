@@ -802,10 +802,11 @@ pub(crate) fn ssa() -> PatchParams {
     PatchParams::apply(MANAGER).force()
 }
 
-fn ignore_not_found(r: Result<(), kube::Error>) -> Result<(), kube::Error> {
+pub(crate) fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match r {
+        Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => other,
+        Err(e) => Err(e),
     }
 }
 

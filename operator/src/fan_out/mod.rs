@@ -17,7 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{Reason, Transfer};
-use crate::controller::{Context, Error, Written, record, ssa, write_status};
+use crate::controller::{Context, Error, Written, ignore_not_found, record, ssa, write_status};
 use crate::movers::owner_ref;
 use crate::names::{ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, MANAGER};
 use crate::placement::Blocked;
@@ -161,14 +161,6 @@ async fn apply(t: &Transfer, ctx: &Context, actions: &[FanOutAction]) -> Result<
         }
     }
     Ok(())
-}
-
-fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// The fan-out Transfer a child belongs to, to wake when the child's status changed.

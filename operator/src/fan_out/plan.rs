@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
     ConditionType, DestinationStatus, HostPathEndpoint, LastError, Phase, ProgressStatus, Reason,
@@ -18,7 +18,9 @@ use crate::api::{
 };
 use crate::names;
 use crate::placement::Blocked;
-use crate::plan::{Note, RESYNC_BLOCKED, RESYNC_RUNNING, human_rate, percent};
+use crate::plan::{
+    Note, RESYNC_BLOCKED, RESYNC_RUNNING, Ttl, human_rate, percent, ttl_after_finished,
+};
 
 /// A child Transfer as observed.
 #[derive(Debug, Clone)]
@@ -395,18 +397,18 @@ fn finished(
     notes: Vec<Note>,
     now: Timestamp,
 ) -> FanOutPlan {
-    let mut requeue = None;
-    if let (Some(ttl), Some(done)) = (t.spec.ttl_seconds_after_finished, &st.completion_time) {
-        let expires = done
-            .0
-            .checked_add(SignedDuration::from_secs(ttl.max(0)))
-            .unwrap_or(Timestamp::MAX);
-        if now >= expires {
+    let requeue = match ttl_after_finished(
+        t.spec.ttl_seconds_after_finished,
+        st.completion_time.as_ref(),
+        now,
+    ) {
+        Ttl::Keep => None,
+        Ttl::DeleteNow => {
             actions.push(FanOutAction::DeleteSelf);
-        } else {
-            requeue = Duration::try_from(expires.duration_since(now)).ok();
+            None
         }
-    }
+        Ttl::Wait(d) => Some(d),
+    };
     FanOutPlan {
         status: st,
         actions,

@@ -44,16 +44,18 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     if cx.st.phase.is_finished() {
         cx.retire(uid);
         cx.delete_receiver_service(uid);
-        let (Some(ttl), Some(done)) = (spec.ttl_seconds_after_finished, &cx.st.completion_time)
-        else {
-            return None;
+        return match ttl_after_finished(
+            spec.ttl_seconds_after_finished,
+            cx.st.completion_time.as_ref(),
+            now,
+        ) {
+            Ttl::Keep => None,
+            Ttl::DeleteNow => {
+                cx.actions.push(Action::DeleteTransfer);
+                None
+            }
+            Ttl::Wait(d) => Some(d),
         };
-        let expires = add(done.0, Duration::from_secs(ttl.max(0) as u64));
-        if now >= expires {
-            cx.actions.push(Action::DeleteTransfer);
-            return None;
-        }
-        return Some(until(now, expires));
     }
 
     let blocked = blocked(t, cx.obs);

@@ -218,6 +218,28 @@ fn add(t: Timestamp, d: Duration) -> Timestamp {
         .unwrap_or(Timestamp::MAX)
 }
 
+/// What `ttlSecondsAfterFinished` asks of a Transfer that finished at `done`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ttl {
+    /// No TTL (or no completion time): keep it.
+    Keep,
+    DeleteNow,
+    /// Look again after this long.
+    Wait(Duration),
+}
+
+pub(crate) fn ttl_after_finished(ttl: Option<i64>, done: Option<&Time>, now: Timestamp) -> Ttl {
+    let (Some(ttl), Some(done)) = (ttl, done) else {
+        return Ttl::Keep;
+    };
+    let expires = add(done.0, Duration::from_secs(ttl.max(0) as u64));
+    if now >= expires {
+        Ttl::DeleteNow
+    } else {
+        Ttl::Wait(until(now, expires))
+    }
+}
+
 /// The longest wait a plan asks for: a far deadline is looked at again now and then.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
