@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release images push chart-push test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster clusters-up clusters-down node-stop node-start demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry bench-fanout
+	test-cluster clusters-up clusters-down node-stop node-start node-shape demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry bench-fanout bench-fanout-cluster
 build:
 	$(CARGO) build --workspace
 
@@ -97,6 +97,11 @@ bench-net-ferry: release
 bench-fanout: release
 	python3 tests/bench/fanout_bench.py
 
+# The same through the operator on the local cluster's real nodes (release images, node service on
+# every node, every link capped): node-e to node-a..d. Knobs: ROUNDS=3 RATE=200mbit MIB=1024 FILES=8.
+bench-fanout-cluster: deps k8s-bin
+	python3 tests/bench/fanout_cluster_bench.py
+
 # Benchmarks (tests/bench/bench.py; method and tables in docs/benchmarks.md). Knobs, as make variables
 # or environment: ROUNDS=3 DATASETS=small,big CONTENDERS=ferry,cp-r,rsync ON_DISK=/var/tmp/ferry-bench
 # WRITE_DOCS=1 (rewrite the tables in docs/benchmarks.md) FERRY_BIN=path FERRY_REV=source-label
@@ -167,6 +172,11 @@ node-stop:
 
 node-start:
 	tests/cluster/node.sh start "$(NODE)"
+
+# make node-shape NODE=node-b RATE=400mbit: caps the node's link each way with tc tbf (RATE=off
+# removes it); without RATE, prints the cap and the link's byte counters.
+node-shape:
+	tests/cluster/shape.sh "$(NODE)" $(RATE)
 
 # make cluster-logs POD=name [NS=namespace]; without POD, lists the log files.
 cluster-logs:

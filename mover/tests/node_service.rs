@@ -528,6 +528,84 @@ async fn a_destination_that_never_receives_fails_the_others_in_time_and_a_retry_
     );
 }
 
+/// A TCP relay to `to` that can go silent: from then on it forwards nothing either way and
+/// closes nothing, as a peer's node does when it loses power (no reset ever comes).
+async fn silenceable_relay(
+    to: SocketAddr,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let flag = silent.clone();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = listener.accept().await {
+            let Ok(outbound) = tokio::net::TcpStream::connect(to).await else {
+                continue;
+            };
+            let (in_r, in_w) = inbound.into_split();
+            let (out_r, out_w) = outbound.into_split();
+            tokio::spawn(pump(in_r, out_w, flag.clone()));
+            tokio::spawn(pump(out_r, in_w, flag.clone()));
+        }
+    });
+    (addr, silent)
+}
+
+/// Copies `from` into `into` until either closes, or holds both forever once `silent` is set.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut into: tokio::net::tcp::OwnedWriteHalf,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if silent.load(std::sync::atomic::Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+        if into.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_peer_that_goes_silent_fails_the_others_in_seconds_not_at_the_wait() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // Destination 1's service is reached through a relay that later goes silent; its receiver
+    // never runs, so the blocks it owns are awaited from it until the link dies.
+    let mut f = fan_out(&ca, 2).await;
+    let (relay, silent) = silenceable_relay(f.services[1].addr).await;
+    f.addrs[1] = relay.to_string();
+    let src = tempfile::tempdir().unwrap();
+    fan_out_dataset(src.path());
+    let dst = tempfile::tempdir().unwrap();
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    // The longest wait a fan-out allows: without pings the session would fail only after it.
+    let (pki, addr, recv) =
+        fan_out_receiver(&ca, &f, 0, dst.path(), Duration::from_secs(120)).await;
+    silent.store(true, std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    let _ = send(&pki, src.path(), addr, &o).await;
+    let err = recv
+        .await
+        .unwrap()
+        .expect_err("a peer that went silent fails the session");
+    assert!(err.contains(&f.addrs[1]), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "noticed after {:?}: {err}",
+        started.elapsed()
+    );
+}
+
 /// Not a test: times one 512 MiB file received without a store, through the node service and
 /// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
 /// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.

@@ -111,9 +111,10 @@ def mover_image(cluster: Path) -> str:
 
 
 def start_operator(cluster: Path, name: str, nodes: tuple[str, ...],
-                   extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str, str]:
+                   extra: tuple[str, ...] = (), block_service: str = "") -> tuple[subprocess.Popen, str, str]:
     """An operator process for `cluster`, named `name` (also its cluster name); returns it, its
-    metrics address and its cross-cluster API address."""
+    metrics address and its cross-cluster API address. Receivers use the node service at
+    `block_service` (host:port), or no block store when it is empty."""
     for crd in ("transfers", "peers"):
         kubectl("apply", "--server-side", "-f", str(REPO / f"crds/ferry.dev_{crd}.yaml"), cluster=cluster)
     kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"), cluster=cluster)
@@ -127,7 +128,7 @@ def start_operator(cluster: Path, name: str, nodes: tuple[str, ...],
     log_path = cluster / "logs" / f"ferry-operator-{name}.log"
     log = open(log_path, "w")
     p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system", "--cluster-name", name,
-                          "--host-root", f"*={ROOT}", "--block-service", "",
+                          "--host-root", f"*={ROOT}", "--block-service", block_service,
                           "--mover-image", mover_image(cluster),
                           "--metrics-addr", "127.0.0.1:0", "--leader-election-id", f"ferry-operator-{name}",
                           "--peering-listen", "127.0.0.1:0", *extra],

@@ -8,7 +8,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cache_dir="${FERRY_CACHE:-$HOME/.cache/ferry}"
 cluster_name="${FERRY_CLUSTER:-ferry}"
 case "$cluster_name" in
-  ferry) cluster_index=0 default_nodes=node-a,node-b,node-x ;;
+  ferry) cluster_index=0 default_nodes=node-a,node-b,node-c,node-d,node-e,node-x ;;
   peer) cluster_index=1 default_nodes=peer-a,peer-b ;;
   *) cluster_index="${FERRY_CLUSTER_INDEX:-}" default_nodes="$cluster_name-a,$cluster_name-b" ;;
 esac

@@ -396,3 +396,17 @@ pub fn downward_env() -> serde_json::Value {
 pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
     serde_json::from_value(value).with_context(|| format!("invalid {}", std::any::type_name::<T>()))
 }
+
+/// Runs `f` when dropped, so a failed assertion still undoes what a test did to the cluster
+/// (a stopped node is started, a capped link uncapped) for the next run.
+pub fn on_drop(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}

@@ -119,6 +119,11 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
         .args(["--set", &format!("moverImage.tag={tag}")])
         .args(["--set", &format!("image.tag={tag}")])
         .args(["--set", "nodeService.capacity=4Gi"])
+        // On node-x too, so a fan-out can lose a destination node and its service.
+        .args([
+            "--set-json",
+            r#"nodeService.tolerations=[{"key":"ferry.dev/disruptive","operator":"Exists","effect":"NoSchedule"}]"#,
+        ])
         .output()
         .context("failed to run helm template")?;
     if !out.status.success() {

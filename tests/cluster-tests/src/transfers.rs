@@ -16,6 +16,10 @@ use crate::operator::{OperatorProcess, install_crd_and_rbac, prepare_nodes};
 pub const MOVER_UID: u32 = 65532;
 pub const NODE_A: &str = "node-a";
 pub const NODE_B: &str = "node-b";
+pub const NODE_C: &str = "node-c";
+pub const NODE_E: &str = "node-e";
+/// The tainted node (`ferry.dev/disruptive`) that tests may stop: only tolerating pods land there.
+pub const NODE_X: &str = "node-x";
 
 /// The operator every test of one file shares, started by the first test that needs it, with
 /// its own host root and Lease (as one operator serves a cluster).

@@ -500,7 +500,7 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         .args(["stop", "node-x"])
         .status()?;
     assert!(stop.success());
-    let restart = scopeguard(|| {
+    let restart = ferry_cluster_tests::on_drop(|| {
         let _ = Cluster::Main
             .script("node.sh")
             .args(["start", "node-x"])
@@ -557,17 +557,4 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         .map(|c| c.status);
     assert_eq!(ready.as_deref(), Some("True"));
     ns.delete().await
-}
-
-/// Runs `f` when dropped, so a failed assertion still restarts the node for the next run.
-fn scopeguard(f: impl FnOnce()) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f();
-            }
-        }
-    }
-    Guard(Some(f))
 }

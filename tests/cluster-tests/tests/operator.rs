@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use ferry_cluster_tests::operator::kubectl;
 use ferry_cluster_tests::transfers::{
-    self, NODE_A, NODE_B, SharedOperator, assert_same_tree, make_tree, transfer, wait_phase,
+    self, NODE_A, NODE_B, NODE_C, NODE_E, NODE_X, SharedOperator, assert_same_tree, make_tree,
+    transfer, wait_phase,
 };
 use ferry_cluster_tests::{TestNamespace, node_root, wait_until};
 use ferry_operator::api::{Phase, Transfer};
@@ -630,6 +631,147 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         },
     )
     .await?;
+    ns.delete().await
+}
+
+/// How one destination of fan-out `name` stands (its row in the status), if it has one yet.
+async fn destination_row(
+    api: &Api<Transfer>,
+    name: &str,
+    node: &str,
+) -> anyhow::Result<Option<ferry_operator::api::DestinationStatus>> {
+    let t = api.get(name).await?;
+    Ok(t.status
+        .and_then(|s| s.destinations.into_iter().find(|d| d.node == node)))
+}
+
+/// A fan-out to four nodes loses one destination node mid-run (a power cut: every process of
+/// the node dies, its link goes down). The three others finish while it is down (a sibling
+/// waiting on blocks the lost node owned fails over to the source within seconds); when the
+/// node is back its destination resumes, and all four trees match the source's digest.
+#[tokio::test]
+async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_resumes()
+-> anyhow::Result<()> {
+    use ferry_cluster_tests::Cluster;
+    ensure_operator().await?;
+    let targets = [NODE_A, NODE_B, NODE_C, NODE_X];
+    ferry_cluster_tests::operator::wait_node_service_in(Cluster::Main, &targets).await?;
+    let ns = TestNamespace::create("xfer-fanstop").await?;
+    let (src, src_host) = node_dir(NODE_E, &ns.name, "src")?;
+    // 96 MiB of fresh content (24 full blocks, a quarter owned by each destination) and 40
+    // small files.
+    make_tree(&src_host, 40, 96, &ns.name)?;
+    let mut dst = String::new();
+    let mut dst_hosts = Vec::new();
+    for node in targets {
+        let (d, host) = node_dir(node, &ns.name, "dst")?;
+        dst = d;
+        dst_hosts.push(host);
+    }
+    // node-x's link is slow, so that it is still receiving when it loses power.
+    let shape = |rate: &str| {
+        Cluster::Main
+            .script("shape.sh")
+            .args([NODE_X, rate])
+            .status()
+    };
+    assert!(shape("32mbit")?.success());
+    let uncap = ferry_cluster_tests::on_drop(move || {
+        let _ = shape("off");
+    });
+    let api: Api<Transfer> = ns.api();
+    let fan: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "fan4"},
+        "spec": {
+            "source": {"hostPath": {"node": NODE_E, "path": src}},
+            "destination": {"hostPath": {"nodes": targets, "path": dst}},
+            "mover": {"tolerations": [
+                {"key": "ferry.dev/disruptive", "operator": "Exists", "effect": "NoSchedule"},
+            ]},
+        }
+    }))?;
+    api.create(&PostParams::default(), &fan).await?;
+    wait_until(
+        Duration::from_secs(240),
+        "node-x's destination to be under way",
+        || async {
+            Ok(destination_row(&api, "fan4", NODE_X)
+                .await?
+                .is_some_and(|d| d.bytes_done >= 8 << 20))
+        },
+    )
+    .await?;
+
+    let stop = Cluster::Main
+        .script("node.sh")
+        .args(["stop", NODE_X])
+        .status()?;
+    assert!(stop.success());
+    let restart = ferry_cluster_tests::on_drop(|| {
+        let _ = Cluster::Main
+            .script("node.sh")
+            .args(["start", NODE_X])
+            .status();
+    });
+    let stopped = std::time::Instant::now();
+    wait_until(
+        Duration::from_secs(300),
+        "the three other destinations to succeed while node-x is down",
+        || async {
+            let t = api.get("fan4").await?;
+            let st = t.status.unwrap_or_default();
+            Ok(st
+                .destinations
+                .iter()
+                .filter(|d| d.node != NODE_X)
+                .all(|d| d.phase == Phase::Succeeded))
+        },
+    )
+    .await?;
+    let others_done = stopped.elapsed();
+    let down = api.get("fan4").await?;
+    let st = down.status.context("status")?;
+    assert_ne!(st.phase, Phase::Succeeded, "succeeded without node-x");
+    let x = st
+        .destinations
+        .iter()
+        .find(|d| d.node == NODE_X)
+        .context("node-x's row")?;
+    assert_ne!(x.phase, Phase::Succeeded, "node-x finished while down");
+
+    // Power back: node-x's destination resumes and the fan-out succeeds.
+    drop(restart);
+    drop(uncap);
+    let t = wait_phase(&api, "fan4", Duration::from_secs(480), Phase::Succeeded).await?;
+    for host in &dst_hosts {
+        assert_eq!(assert_same_tree(&src_host, host)?, 41);
+    }
+    let st = t.status.context("status")?;
+    assert!(st.digest.is_some());
+    let mut figures = Vec::new();
+    for d in &st.destinations {
+        let child = api.get(&d.transfer).await?;
+        let cs = child.status.context("child status")?;
+        assert_eq!(cs.digest, st.digest, "{}: the source's digest", d.node);
+        let wire = cs.wire.context("wire")?;
+        figures.push(format!(
+            "{} attempts {} resumed {} from stores {}",
+            d.node, cs.attempts, wire.resumed_bytes, wire.dedup_bytes
+        ));
+        if d.node == NODE_X {
+            assert!(cs.attempts >= 2, "node-x's destination was retried");
+            assert!(
+                wire.resumed_bytes > 0,
+                "node-x's retry kept what it had before the power cut: {wire:?}"
+            );
+        }
+    }
+    eprintln!(
+        "fan-out to 4 nodes, node-x stopped: the others done {:.0} s after the stop; {}",
+        others_done.as_secs_f64(),
+        figures.join("; ")
+    );
     ns.delete().await
 }
 
