@@ -21,8 +21,10 @@ ns="$(node_ns "$node")"
 
 case "$action" in
   stop)
-    stop_node "$node"
+    # The link first: a node without power sends no FIN or reset for its connections, so its
+    # peers must find out it is gone by themselves.
     in_ns "$ns" ip link set eth0 down
+    stop_node "$node"
     echo "node.sh: $node stopped" >&2
     ;;
   start)

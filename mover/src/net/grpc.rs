@@ -98,7 +98,9 @@ pub fn tls_incoming(
 }
 
 /// A tonic endpoint that reaches `addr` through our TLS client (the identity checks are the
-/// config's); `tune` may set window sizes and timeouts before it connects.
+/// config's), over a socket the kernel probes when the peer goes quiet (a call may wait long for
+/// its answer; a peer that is gone must still end it); `tune` may set window sizes and timeouts
+/// before it connects.
 pub async fn tls_channel(
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
@@ -107,7 +109,7 @@ pub async fn tls_channel(
     let connector = tower::service_fn(move |_uri: http::Uri| {
         let tls = tls.clone();
         async move {
-            super::connect_tls(addr, tls, Duration::from_secs(10))
+            super::connect_tls_probed(addr, tls, Duration::from_secs(10))
                 .await
                 .map(hyper_util::rt::TokioIo::new)
                 .map_err(std::io::Error::other)

@@ -21,4 +21,7 @@ pub use tls::{
     PeerTrust, TlsError, TlsFiles, client_config, load_files, own_transfer_id, provider,
     server_config, with_peer,
 };
-pub use transport::{TransportError, accept_tls, connect_tls, connect_tls_retrying};
+pub use transport::{
+    TransportError, accept_tls, connect_tls, connect_tls_probed, connect_tls_retrying,
+    probe_dead_peer,
+};

@@ -51,11 +51,6 @@ impl std::fmt::Debug for NodeStoreClient {
     }
 }
 
-/// HTTP/2 pings on every connection to a node service: a peer that stops answering them is
-/// taken as gone after about interval + timeout.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-
 impl NodeStoreClient {
     /// Connects (on the current runtime) with the receiver's own certificate; the server must
     /// present this cluster's node service identity.
@@ -72,11 +67,6 @@ impl NodeStoreClient {
             e.initial_stream_window_size(Some(8 << 20))
                 .initial_connection_window_size(Some(32 << 20))
                 .connect_timeout(Duration::from_secs(5))
-                // A peer whose node lost power sends no reset: without pings a fan-out fetch
-                // from it would wait out its whole Take before the session fails over.
-                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                .keep_alive_while_idle(true)
         })
         .await
         .map_err(|source| NodeClientError::Connect {
