@@ -170,7 +170,7 @@ impl DedupReceiver {
             .collect();
         self.pins.fetch_add(hashes.len() as u64, Ordering::Relaxed);
         self.lease.pin(&hashes)?;
-        let parts = par_chunks(&proven, |part| -> Result<Vec<(usize, bool)>> {
+        let read = |part: &[usize]| -> Result<Vec<(usize, bool)>> {
             part.iter()
                 .map(|&i| {
                     let a = &announced[i];
@@ -188,7 +188,12 @@ impl DedupReceiver {
                     ))
                 })
                 .collect()
-        });
+        };
+        let parts = if dst.parallel_reads() {
+            par_chunks(&proven, read)
+        } else {
+            vec![read(&proven)]
+        };
         for part in parts {
             for (i, n) in part? {
                 need[i] = n;

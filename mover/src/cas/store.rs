@@ -51,6 +51,13 @@ pub enum InsertOutcome {
 /// (which keeps the block's zero pages as holes).
 pub trait BlockSink {
     fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()>;
+
+    /// Whether blocks may be read from the store on several threads at once for this sink (a
+    /// file: yes; a network stream that sends one block at a time: no, each extra thread would
+    /// only hold one more block in memory).
+    fn parallel_reads(&self) -> bool {
+        true
+    }
 }
 
 impl BlockSink for File {

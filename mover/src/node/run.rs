@@ -110,6 +110,9 @@ pub async fn serve(
         waiters: Arc::new(tokio::sync::Semaphore::new(
             super::service::MAX_WAITING_TAKES,
         )),
+        outgoing: Arc::new(tokio::sync::Semaphore::new(
+            super::service::MAX_OUTGOING_BLOCKS,
+        )),
     })
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);

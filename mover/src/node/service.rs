@@ -45,6 +45,8 @@ pub struct BlockStoreService {
     pub readers: Arc<tokio::sync::Semaphore>,
     /// Fan-out Takes allowed to wait at once ([`MAX_WAITING_TAKES`]).
     pub waiters: Arc<tokio::sync::Semaphore>,
+    /// Blocks read for Takes and not yet sent, over all clients ([`MAX_OUTGOING_BLOCKS`]).
+    pub outgoing: Arc<tokio::sync::Semaphore>,
 }
 
 /// Default for [`BlockStoreService::readers`].
@@ -53,24 +55,51 @@ pub const MAX_CONCURRENT_TAKES: usize = 8;
 pub const MAX_TAKE_WAIT: Duration = Duration::from_secs(120);
 /// Fan-out Takes waiting at once (they hold no reader while waiting, only a small task).
 pub const MAX_WAITING_TAKES: usize = 256;
+/// Blocks (4 MiB each) read for Takes that may be in the service's memory at once, in the
+/// streams' queues or being sent: 64 MiB whatever the number of clients. A block holds its
+/// place from its copy until the stream asks for the block after it, by when HTTP/2 has it
+/// on its way. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost (a
+/// fan-out to four nodes of 1 GiB had the service killed at its 256 MiB limit before).
+pub const MAX_OUTGOING_BLOCKS: usize = 16;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
 
 /// Blocks handed to the response stream as they are read; a client that went away stops the
 /// reading at its next block.
 struct StreamSink {
-    tx: tokio::sync::mpsc::Sender<Result<pb::TakenBlock, Status>>,
+    tx: tokio::sync::mpsc::Sender<Result<Outgoing, Status>>,
+    outgoing: Arc<tokio::sync::Semaphore>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// A block on its way to a client, holding its place among [`MAX_OUTGOING_BLOCKS`].
+struct Outgoing {
+    block: pb::TakenBlock,
+    place: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl BlockSink for StreamSink {
     fn write_block(&self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        let broken = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         let position = u32::try_from(offset / BLOCK_SIZE as u64).unwrap_or(u32::MAX);
+        // Called on a blocking thread: waiting here holds this read, never a runtime thread.
+        let place = self
+            .runtime
+            .block_on(self.outgoing.clone().acquire_owned())
+            .map_err(|_| broken())?;
         self.tx
-            .blocking_send(Ok(pb::TakenBlock {
-                position,
-                data: data.to_vec(),
+            .blocking_send(Ok(Outgoing {
+                block: pb::TakenBlock {
+                    position,
+                    data: data.to_vec(),
+                },
+                place,
             }))
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .map_err(|_| broken())
+    }
+
+    fn parallel_reads(&self) -> bool {
+        false
     }
 }
 
@@ -138,6 +167,7 @@ struct Take {
     store: Arc<CasStore>,
     counters: Arc<ServiceCounters>,
     readers: Arc<tokio::sync::Semaphore>,
+    outgoing: Arc<tokio::sync::Semaphore>,
     client: String,
     key: PopKey,
 }
@@ -148,7 +178,7 @@ impl Take {
     async fn read(
         &self,
         announced: Vec<AnnouncedBlock>,
-        tx: tokio::sync::mpsc::Sender<Result<pb::TakenBlock, Status>>,
+        tx: tokio::sync::mpsc::Sender<Result<Outgoing, Status>>,
     ) -> Result<Vec<AnnouncedBlock>, Status> {
         let turn = self
             .readers
@@ -162,9 +192,15 @@ impl Take {
             self.client.clone(),
             self.key.clone(),
         );
+        let outgoing = self.outgoing.clone();
+        let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            let sink = StreamSink { tx };
+            let sink = StreamSink {
+                tx,
+                outgoing,
+                runtime,
+            };
             // A lease per read pins the proven blocks while they are read.
             let d = DedupReceiver::new(store, &client)?;
             let need = d.materialize_announced(&key, &sink, &announced)?;
@@ -203,8 +239,8 @@ impl BlockStore for BlockStoreService {
     ) -> Result<Response<Self::TakeStream>, Status> {
         let client = client_name(&req);
         let (key, announced, wait) = parse_take(req.get_ref())?;
-        // Two blocks in flight: a slow client holds at most ~8 MiB of this service's memory.
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        // One block queued per client; the service-wide bound is MAX_OUTGOING_BLOCKS.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
         let waiting =
             if wait.is_zero() {
                 None
@@ -217,6 +253,7 @@ impl BlockStore for BlockStoreService {
             store: self.store.clone(),
             counters: self.counters.clone(),
             readers: self.readers.clone(),
+            outgoing: self.outgoing.clone(),
             client,
             key,
         };
@@ -244,8 +281,15 @@ impl BlockStore for BlockStoreService {
                 }
             }
         });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        // The place of the block sent last is given back when the stream is asked for the next:
+        // by then HTTP/2 has taken it.
+        let placed: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let stream = futures::stream::unfold((rx, placed), |(mut rx, sent)| async move {
+            drop(sent);
+            match rx.recv().await? {
+                Ok(o) => Some((Ok(o.block), (rx, Some(o.place)))),
+                Err(status) => Some((Err(status), (rx, None))),
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }
