@@ -58,13 +58,11 @@ pub struct ServeArgs {
     pub sync: bool,
 }
 
-/// A cap as a Kubernetes quantity (`20Gi`) or plain bytes.
 /// The service allocates and frees 4 MiB block buffers on many threads. glibc's malloc raises
 /// its mmap threshold past such a buffer after the first is freed and from then on keeps them in
-/// per-thread arenas it seldom returns, so the process's memory grows with the number of threads
-/// that ever held a block (364 MiB in a fan-out to four nodes against a 256 MiB pod limit). A
-/// fixed threshold keeps every buffer of 1 MiB or more mapped on its own and unmapped when
-/// freed.
+/// per-thread arenas it seldom returns, so the process's memory would grow with the number of
+/// threads that ever held a block, past the pod's limit. A fixed threshold keeps every buffer of
+/// 1 MiB or more mapped on its own and unmapped when freed.
 fn return_block_buffers_to_the_system() {
     const THRESHOLD: libc::c_int = 1 << 20;
     // SAFETY: mallopt only sets an allocator parameter; called before any other thread starts.
@@ -76,6 +74,7 @@ fn return_block_buffers_to_the_system() {
     }
 }
 
+/// A cap as a Kubernetes quantity (`20Gi`) or plain bytes.
 fn parse_cap(s: &str) -> Result<u64, String> {
     crate::quantity::parse_quantity(s)
         .filter(|&v| v > 0)

@@ -40,8 +40,8 @@ pub struct BlockStoreService {
     pub counters: Arc<ServiceCounters>,
     pub scans: Arc<super::metrics::ScanCache>,
     pub node: String,
-    /// Store reads running at once, over all clients (each `Take` reads up to 256 blocks on up
-    /// to four threads): more clients wait their turn instead of taking every thread.
+    /// Store reads running at once, over all clients (each `Take` reads up to 256 blocks, one
+    /// at a time): more clients wait their turn instead of taking every thread.
     pub readers: Arc<tokio::sync::Semaphore>,
     /// Fan-out Takes allowed to wait at once ([`MAX_WAITING_TAKES`]).
     pub waiters: Arc<tokio::sync::Semaphore>,
@@ -58,8 +58,8 @@ pub const MAX_WAITING_TAKES: usize = 256;
 /// Blocks (4 MiB each) read for Takes that may be in the service's memory at once, in the
 /// streams' queues or being sent: 64 MiB whatever the number of clients. A block holds its
 /// place from its copy until the stream asks for the block after it, by when HTTP/2 has it
-/// on its way. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost (a
-/// fan-out to four nodes of 1 GiB had the service killed at its 256 MiB limit before).
+/// on its way. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the
+/// pod's memory limit holds however many destinations take from this node.
 pub const MAX_OUTGOING_BLOCKS: usize = 16;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;

@@ -645,10 +645,10 @@ async fn destination_row(
         .and_then(|s| s.destinations.into_iter().find(|d| d.node == node)))
 }
 
-/// A fan-out to four nodes loses one destination node mid-run (a power cut: every process of
-/// the node dies, its link goes down). The three others finish while it is down (a sibling
-/// waiting on blocks the lost node owned fails over to the source within seconds); when the
-/// node is back its destination resumes, and all four trees match the source's digest.
+/// A fan-out to four nodes loses one destination node mid-run (a power cut: its link goes down,
+/// every process of the node dies). The three others finish while it is down (a sibling waiting
+/// on blocks the lost node owned fails over to the source within half a minute); when the node
+/// is back its destination resumes, and all four trees match the source's digest.
 #[tokio::test]
 async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_resumes()
 -> anyhow::Result<()> {
