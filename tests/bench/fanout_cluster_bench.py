@@ -44,7 +44,7 @@ NS = "fanout"
 def link_bytes(node: str) -> tuple[int, int]:
     """(left the node, reached the node) on its eth0 so far."""
     def read(c: str) -> int:
-        return int(ob.sh("ip", "netns", "exec", f"ferry0-{node}", "cat",
+        return int(ob.sh("ip", "netns", "exec", ob.node_netns(node), "cat",
                          f"/sys/class/net/eth0/statistics/{c}").strip())
     return read("tx_bytes"), read("rx_bytes")
 

@@ -10,10 +10,11 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 source "$(dirname "$0")/net.sh"
+source "$(dirname "$0")/node-runtime.sh"
 [[ $# -ge 1 && $# -le 2 ]] || { echo "usage: $0 NODE [RATE|off]" >&2; exit 2; }
 node="$1" rate="${2:-}"
 node_number "$node" >/dev/null
-ns="$netns_prefix-$node"
+ns="$(node_ns "$node")"
 port="$(router_port "$node")"
 ns_exists "$ns" || { echo "shape.sh: cluster $cluster_name has no running node $node" >&2; exit 1; }
 

@@ -23,5 +23,4 @@ pub use tls::{
 };
 pub use transport::{
     TransportError, accept_tls, connect_tls, connect_tls_probed, connect_tls_retrying,
-    probe_dead_peer,
 };

@@ -69,7 +69,7 @@ const UNACKED_LIMIT_MS: libc::c_int = 30_000;
 /// only slow or congested is never taken for dead (HTTP/2 pings were: their answer can wait
 /// behind megabytes of queued data). A dead peer fails the connection after about 15 s idle,
 /// or 30 s with a request unacknowledged.
-pub fn probe_dead_peer(tcp: &TcpStream) -> std::io::Result<()> {
+fn probe_dead_peer(tcp: &TcpStream) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let fd = tcp.as_raw_fd();
     let set = |level: libc::c_int, name: libc::c_int, value: libc::c_int| {

@@ -397,6 +397,17 @@ pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> an
     serde_json::from_value(value).with_context(|| format!("invalid {}", std::any::type_name::<T>()))
 }
 
+/// Cuts the power of `node` of `cluster` (`tests/cluster/node.sh stop`); the node comes back
+/// (`node.sh start`, returning once it is Ready) when the returned guard is dropped, also when
+/// an assertion failed on the way.
+pub fn power_off(cluster: Cluster, node: &'static str) -> anyhow::Result<impl Drop> {
+    let stop = cluster.script("node.sh").args(["stop", node]).status()?;
+    anyhow::ensure!(stop.success(), "node.sh stop {node} failed");
+    Ok(on_drop(move || {
+        let _ = cluster.script("node.sh").args(["start", node]).status();
+    }))
+}
+
 /// Runs `f` when dropped, so a failed assertion still undoes what a test did to the cluster
 /// (a stopped node is started, a capped link uncapped) for the next run.
 pub fn on_drop(f: impl FnOnce()) -> impl Drop {

@@ -495,17 +495,7 @@ async fn a_node_that_loses_power_goes_not_ready_and_its_pods_are_evicted() -> an
         bail!("the victim's process on the machine: {found:?}");
     };
 
-    let stop = Cluster::Main
-        .script("node.sh")
-        .args(["stop", "node-x"])
-        .status()?;
-    assert!(stop.success());
-    let restart = ferry_cluster_tests::on_drop(|| {
-        let _ = Cluster::Main
-            .script("node.sh")
-            .args(["start", "node-x"])
-            .status();
-    });
+    let restart = ferry_cluster_tests::power_off(Cluster::Main, "node-x")?;
     // Power loss: the process was killed (it may linger a moment as a zombie until reaped).
     wait_until(
         Duration::from_secs(10),

@@ -703,17 +703,7 @@ async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_re
     )
     .await?;
 
-    let stop = Cluster::Main
-        .script("node.sh")
-        .args(["stop", NODE_X])
-        .status()?;
-    assert!(stop.success());
-    let restart = ferry_cluster_tests::on_drop(|| {
-        let _ = Cluster::Main
-            .script("node.sh")
-            .args(["start", NODE_X])
-            .status();
-    });
+    let restart = ferry_cluster_tests::power_off(Cluster::Main, NODE_X)?;
     let stopped = std::time::Instant::now();
     // Without the kernel's probes a sibling would wait 130 s (--swarm-wait and its margin) for
     // blocks the dead node owned before it even failed over, and then retry.
