@@ -88,6 +88,7 @@ expect_reject "moverDefaults.streams=17" "/moverDefaults/streams.*maximum" --set
 expect_reject "moverDefaults.compression=gzip" "/moverDefaults/compression.*(auto|zstd)" --set moverDefaults.compression=gzip
 expect_reject "nodeService.capacity=lots" "/nodeService/capacity" --set nodeService.capacity=lots
 expect_reject "nodeService.hostPath=relative" "/nodeService/hostPath" --set nodeService.hostPath=relative
+expect_reject "nodeService.persistentVolume.size=lots" "/nodeService/persistentVolume/size" --set nodeService.persistentVolume.size=lots
 expect_reject "an unknown top-level value" "additional propert.*hostRoot" --set 'hostRoot=x'
 expect_reject "a relative root with --skip-schema-validation (template guard)" \
   "hostRoots\[1\]\.root must be an absolute path" \
@@ -256,6 +257,15 @@ grep -Fq -- '--peering-listen' "$work/default.yaml" && fail "default: --peering-
 render "$work/nocas.yaml" --set nodeService.enabled=false
 grep -Eq -- '- "?--block-service="?$' "$work/nocas.yaml" || fail 'nodeService.enabled=false does not render --block-service= (dedup off)'
 grep -q 'kind: DaemonSet' "$work/nocas.yaml" && fail 'nodeService.enabled=false still renders the DaemonSet'
+render "$work/pvstore.yaml" --set nodeService.persistentVolume.enabled=true --set nodeService.capacity=50Gi
+grep -A3 -- '- name: store$' "$work/pvstore.yaml" | grep -q 'hostPath' \
+  && fail 'nodeService.persistentVolume.enabled still mounts the store from hostPath'
+grep -Fq 'volumeClaimTemplate:' "$work/pvstore.yaml" || fail 'nodeService.persistentVolume.enabled renders no claim template'
+grep -Fq 'storage: "50Gi"' "$work/pvstore.yaml" || fail 'the store claim does not default its size to capacity'
+grep -Fq 'storageClassName' "$work/pvstore.yaml" && fail 'an empty storageClassName is rendered (it must take the default class)'
+render "$work/pvstore-class.yaml" --set nodeService.persistentVolume.enabled=true --set nodeService.persistentVolume.storageClassName=fast-local --set nodeService.persistentVolume.size=60Gi
+grep -Fq 'storageClassName: "fast-local"' "$work/pvstore-class.yaml" || fail 'the store claim does not name its class'
+grep -Fq 'storage: "60Gi"' "$work/pvstore-class.yaml" || fail 'the store claim does not request its size'
 if [[ $have_yaml == 1 ]]; then
   python3 - "$work/full.yaml" "$work/default.yaml" <<'EOF'
 import json, sys, yaml

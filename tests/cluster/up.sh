@@ -235,10 +235,17 @@ sed -e "s/@DNS_IP@/$dns_service_ip/" -e "s#@IMAGE@#$FERRY_IMAGE_COREDNS#" "$(dir
 # use a LoadBalancer wait for its address).
 metallb_up >"$log_dir/metallb-install.log" 2>&1 &
 metallb_install=$!
+# Dynamic provisioning: the default StorageClass and its provisioner.
+sed -e "s#@IMAGE@#$FERRY_IMAGE_LOCAL_PATH_PROVISIONER#" -e "s#@HELPER_IMAGE@#$FERRY_IMAGE_FERRY_TEST_TOOLS#" \
+  "$(dirname "$0")/local-path.yaml" | kc apply -f - >/dev/null
 coredns_ready() {
   [[ "$(kc -n kube-system get deploy coredns -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
 }
 wait_for "CoreDNS Ready" 60 kube-controller-manager coredns_ready
+provisioner_ready() {
+  [[ "$(kc -n local-path-storage get deploy local-path-provisioner -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
+}
+wait_for "the local-path provisioner Ready" 60 kube-controller-manager provisioner_ready
 for node in ${nodes//,/ }; do
   alive_or_die "containerd-$node"
   alive_or_die "kubelet-$node"

@@ -119,6 +119,9 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
         .args(["--set", &format!("moverImage.tag={tag}")])
         .args(["--set", &format!("image.tag={tag}")])
         .args(["--set", "nodeService.capacity=4Gi"])
+        // Each store on a volume of its own from the cluster's default class (local-path), so
+        // the tests cover the claim path; the chart's default (hostPath) runs in the install test.
+        .args(["--set", "nodeService.persistentVolume.enabled=true"])
         // On node-x too, so a fan-out can lose a destination node and its service.
         .args([
             "--set-json",

@@ -4,6 +4,7 @@
 //! One `ferry-operator` process serves every test of this file (as one operator serves a
 //! cluster); it runs on the host with the cluster's kubeconfig and dies with the test process.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -480,7 +481,74 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
         second.bytes,
         first.bytes
     );
+    // The blocks sit in node-b's store, which the tests keep on a volume the provisioner made
+    // on node-b (the chart's nodeService.persistentVolume), not in a host directory.
+    let store = node_store_volume(NODE_B).await?;
+    let large = std::fs::read(src_host.join("large.bin"))?;
+    for block in large.chunks(4 << 20) {
+        let hex = blake3::hash(block).to_hex();
+        let path = store
+            .join("blocks")
+            .join(&hex[0..2])
+            .join(&hex[2..4])
+            .join(hex.as_str());
+        assert!(
+            path.is_file(),
+            "block {hex} is not in node-b's store volume at {}",
+            path.display()
+        );
+    }
+    let meta = std::fs::metadata(&store)?;
+    assert_eq!(
+        (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            meta.permissions().mode() & 0o777
+        ),
+        (65532, 0o700),
+        "the store's root on its volume was not prepared for the service's uid"
+    );
     ns.delete().await
+}
+
+/// Where `node`'s block store lives on the node's disk: its node-service pod's claim, bound by
+/// the local-path provisioner to a volume on that node.
+async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
+    let pods: Api<Pod> = Api::namespaced(ferry_cluster_tests::client().await?, "ferry-system");
+    let pod = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+        })
+        .with_context(|| format!("no node-service pod on {node}"))?;
+    let claim = format!("{}-store", pod.name_any());
+    let pv_name = kubectl(&[
+        "-n",
+        "ferry-system",
+        "get",
+        "pvc",
+        &claim,
+        "-o",
+        "jsonpath={.status.phase}/{.spec.storageClassName}/{.spec.volumeName}",
+    ])?;
+    let Some(("Bound", rest)) = pv_name.split_once('/') else {
+        bail!("the store claim {claim} is not Bound: {pv_name}");
+    };
+    let (class, pv) = rest.split_once('/').context("claim fields")?;
+    assert_eq!(class, "local-path", "the store claim took another class");
+    let pv = kubectl(&[
+        "get",
+        "pv",
+        pv,
+        "-o",
+        "jsonpath={.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}/{.spec.hostPath.path}{.spec.local.path}",
+    ])?;
+    let (on, path) = pv.split_once('/').context("volume fields")?;
+    assert_eq!(on, node, "the store's volume is on another node");
+    Ok(node_root(node).join(path.trim_start_matches('/')))
 }
 
 /// A fan-out to two nodes: one child Transfer per node, each verified by its own digest, and
