@@ -31,8 +31,8 @@ chart-push: k8s-bin
 # The README's test command: formatting and lints, the build, the Kubernetes binaries (cached), then
 # every test with the two local clusters up (`ferry` and `peer`, side by side). The clusters go down
 # afterwards whatever happened, and the exit code is the tests'. On failure their logs are kept in
-# target/cluster-logs and target/cluster-logs-peer. Then short fuzzing runs (frame decoder, Want parser,
-# receiver state), the benchmark harness's own tests, the chart's offline checks and docs/network.md's quick start
+# target/cluster-logs and target/cluster-logs-peer. Then short fuzzing runs (every target under
+# mover/fuzz), the benchmark harness's own tests, the chart's offline checks and docs/network.md's quick start
 # as written.
 test: deps lint build k8s-bin
 	@rc=0; \
@@ -83,7 +83,8 @@ fmt:
 deps:
 	tests/scripts/deps.sh
 
-# ~30 s each of cargo-fuzz on the frame decoder, the Want parser and the receiver's protocol state
+# ~30 s each of cargo-fuzz on every target under mover/fuzz: the frame decoder, the Want parser, both
+# ends' protocol state, peer paths, wire filters, the node service's requests and staging manifests
 # (installs cargo-fuzz into ~/.cache/ferry/cargo if missing).
 fuzz-smoke:
 	tests/scripts/fuzz-smoke.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Short fuzzing runs of the frame decoder, the Want block-set parser, the receiver's protocol state
-# driven by arbitrary message sequences, the parser of peer paths, filter rules received over the
-# wire and the node service's requests (CI smoke). Installs cargo-fuzz into a cache directory
+# driven by arbitrary message sequences, the sender's reply rules (Wants and NeedBlocks) likewise, the
+# parser of peer paths, filter rules received over the wire, the node service's requests and a
+# staging manifest read back from disk (CI smoke). Installs cargo-fuzz into a cache directory
 # if missing (idempotent) and uses the nightly toolchain that libFuzzer's sanitizer flags need.
 set -euo pipefail
 SECS="${FUZZ_SECONDS:-30}"
@@ -24,8 +25,13 @@ cargo +nightly fuzz run want_blocks fuzz/corpus/want_blocks -- \
 mkdir -p fuzz/corpus/receiver_state
 cargo +nightly fuzz run receiver_state fuzz/corpus/receiver_state -- \
     -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=4096
-for target in peer_path wire_filter node_requests; do
+mkdir -p fuzz/corpus/sender_state
+cargo +nightly fuzz run sender_state fuzz/corpus/sender_state -- \
+    -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=4096
+for target in peer_path wire_filter node_requests staging_manifest; do
     mkdir -p "fuzz/corpus/$target"
     cargo +nightly fuzz run "$target" "fuzz/corpus/$target" -- \
         -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=65536
 done
+# staging_manifest's scratch directories (one per fuzzing process).
+rm -rf "${TMPDIR:-/tmp}"/ferry-fuzz-staging-*
