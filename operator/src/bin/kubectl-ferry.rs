@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use ferry_operator::names::MoverRole;
+use ferry_operator::plugin::act::SpecVerb;
 use ferry_operator::plugin::commands::{self, Scope, WatchEnd, error_chain, timeout_text};
 use ferry_operator::plugin::format::parse_duration;
 
-/// Show ferry Transfers (ferry.dev/v1alpha1) with their progress, follow one live, explain one.
+/// Show ferry Transfers (ferry.dev/v1alpha1) with their progress, follow one live, explain one,
+/// and run, pause or delete one.
 #[derive(Parser, Debug)]
 #[command(name = "kubectl ferry", bin_name = "kubectl ferry", version)]
 struct Cli {
@@ -55,6 +57,24 @@ enum Command {
         /// The namespace ferry is installed in (where the node services run).
         #[arg(long, default_value = "ferry-system")]
         ferry_namespace: String,
+    },
+    /// Run a Transfer again: a finished one at once, a running one when its run finishes
+    /// (sets `spec.trigger`; the new run resumes from what the destination holds).
+    Trigger { name: String },
+    /// Stop a Transfer's movers (`spec.suspend: true`); `resume` continues where it stopped.
+    Suspend { name: String },
+    /// Let a suspended Transfer run again (`spec.suspend: false`).
+    Resume { name: String },
+    /// Delete a Transfer (the operator removes its pods, Secrets and staging first) and wait
+    /// until it is gone.
+    Delete {
+        name: String,
+        /// Return once the API server accepted the deletion.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for it to be gone.
+        #[arg(long, value_parser = parse_duration, default_value = "2m")]
+        timeout: Duration,
     },
     /// The movers' logs (of the newest attempt), through the pods/log API.
     Logs {
@@ -156,6 +176,18 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
                 }
             })
         }
+        Command::Trigger { name } => act(&client, &ns, &name, SpecVerb::Trigger, &mut out).await,
+        Command::Suspend { name } => act(&client, &ns, &name, SpecVerb::Suspend, &mut out).await,
+        Command::Resume { name } => act(&client, &ns, &name, SpecVerb::Resume, &mut out).await,
+        Command::Delete {
+            name,
+            no_wait,
+            timeout,
+        } => {
+            let wait = (!no_wait).then_some(timeout);
+            commands::delete(&client, &ns, &name, wait, &mut out).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Describe { name } => {
             commands::describe(&client, &ns, &name, &mut out, &mut err).await?;
             Ok(ExitCode::SUCCESS)
@@ -178,4 +210,15 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
             })
         }
     }
+}
+
+async fn act(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    verb: SpecVerb,
+    out: &mut dyn std::io::Write,
+) -> Result<ExitCode, ferry_operator::plugin::Error> {
+    commands::act(client, ns, name, verb, out).await?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -8,11 +8,12 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, LogParams};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Config, ResourceExt};
 
+use super::act::{self, SpecVerb};
 use super::describe::{DescribeInput, render_describe};
 use super::get::{GetLayout, render_get};
 use super::logs::{failure_text, pod_title, pods_to_read};
@@ -436,6 +437,72 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// "5m0s" for a `--timeout` in messages.
 pub fn timeout_text(d: Duration) -> String {
     format::human_duration(d.as_secs())
+}
+
+/// `trigger`, `suspend`, `resume`: reads the Transfer, sends the merge patch the verb plans
+/// (nothing when it is as asked already) and prints what happens next.
+pub async fn act(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    verb: SpecVerb,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let api: Api<Transfer> = Api::namespaced(client.clone(), namespace);
+    let t = get_transfer(&api, namespace, name).await?;
+    let change = act::plan(verb, &t, Timestamp::now())?;
+    if let Some(patch) = &change.patch {
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(api_error(format!(
+                "{} transfer {namespace}/{name}",
+                verb.name()
+            )))?;
+    }
+    writeln!(out, "{}", change.message).map_err(Error::Output)
+}
+
+/// `delete`: deletes the Transfer (the operator removes its pods, Secrets and staging first)
+/// and, with `wait`, returns once it is gone or `wait` passed.
+pub async fn delete(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    wait: Option<Duration>,
+    out: &mut dyn Write,
+) -> Result<(), Error> {
+    let api: Api<Transfer> = Api::namespaced(client.clone(), namespace);
+    let t = get_transfer(&api, namespace, name).await?;
+    act::refuse_child(&t, "delete")?;
+    let uid = t.uid().unwrap_or_default();
+    api.delete(name, &DeleteParams::default())
+        .await
+        .map_err(api_error(format!("delete transfer {namespace}/{name}")))?;
+    if let Some(limit) = wait {
+        let gone = kube::runtime::wait::await_condition(
+            api,
+            name,
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        );
+        match tokio::time::timeout(limit, gone).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(kube::runtime::wait::Error::ProbeFailed(source))) => {
+                return Err(Error::Watch {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    source,
+                });
+            }
+            Err(_) => {
+                return Err(Error::NotDeleted {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    waited: timeout_text(limit),
+                });
+            }
+        }
+    }
+    writeln!(out, "transfer.ferry.dev/{name} deleted").map_err(Error::Output)
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! `kubectl ferry`, the kubectl plugin (`kubectl-ferry`): Transfers with their figures (`get`),
 //! a live progress line (`watch`), the whole story of one Transfer (`describe`) and its movers'
-//! logs (`logs`), and the node services' block stores (`nodes`). See docs/kubectl-ferry.md.
+//! logs (`logs`), and the node services' block stores (`nodes`); it also acts on one:
+//! `trigger`, `suspend`, `resume`, `delete`. See docs/kubectl-ferry.md.
 //!
-//! The rendering modules (`format`, `table`, `get`, `watch`, `describe`, `logs`, `nodes`) are pure
-//! functions of the objects read from the API server; `commands` reads those objects and writes
+//! The rendering modules (`format`, `table`, `get`, `watch`, `describe`, `logs`, `nodes`) and
+//! `act` (what a verb changes) are pure functions of the objects read from the API server; `commands` reads those objects and writes
 //! the output. The binary parses flags and maps outcomes to exit codes.
 
+pub mod act;
 pub mod commands;
 pub mod describe;
 pub mod format;
@@ -58,6 +60,14 @@ pub enum Error {
         namespace: String,
         name: String,
         role: String,
+    },
+    #[error(transparent)]
+    Refused(#[from] act::Refused),
+    #[error("transfer {namespace}/{name} was still there after {waited}")]
+    NotDeleted {
+        namespace: String,
+        name: String,
+        waited: String,
     },
     #[error("failed to write the output")]
     Output(#[source] std::io::Error),

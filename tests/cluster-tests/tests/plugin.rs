@@ -380,3 +380,100 @@ async fn nodes_shows_each_node_store_and_what_a_transfer_added() -> anyhow::Resu
     assert_eq!(added_on_b(&after)?, added + 3, "{before:?}\n{after:?}");
     ns.delete().await
 }
+
+/// The verbs that act: `suspend` stops a running Transfer's movers and `resume` lets it finish,
+/// each saying so once and nothing the second time; `trigger` runs the finished Transfer again
+/// (its new run resumes: no file data moves); `delete` returns once it is gone.
+#[tokio::test]
+async fn suspend_resume_trigger_and_delete_act_on_a_transfer() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("plugin-act").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    // 40 MiB at 4 MiB/s: running for about 10 s, long enough to be suspended mid-run.
+    make_tree(&src_host, 10, 40, &ns.name)?;
+    let api: Api<Transfer> = ns.api();
+    let spec = serde_json::json!({"bandwidthLimit": "4Mi", "compression": "none", "dedup": false});
+    api.create(&PostParams::default(), &transfer("act", &src, &dst, spec)?)
+        .await?;
+    transfers::wait_phase(&api, "act", Duration::from_secs(120), Phase::Running).await?;
+
+    let suspend = plugin(&["suspend", "act", "-n", &ns.name]).await?;
+    assert_eq!(suspend.code, 0, "{suspend:?}");
+    assert_eq!(
+        suspend.stdout,
+        "transfer.ferry.dev/act suspended: its movers stop; `kubectl ferry resume act` continues where it stopped\n"
+    );
+    let t = transfers::wait_phase(&api, "act", Duration::from_secs(60), Phase::Suspended).await?;
+    assert!(t.spec.suspend);
+    let again = plugin(&["suspend", "act", "-n", &ns.name]).await?;
+    assert_eq!(
+        (again.code, again.stdout.as_str()),
+        (0, "transfer.ferry.dev/act is suspended already\n")
+    );
+
+    let resume = plugin(&["resume", "act", "-n", &ns.name]).await?;
+    assert_eq!(
+        (resume.code, resume.stdout.as_str()),
+        (0, "transfer.ferry.dev/act resumed\n")
+    );
+    let first =
+        transfers::wait_phase(&api, "act", Duration::from_secs(180), Phase::Succeeded).await?;
+    transfers::assert_same_tree(&src_host, &dst_host)?;
+    let first_status = first.status.context("status")?;
+    let not_suspended = plugin(&["resume", "act", "-n", &ns.name]).await?;
+    assert_eq!(
+        not_suspended.stdout,
+        "transfer.ferry.dev/act is not suspended\n"
+    );
+
+    let trigger = plugin(&["trigger", "act", "-n", &ns.name]).await?;
+    assert_eq!(trigger.code, 0, "{trigger:?}");
+    assert_eq!(
+        trigger.stdout,
+        format!(
+            "transfer.ferry.dev/act triggered: run {} starts\n",
+            first_status.run + 1
+        )
+    );
+    let run = first_status.run + 1;
+    ferry_cluster_tests::wait_until(Duration::from_secs(180), "the next run to succeed", || {
+        let api = api.clone();
+        async move {
+            let st = api.get("act").await?.status.unwrap_or_default();
+            if st.run == run && st.phase == Phase::Failed {
+                bail!("run {run} failed: {st:?}");
+            }
+            Ok(st.run == run && st.phase == Phase::Succeeded)
+        }
+    })
+    .await?;
+    let second = api.get("act").await?.status.context("status")?;
+    let wire = second.wire.context("wire figures")?;
+    assert!(
+        wire.bytes < 1 << 20,
+        "the unchanged tree moved {} bytes over the wire again",
+        wire.bytes
+    );
+
+    let delete = plugin(&["delete", "act", "-n", &ns.name]).await?;
+    assert_eq!(
+        (delete.code, delete.stdout.as_str()),
+        (0, "transfer.ferry.dev/act deleted\n"),
+        "{delete:?}"
+    );
+    assert!(
+        api.get_opt("act").await?.is_none(),
+        "delete returned before the Transfer was gone"
+    );
+    let missing = plugin(&["delete", "act", "-n", &ns.name]).await?;
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(
+        missing.stderr.contains(&format!(
+            "transfer \"act\" not found in namespace \"{}\"",
+            ns.name
+        )),
+        "{missing:?}"
+    );
+    ns.delete().await
+}
