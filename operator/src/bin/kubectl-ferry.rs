@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use ferry_operator::names::MoverRole;
 use ferry_operator::plugin::act::SpecVerb;
 use ferry_operator::plugin::commands::{self, Scope, WatchEnd, error_chain, timeout_text};
+use ferry_operator::plugin::cp;
 use ferry_operator::plugin::format::parse_duration;
 
 /// Show ferry Transfers (ferry.dev/v1alpha1) with their progress, follow one live, explain one,
@@ -58,6 +59,40 @@ enum Command {
         #[arg(long, default_value = "ferry-system")]
         ferry_namespace: String,
     },
+    /// Create a Transfer from SOURCE to DESTINATION and follow it with `watch`'s line
+    /// (endpoints: NODE:/PATH, node/NODE:/PATH, pvc/CLAIM[:/PATH]; with --to-nodes or
+    /// --selector, DESTINATION is the /PATH on each node).
+    Cp {
+        source: String,
+        destination: String,
+        /// A fan-out to these nodes (comma-separated).
+        #[arg(long, value_name = "NODE,...")]
+        to_nodes: Option<String>,
+        /// A fan-out to the nodes with these labels (KEY=VALUE,...).
+        #[arg(long, short = 'l', value_name = "KEY=VALUE,...")]
+        selector: Option<String>,
+        /// The Transfer's name (default: `cp-` and five random characters).
+        #[arg(long)]
+        name: Option<String>,
+        /// `spec.bandwidthLimit` (bytes per second, a quantity: 100Mi).
+        #[arg(long)]
+        bandwidth_limit: Option<String>,
+        /// `spec.streams`.
+        #[arg(long)]
+        streams: Option<u32>,
+        /// Print the name and return at once.
+        #[arg(long)]
+        no_wait: bool,
+        /// Give up following after this long (exit 2; the Transfer goes on).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        /// `client`: print the Transfer instead of creating it (with -o yaml or json).
+        #[arg(long, value_enum)]
+        dry_run: Option<DryRun>,
+        /// The dry run's format.
+        #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+        output: CpFormat,
+    },
     /// Run a Transfer again: a finished one at once, a running one when its run finishes
     /// (sets `spec.trigger`; the new run resumes from what the destination holds).
     Trigger { name: String },
@@ -76,6 +111,10 @@ enum Command {
         #[arg(long, value_parser = parse_duration, default_value = "2m")]
         timeout: Duration,
     },
+    /// Print a completion script for SHELL (bash: `source <(kubectl ferry completion bash)`;
+    /// kubectl completes plugins through an executable `kubectl_complete-ferry` on PATH, see
+    /// docs/kubectl-ferry.md).
+    Completion { shell: clap_complete::Shell },
     /// The movers' logs (of the newest attempt), through the pods/log API.
     Logs {
         name: String,
@@ -91,6 +130,17 @@ enum Command {
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum Output {
     Wide,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum DryRun {
+    Client,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum CpFormat {
+    Yaml,
+    Json,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -110,12 +160,30 @@ impl From<Role> for MoverRole {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    // kubectl completes `kubectl ferry ...` by running `kubectl_complete-ferry` (a link to this
+    // binary) with the words typed; `kubectl-ferry __complete ...` does the same.
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    if invoked == "kubectl_complete-ferry" {
+        return complete(&argv[1..]).await;
+    }
+    if argv.get(1).map(String::as_str) == Some("__complete") {
+        return complete(&argv[2..]).await;
+    }
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
-            ExitCode::from(1)
+            // Arguments that describe no Transfer are a command-line error, as clap's are.
+            match e {
+                ferry_operator::plugin::Error::Cp(_) => ExitCode::from(2),
+                _ => ExitCode::from(1),
+            }
         }
     }
 }
@@ -124,6 +192,38 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
     if cli.all_namespaces && !matches!(cli.command, Command::Get { .. }) {
         eprintln!("error: --all-namespaces works with `get` only; name the namespace with -n");
         return Ok(ExitCode::from(2));
+    }
+    if let Command::Completion { shell } = cli.command {
+        // Rendered into memory first: the generators panic on a closed pipe (`| head`).
+        let mut script = Vec::new();
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut cmd, "kubectl-ferry", &mut script);
+        return match std::io::stdout().write_all(&script) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(ferry_operator::plugin::Error::Output(e))
+            }
+            _ => Ok(ExitCode::SUCCESS),
+        };
+    }
+    // A client-side dry run reads no cluster: the namespace is -n, else the kubeconfig's.
+    if let Command::Cp {
+        dry_run: Some(DryRun::Client),
+        output,
+        ..
+    } = &cli.command
+    {
+        let ns = cli
+            .namespace
+            .clone()
+            .or_else(|| commands::kubeconfig_namespace(cli.context.as_deref()))
+            .unwrap_or_else(|| "default".to_owned());
+        let transfer = cp::transfer(&cp_args(&cli.command, ns)?)?;
+        let text = match output {
+            CpFormat::Yaml => serde_yaml::to_string(&transfer).unwrap_or_default(),
+            CpFormat::Json => format!("{:#}\n", transfer),
+        };
+        print!("{text}");
+        return Ok(ExitCode::SUCCESS);
     }
     let (client, default_ns) = commands::connect(cli.context.as_deref()).await?;
     let ns = cli.namespace.unwrap_or(default_ns);
@@ -151,30 +251,17 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
             commands::nodes(&client, &ferry_namespace, &mut out).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Watch { name, timeout } => {
-            let tty = std::io::stdout().is_terminal();
-            let end = commands::watch(&client, &ns, &name, timeout, tty, &mut out).await?;
+        Command::Watch { name, timeout } => follow(&client, &ns, &name, timeout, &mut out).await,
+        Command::Cp {
+            no_wait, timeout, ..
+        } => {
+            let transfer = cp::transfer(&cp_args(&cli.command, ns.clone())?)?;
+            let name = commands::cp(&client, &transfer, &mut out).await?;
+            if no_wait {
+                return Ok(ExitCode::SUCCESS);
+            }
             let _ = out.flush();
-            Ok(match end {
-                WatchEnd::Succeeded => ExitCode::SUCCESS,
-                WatchEnd::Failed => ExitCode::from(1),
-                WatchEnd::Deleted => {
-                    eprintln!("error: transfer {ns}/{name} was deleted");
-                    ExitCode::from(1)
-                }
-                WatchEnd::TimedOut(last) => {
-                    eprintln!(
-                        "error: timed out after {} waiting for transfer {ns}/{name} to finish{}",
-                        timeout.map(timeout_text).unwrap_or_default(),
-                        last.map(|l| format!(
-                            " (last: {})",
-                            l.split_whitespace().collect::<Vec<_>>().join(" ")
-                        ))
-                        .unwrap_or_default()
-                    );
-                    ExitCode::from(2)
-                }
-            })
+            follow(&client, &ns, &name, timeout, &mut out).await
         }
         Command::Trigger { name } => act(&client, &ns, &name, SpecVerb::Trigger, &mut out).await,
         Command::Suspend { name } => act(&client, &ns, &name, SpecVerb::Suspend, &mut out).await,
@@ -188,6 +275,7 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
             commands::delete(&client, &ns, &name, wait, &mut out).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Completion { .. } => unreachable!("answered before connecting"),
         Command::Describe { name } => {
             commands::describe(&client, &ns, &name, &mut out, &mut err).await?;
             Ok(ExitCode::SUCCESS)
@@ -221,4 +309,101 @@ async fn act(
 ) -> Result<ExitCode, ferry_operator::plugin::Error> {
     commands::act(client, ns, name, verb, out).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `watch`'s line until the Transfer finished (or `timeout`), mapped to the exit code.
+async fn follow(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    timeout: Option<Duration>,
+    out: &mut dyn std::io::Write,
+) -> Result<ExitCode, ferry_operator::plugin::Error> {
+    let tty = std::io::stdout().is_terminal();
+    let end = commands::watch(client, ns, name, timeout, tty, out).await?;
+    let _ = out.flush();
+    Ok(match end {
+        WatchEnd::Succeeded => ExitCode::SUCCESS,
+        WatchEnd::Failed => ExitCode::from(1),
+        WatchEnd::Deleted => {
+            eprintln!("error: transfer {ns}/{name} was deleted");
+            ExitCode::from(1)
+        }
+        WatchEnd::TimedOut(last) => {
+            eprintln!(
+                "error: timed out after {} waiting for transfer {ns}/{name} to finish{}",
+                timeout.map(timeout_text).unwrap_or_default(),
+                last.map(|l| format!(
+                    " (last: {})",
+                    l.split_whitespace().collect::<Vec<_>>().join(" ")
+                ))
+                .unwrap_or_default()
+            );
+            ExitCode::from(2)
+        }
+    })
+}
+
+/// `cp`'s arguments, for the namespace `namespace`.
+fn cp_args(
+    command: &Command,
+    namespace: String,
+) -> Result<cp::CpArgs, ferry_operator::plugin::Error> {
+    let Command::Cp {
+        source,
+        destination,
+        to_nodes,
+        selector,
+        name,
+        bandwidth_limit,
+        streams,
+        ..
+    } = command
+    else {
+        unreachable!("cp_args of another command");
+    };
+    Ok(cp::CpArgs {
+        source: source.clone(),
+        destination: destination.clone(),
+        nodes: cp::node_set(to_nodes.as_deref(), selector.as_deref())?,
+        name: name.clone(),
+        namespace,
+        bandwidth_limit: bandwidth_limit.clone(),
+        streams: *streams,
+    })
+}
+
+/// Prints the candidates for the last of `words` in kubectl's plugin completion format. Never
+/// fails: a cluster that cannot be read offers no names.
+async fn complete(words: &[String]) -> ExitCode {
+    use ferry_operator::plugin::complete::{Offer, offer, render};
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let candidates = match offer(&cmd, words) {
+        Offer::Words(w) => w,
+        Offer::Nothing => Vec::new(),
+        Offer::TransferNames { namespace, prefix } => {
+            let names = async {
+                let (client, default_ns) = commands::connect(None).await.ok()?;
+                let ns = namespace.unwrap_or(default_ns);
+                let api: kube::Api<ferry_operator::api::Transfer> =
+                    kube::Api::namespaced(client, &ns);
+                let list = api.list(&kube::api::ListParams::default()).await.ok()?;
+                Some(
+                    list.items
+                        .iter()
+                        .map(kube::ResourceExt::name_any)
+                        .filter(|n| n.starts_with(&prefix))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            tokio::time::timeout(Duration::from_secs(5), names)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+        }
+    };
+    let _ = std::io::stdout().write_all(render(&candidates).as_bytes());
+    ExitCode::SUCCESS
 }

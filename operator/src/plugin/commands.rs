@@ -439,6 +439,44 @@ pub fn timeout_text(d: Duration) -> String {
     format::human_duration(d.as_secs())
 }
 
+/// The namespace of the kubeconfig's context (`context`, else the current one), without
+/// contacting the cluster; `None` when there is no kubeconfig or the context names none.
+pub fn kubeconfig_namespace(context: Option<&str>) -> Option<String> {
+    let kubeconfig = Kubeconfig::read().ok()?;
+    let name = context
+        .map(str::to_owned)
+        .or_else(|| kubeconfig.current_context.clone())?;
+    kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == name)?
+        .context
+        .as_ref()?
+        .namespace
+        .clone()
+}
+
+/// `cp`: creates the Transfer `transfer` (as [`super::cp::transfer`] built it) and prints its
+/// name, as kubectl does; returns the name.
+pub async fn cp(
+    client: &Client,
+    transfer: &serde_json::Value,
+    out: &mut dyn Write,
+) -> Result<String, Error> {
+    let t: Transfer = serde_json::from_value(transfer.clone()).map_err(Error::Spec)?;
+    let namespace = t.namespace().unwrap_or_default();
+    let api: Api<Transfer> = Api::namespaced(client.clone(), &namespace);
+    let created = api
+        .create(&kube::api::PostParams::default(), &t)
+        .await
+        .map_err(api_error(format!(
+            "create a transfer in namespace {namespace}"
+        )))?;
+    let name = created.name_any();
+    writeln!(out, "transfer.ferry.dev/{name} created").map_err(Error::Output)?;
+    Ok(name)
+}
+
 /// `trigger`, `suspend`, `resume`: reads the Transfer, sends the merge patch the verb plans
 /// (nothing when it is as asked already) and prints what happens next.
 pub async fn act(

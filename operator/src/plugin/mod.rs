@@ -1,14 +1,17 @@
 //! `kubectl ferry`, the kubectl plugin (`kubectl-ferry`): Transfers with their figures (`get`),
 //! a live progress line (`watch`), the whole story of one Transfer (`describe`) and its movers'
 //! logs (`logs`), and the node services' block stores (`nodes`); it also acts on one:
-//! `trigger`, `suspend`, `resume`, `delete`. See docs/kubectl-ferry.md.
+//! `trigger`, `suspend`, `resume`, `delete`, and creates one from arguments (`cp`). See
+//! docs/kubectl-ferry.md.
 //!
 //! The rendering modules (`format`, `table`, `get`, `watch`, `describe`, `logs`, `nodes`) and
-//! `act` (what a verb changes) are pure functions of the objects read from the API server; `commands` reads those objects and writes
+//! `act` (what a verb changes) and `cp` (the Transfer its arguments describe) are pure functions of the objects read from the API server; `commands` reads those objects and writes
 //! the output. The binary parses flags and maps outcomes to exit codes.
 
 pub mod act;
 pub mod commands;
+pub mod complete;
+pub mod cp;
 pub mod describe;
 pub mod format;
 pub mod get;
@@ -63,6 +66,10 @@ pub enum Error {
     },
     #[error(transparent)]
     Refused(#[from] act::Refused),
+    #[error(transparent)]
+    Cp(#[from] cp::CpError),
+    #[error("the Transfer the arguments describe is not one")]
+    Spec(#[source] serde_json::Error),
     #[error("transfer {namespace}/{name} was still there after {waited}")]
     NotDeleted {
         namespace: String,

@@ -477,3 +477,163 @@ async fn suspend_resume_trigger_and_delete_act_on_a_transfer() -> anyhow::Result
     );
     ns.delete().await
 }
+
+/// `cp` creates a Transfer from its arguments, prints its name and follows it to success; its
+/// client-side dry run prints a Transfer that kubectl applies as it is (the GitOps path), a
+/// fan-out's included; arguments that name no endpoint are refused before anything is created.
+#[tokio::test]
+async fn cp_creates_and_follows_a_transfer_and_its_dry_run_applies() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("plugin-cp").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    let (dst, dst_host) = node_dir(NODE_B, &ns.name, "dst")?;
+    make_tree(&src_host, 12, 2, &ns.name)?;
+    let cp = plugin(&[
+        "cp",
+        &format!("{NODE_A}:{src}"),
+        &format!("node/{NODE_B}:{dst}"),
+        "-n",
+        &ns.name,
+        "--timeout",
+        "180s",
+    ])
+    .await?;
+    assert_eq!(cp.code, 0, "{cp:?}");
+    let lines = cp.lines();
+    let name = lines
+        .first()
+        .and_then(|l| l.strip_prefix("transfer.ferry.dev/"))
+        .and_then(|l| l.strip_suffix(" created"))
+        .with_context(|| format!("no name first: {cp:?}"))?;
+    assert!(name.starts_with("cp-"), "{cp:?}");
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.starts_with("Succeeded: 13 files, ")),
+        "{cp:?}"
+    );
+    transfers::assert_same_tree(&src_host, &dst_host)?;
+    let api: Api<Transfer> = ns.api();
+    assert_eq!(
+        api.get(name).await?.status.map(|s| s.phase),
+        Some(Phase::Succeeded)
+    );
+
+    // The dry run's YAML, applied by kubectl, is a Transfer that runs.
+    let (dst2, dst2_host) = node_dir(NODE_B, &ns.name, "dst2")?;
+    let dry = plugin(&[
+        "cp",
+        &format!("{NODE_A}:{src}"),
+        &format!("{NODE_B}:{dst2}"),
+        "--name",
+        "from-yaml",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+        "-n",
+        &ns.name,
+    ])
+    .await?;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    assert!(
+        api.get_opt("from-yaml").await?.is_none(),
+        "a dry run created the Transfer"
+    );
+    let file = cluster_dir().join(format!("{}-from-yaml.yaml", ns.name));
+    std::fs::write(&file, &dry.stdout)?;
+    ferry_cluster_tests::operator::kubectl(&["apply", "-f", file.to_str().context("path")?])?;
+    transfers::wait_phase(
+        &api,
+        "from-yaml",
+        Duration::from_secs(180),
+        Phase::Succeeded,
+    )
+    .await?;
+    transfers::assert_same_tree(&src_host, &dst2_host)?;
+
+    // A fan-out's dry run passes the API server's validation.
+    let fan = plugin(&[
+        "cp",
+        &format!("{NODE_A}:{src}"),
+        "/data/ferry-plugin-e2e/fan",
+        "--to-nodes",
+        &format!("{NODE_A},{NODE_B}"),
+        "--name",
+        "fan",
+        "--dry-run=client",
+        "-n",
+        &ns.name,
+    ])
+    .await?;
+    assert_eq!(fan.code, 0, "{fan:?}");
+    std::fs::write(&file, &fan.stdout)?;
+    let server = ferry_cluster_tests::operator::kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        file.to_str().context("path")?,
+    ])?;
+    assert!(
+        server.contains("transfer.ferry.dev/fan created (server dry run)"),
+        "{server}"
+    );
+
+    let bad = plugin(&["cp", &src, &format!("{NODE_B}:{dst}"), "-n", &ns.name]).await?;
+    assert_eq!(bad.code, 2, "{bad:?}");
+    assert!(
+        bad.stderr
+            .contains("write NODE:/PATH, node/NODE:/PATH or pvc/CLAIM[:/PATH]"),
+        "{bad:?}"
+    );
+    assert_eq!(
+        api.list(&Default::default()).await?.items.len(),
+        2,
+        "a refused cp created something"
+    );
+
+    // kubectl completes the plugin through `kubectl_complete-ferry`, a link to the binary.
+    let bin = tempfile_dir(&ns.name)?;
+    for link in ["kubectl-ferry", "kubectl_complete-ferry"] {
+        let _ = std::fs::remove_file(bin.join(link));
+        std::os::unix::fs::symlink(workspace_bin("kubectl-ferry")?, bin.join(link))?;
+    }
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        ferry_cluster_tests::operator::k8s_tool("kubectl")?
+            .parent()
+            .context("kubectl's directory")?
+            .display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let complete = |words: &[&str]| -> anyhow::Result<Vec<String>> {
+        let out = std::process::Command::new(ferry_cluster_tests::operator::k8s_tool("kubectl")?)
+            .arg("__complete")
+            .arg("ferry")
+            .args(words)
+            .env("PATH", &path)
+            .env("KUBECONFIG", cluster_dir().join("kubeconfig"))
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    };
+    let commands = complete(&["wa"])?;
+    assert_eq!(commands, ["watch", ":4"], "{commands:?}");
+    let names = complete(&["describe", "-n", &ns.name, ""])?;
+    assert!(
+        names.contains(&name.to_owned()) && names.contains(&"from-yaml".to_owned()),
+        "{names:?}"
+    );
+    let names = complete(&["trigger", "-n", &ns.name, "from"])?;
+    assert_eq!(names, ["from-yaml", ":4"], "{names:?}");
+    ns.delete().await
+}
+
+/// A directory of the cluster's for this test's files.
+fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = cluster_dir().join("plugin-bin").join(name);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
