@@ -1,8 +1,9 @@
 //! `kubectl ferry`: the kubectl plugin for Transfers (docs/kubectl-ferry.md).
 //!
-//! Exit codes: 0 done (for `watch`: the Transfer Succeeded); 1 an error, a missing Transfer,
-//! a Failed or deleted Transfer (`watch`), logs the cluster could not serve (`logs`);
-//! 2 `watch --timeout` passed, or the command line was invalid.
+//! Exit codes: 0 done (for `watch` and a followed `cp`: the Transfer Succeeded); 1 an error, a
+//! missing Transfer, a Failed or deleted Transfer (`watch`, `cp`), logs the cluster could not
+//! serve (`logs`); 2 `--timeout` passed while following, or the command line was invalid
+//! (`cp` arguments that name no endpoint included).
 
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
