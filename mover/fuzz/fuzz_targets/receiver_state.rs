@@ -23,19 +23,9 @@ use libfuzzer_sys::fuzz_target;
 
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
-/// Reads the fuzzer's bytes as small numbers.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn small(&mut self, below: u64) -> Option<u64> {
-        Some(u64::from(self.byte()?) % below.max(1))
-    }
-}
+#[path = "input.rs"]
+mod input;
+use input::Input;
 
 /// What the shadow knows of a large file.
 #[derive(Default)]

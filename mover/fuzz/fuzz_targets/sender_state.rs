@@ -20,36 +20,21 @@ use ferry_mover::wire::{BLOCK_SIZE, block_count, block_len};
 use ferry_proto::wire::v1 as pb;
 use libfuzzer_sys::fuzz_target;
 
-/// Reads the fuzzer's bytes as small numbers.
-struct Input<'a>(&'a [u8]);
+#[path = "input.rs"]
+mod input;
+use input::Input;
 
-impl Input<'_> {
-    fn byte(&mut self) -> Option<u8> {
-        let (&b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(b)
-    }
-    fn small(&mut self, below: u64) -> Option<u64> {
-        Some(u64::from(self.byte()?) % below.max(1))
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let n = n.min(self.0.len());
-        let (b, rest) = self.0.split_at(n);
-        self.0 = rest;
-        b.to_vec()
-    }
-    /// A file size around the interesting edges: small, a block's multiples, and huge.
-    fn size(&mut self) -> Option<u64> {
-        let b = BLOCK_SIZE as u64;
-        Some(match self.byte()? % 6 {
-            0 => self.small(SMALL_FILE_MAX + 1)?,
-            1 => SMALL_FILE_MAX + 1 + self.small(8)?,
-            2 => b * self.small(40)?,
-            3 => b * self.small(40)? + 1 + self.small(b - 1)?,
-            4 => u64::MAX - self.small(8)?,
-            _ => SMALL_FILE_MAX,
-        })
-    }
+/// A file size around the interesting edges: small, a block's multiples, and huge.
+fn size(input: &mut Input) -> Option<u64> {
+    let b = BLOCK_SIZE as u64;
+    Some(match input.byte()? % 6 {
+        0 => input.small(SMALL_FILE_MAX + 1)?,
+        1 => SMALL_FILE_MAX + 1 + input.small(8)?,
+        2 => b * input.small(40)?,
+        3 => b * input.small(40)? + 1 + input.small(b - 1)?,
+        4 => u64::MAX - input.small(8)?,
+        _ => SMALL_FILE_MAX,
+    })
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -65,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
                 let n = input.small(5).unwrap_or(0) as usize;
                 let mut entries = Vec::new();
                 for i in 0..n {
-                    let (Some(kind), Some(size)) = (input.small(4), input.size()) else {
+                    let (Some(kind), Some(size)) = (input.small(4), size(&mut input)) else {
                         break;
                     };
                     entries.push(pb::Entry {
@@ -80,7 +65,7 @@ fuzz_target!(|data: &[u8]| {
                 next_offer += 1;
             }
             1 => {
-                let (Some(file_id), Some(size)) = (input.small(8), input.size()) else {
+                let (Some(file_id), Some(size)) = (input.small(8), size(&mut input)) else {
                     break;
                 };
                 let count = block_count(size).min(64);

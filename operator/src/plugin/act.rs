@@ -84,7 +84,7 @@ pub fn plan(verb: SpecVerb, t: &Transfer, now: Timestamp) -> Result<Change, Refu
     let status = t.status.clone().unwrap_or_default();
     Ok(match verb {
         SpecVerb::Trigger => {
-            let message = if status.run == 0 {
+            let mut message = if status.run == 0 {
                 format!("{who} triggered: its first run has not started yet")
             } else if status.phase.is_finished() {
                 format!("{who} triggered: run {} starts", status.run + 1)
@@ -95,7 +95,6 @@ pub fn plan(verb: SpecVerb, t: &Transfer, now: Timestamp) -> Result<Change, Refu
                     status.run
                 )
             };
-            let mut message = message;
             if t.spec.suspend {
                 message.push_str(" (it is suspended: `kubectl ferry resume` lets it run)");
             }
