@@ -73,6 +73,7 @@ impl DestError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             DestError::Io { source, .. } => source.raw_os_error(),
+            DestError::Meta { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }

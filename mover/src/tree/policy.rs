@@ -136,6 +136,11 @@ pub struct MetaError {
 }
 
 impl MetaError {
+    /// The system's error number (EPERM: not the entry's owner).
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+
     fn new(what: &str, e: Errno) -> MetaError {
         MetaError {
             what: format!("{what} the entry"),

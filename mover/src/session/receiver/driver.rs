@@ -257,7 +257,15 @@ where
                     sh.staging.cleanup(&sh.dest);
                     let meta = sh.root_meta.lock().ok().and_then(|m| *m);
                     if let Some((mode, mtime)) = meta {
-                        sh.dest.set_dir_meta(None, mode, mtime, None)?;
+                        match sh.dest.set_dir_meta(None, mode, mtime, None) {
+                            // The destination directory itself often belongs to someone else
+                            // (a volume's root is root's, a provisioner made it): its content
+                            // is the copy, its own mode and mtime stay as the owner set them.
+                            Err(e) if e.errno() == Some(libc::EPERM) => tracing::warn!(
+                                "the destination directory is not the receiver's: its mode and mtime were left as they are ({e})"
+                            ),
+                            r => r?,
+                        }
                     }
                     Ok::<(), ReceiveError>(())
                 })
