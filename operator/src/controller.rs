@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action as Requeue, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -606,6 +606,7 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .is_some_and(|level| level == "baseline" || level == "restricted");
 
     let admission = admission(t, ctx);
+    let provision = observe_provision(t, ctx, &ns).await?;
     Ok(Observed {
         now: Timestamp::now(),
         host_path_forbidden,
@@ -628,7 +629,59 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         receiver_progress,
         sender_progress,
         remote,
+        provision,
     })
+}
+
+/// The destination claim to provision, as the API server has it (and the source claim, when
+/// the size comes from it). Read directly: the claim cache holds names only.
+async fn observe_provision(
+    t: &Transfer,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Option<crate::provision::ProvisionStep>, Error> {
+    let Some(pvc) = &t.spec.destination.pvc else {
+        return Ok(None);
+    };
+    let Some(spec) = &pvc.provision else {
+        return Ok(None);
+    };
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let destination = api.get_opt(&pvc.claim_name).await?.map(|c| claim_view(&c));
+    let from_source = spec.capacity == crate::api::ClaimProvision::FROM_SOURCE;
+    let source = match &t.spec.source.pvc {
+        // Read while the destination exists too: a source grown since is a claim too small.
+        Some(src) if from_source => Some((
+            src.claim_name.as_str(),
+            api.get_opt(&src.claim_name).await?.map(|c| claim_view(&c)),
+        )),
+        _ => None,
+    };
+    let source = source.as_ref().map(|(n, c)| (*n, c.as_ref()));
+    Ok(Some(crate::provision::step(
+        spec,
+        &pvc.claim_name,
+        destination.as_ref(),
+        source,
+    )))
+}
+
+/// A claim's size: its bound volume's, else its request.
+fn claim_view(c: &PersistentVolumeClaim) -> crate::provision::ClaimView {
+    let bound = c
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|m| m.get("storage"));
+    let requested = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|m| m.get("storage"));
+    crate::provision::ClaimView {
+        capacity: bound.or(requested).and_then(|q| plan::parse_quantity(&q.0)),
+    }
 }
 
 /// The nodes a Transfer's movers run on, or must run on.
@@ -947,6 +1000,17 @@ async fn apply(
                 let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
                 api.patch(&svc.name_any(), &ssa(), &Patch::Apply(&svc))
                     .await?;
+            }
+            Action::CreateClaim(req) => {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+                let claim = crate::provision::claim_object(t, req);
+                match api.create(&PostParams::default(), &claim).await {
+                    Ok(_) => {}
+                    // Created by a reconcile whose status write was lost, or by someone else:
+                    // the next look sizes it up.
+                    Err(kube::Error::Api(e)) if e.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
             Action::DeleteService(name) => {
                 let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);

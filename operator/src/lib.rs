@@ -23,6 +23,8 @@ pub mod placement;
 pub mod plan;
 pub mod plugin;
 pub mod progress;
+pub mod provision;
+pub mod runs;
 pub mod status;
 pub mod uninstall;
 

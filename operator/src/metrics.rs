@@ -31,6 +31,9 @@ pub struct Metrics {
     /// The figures of each Running Transfer, by (namespace, name): bounded by the Transfers
     /// running at once (an entry leaves when its Transfer leaves Running or is forgotten).
     running: Mutex<BTreeMap<(String, String), RunningTransfer>>,
+    /// The schedule's figures of each scheduled Transfer, by (namespace, name): bounded by the
+    /// Transfers that exist (an entry leaves with its Transfer).
+    scheduled: Mutex<BTreeMap<(String, String), ScheduleFigures>>,
     /// Kubernetes API requests by (verb, resource, status code or `error`).
     api_requests: Mutex<BTreeMap<(&'static str, String, String), u64>>,
 }
@@ -46,6 +49,20 @@ struct Histogram {
     counts: [u64; RECONCILE_BUCKETS.len() + 1],
     sum: f64,
 }
+
+/// A scheduled Transfer's figures, for alerts such as "no success in 26 h".
+struct ScheduleFigures {
+    uid: String,
+    /// Unix seconds; absent until the first success / while suspended.
+    last_success: Option<i64>,
+    next_run: Option<i64>,
+    /// Seconds the latest finished run took.
+    last_duration: Option<i64>,
+    skipped: u32,
+}
+
+/// One figure of a [`ScheduleFigures`], when it has a value.
+type ScheduleFigure = fn(&ScheduleFigures) -> Option<i64>;
 
 /// One figure of a [`RunningTransfer`] (a per-Transfer gauge's value).
 type Figure = fn(&RunningTransfer) -> u64;
@@ -112,6 +129,7 @@ impl Metrics {
         let uid = t.uid().unwrap_or_default();
         let old = t.status.clone().unwrap_or_default();
         self.observe_running(t, &uid, new);
+        self.observe_schedule(t, &uid, new);
         if new.run == old.run && new.failures > old.failures {
             self.retries
                 .fetch_add(u64::from(new.failures - old.failures), Ordering::Relaxed);
@@ -176,6 +194,32 @@ impl Metrics {
         );
     }
 
+    fn observe_schedule(&self, t: &Transfer, uid: &str, new: &TransferStatus) {
+        let Ok(mut scheduled) = self.scheduled.lock() else {
+            return;
+        };
+        let key = (t.namespace().unwrap_or_default(), t.name_any());
+        if t.spec.schedule.is_none() {
+            if scheduled.get(&key).is_some_and(|s| s.uid == uid) {
+                scheduled.remove(&key);
+            }
+            return;
+        }
+        let last_duration = new.history.first().and_then(|h| {
+            Some(h.completion_time.as_ref()?.0.as_second() - h.start_time.as_ref()?.0.as_second())
+        });
+        scheduled.insert(
+            key,
+            ScheduleFigures {
+                uid: uid.to_owned(),
+                last_success: new.last_success_time.as_ref().map(|t| t.0.as_second()),
+                next_run: new.next_run_time.as_ref().map(|t| t.0.as_second()),
+                last_duration,
+                skipped: new.skipped_runs,
+            },
+        );
+    }
+
     /// A deleted Transfer leaves the gauges.
     pub fn forget(&self, uid: &str) {
         if let Ok(mut phases) = self.phases.lock() {
@@ -183,6 +227,9 @@ impl Metrics {
         }
         if let Ok(mut running) = self.running.lock() {
             running.retain(|_, r| r.uid != uid);
+        }
+        if let Ok(mut scheduled) = self.scheduled.lock() {
+            scheduled.retain(|_, s| s.uid != uid);
         }
     }
 
@@ -300,6 +347,36 @@ impl Metrics {
                         escape(name),
                         value(r)
                     ));
+                }
+            }
+        }
+        if let Ok(scheduled) = self.scheduled.lock() {
+            let series: [(&str, &str, ScheduleFigure); 4] = [
+                (
+                    "ferry_schedule_last_success_timestamp_seconds",
+                    "gauge",
+                    |s| s.last_success,
+                ),
+                ("ferry_schedule_next_run_timestamp_seconds", "gauge", |s| {
+                    s.next_run
+                }),
+                ("ferry_schedule_last_run_duration_seconds", "gauge", |s| {
+                    s.last_duration
+                }),
+                ("ferry_schedule_skipped_runs_total", "counter", |s| {
+                    Some(i64::from(s.skipped))
+                }),
+            ];
+            for (metric, kind, value) in series {
+                line(format!("# TYPE {metric} {kind}"));
+                for ((namespace, name), s) in scheduled.iter() {
+                    if let Some(v) = value(s) {
+                        line(format!(
+                            "{metric}{{namespace=\"{}\",name=\"{}\"}} {v}",
+                            escape(namespace),
+                            escape(name),
+                        ));
+                    }
                 }
             }
         }
@@ -591,6 +668,50 @@ mod tests {
             assert!(text.contains(&format!("# TYPE {metric} gauge\n")));
             assert_eq!(samples(&text, metric), Vec::<String>::new(), "{text}");
         }
+    }
+
+    #[test]
+    fn a_scheduled_transfer_reports_its_last_success_next_run_duration_and_skips() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let time = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+        let m = Metrics::default();
+        let mut nightly = named("ml", "nightly", "u1");
+        nightly.spec.schedule = Some(crate::api::ScheduleSpec {
+            cron: "0 2 * * *".into(),
+            ..Default::default()
+        });
+        let plain = named("ml", "once", "u2");
+        let st = TransferStatus {
+            phase: Phase::Succeeded,
+            last_success_time: Some(time(5_000)),
+            next_run_time: Some(time(90_000)),
+            skipped_runs: 3,
+            history: vec![crate::api::RunRecord {
+                start_time: Some(time(4_000)),
+                completion_time: Some(time(5_000)),
+                ..Default::default()
+            }],
+            ..TransferStatus::default()
+        };
+        m.observe(&nightly, &st);
+        m.observe(&plain, &st);
+        let text = m.render();
+        for (metric, value) in [
+            ("ferry_schedule_last_success_timestamp_seconds", 5_000),
+            ("ferry_schedule_next_run_timestamp_seconds", 90_000),
+            ("ferry_schedule_last_run_duration_seconds", 1_000),
+            ("ferry_schedule_skipped_runs_total", 3),
+        ] {
+            assert_eq!(
+                samples(&text, metric),
+                [format!(
+                    "{metric}{{namespace=\"ml\",name=\"nightly\"}} {value}"
+                )],
+                "{text}"
+            );
+        }
+        m.forget("u1");
+        assert!(samples(&m.render(), "ferry_schedule_next_run_timestamp_seconds").is_empty());
     }
 
     #[test]

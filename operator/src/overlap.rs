@@ -149,6 +149,7 @@ mod tests {
             pvc: Some(PvcEndpoint {
                 claim_name: name.into(),
                 path: path.into(),
+                provision: None,
             }),
             ..Endpoint::default()
         }

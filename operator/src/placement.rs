@@ -297,6 +297,7 @@ pub(crate) mod tests {
             pvc: Some(PvcEndpoint {
                 claim_name: "c".into(),
                 path: "/sets//a/".into(),
+                provision: None,
             }),
             ..Endpoint::default()
         };

@@ -21,6 +21,8 @@ packages=(
   containerd runc containernetworking-plugins docker-registry buildah
   # images: strip/objcopy (binaries without their debug info), a static shell for the test tools image
   binutils busybox-static
+  # the Argo CD health check's test: the Lua interpreter and its JSON module
+  lua5.4 lua-cjson
 )
 
 cache="${FERRY_CACHE:-$HOME/.cache/ferry}"

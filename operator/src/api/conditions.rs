@@ -81,6 +81,8 @@ pub enum Reason {
     BlockStoreFailed,
     /// A fan-out Transfer finished with at least one destination failed.
     DestinationFailed,
+    /// The destination claim is smaller than `provision.capacity` asks; ferry does not resize.
+    ClaimTooSmall,
 }
 
 impl Reason {
@@ -125,6 +127,7 @@ impl Reason {
             Reason::MoverRejected => "MoverRejected",
             Reason::PriorityClassNotAllowed => "PriorityClassNotAllowed",
             Reason::BlockStoreFailed => "BlockStoreFailed",
+            Reason::ClaimTooSmall => "ClaimTooSmall",
         }
     }
 }

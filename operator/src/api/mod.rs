@@ -19,7 +19,8 @@ pub use conditions::{ConditionType, Reason, set_condition};
 pub use peer::{Peer, PeerSpec};
 pub use status::{
     DestinationStatus, LastError, MoverRef, Phase, ProgressStatus, QueueStatus, RemoteStatus,
-    ThroughputStatus, TransferStatus, UnreadableStatus, WireStatus,
+    RunCause, RunRecord, RunResult, RunStart, ThroughputStatus, TransferStatus, UnreadableStatus,
+    WireStatus,
 };
 
 /// Default number of parallel TLS streams.
@@ -40,12 +41,19 @@ pub const DEFAULT_BACKOFF_LIMIT: u32 = 3;
     printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.display"}"#,
     printcolumn = r#"{"name":"Throughput","type":"string","jsonPath":".status.throughput.display"}"#,
     printcolumn = r#"{"name":"ETA","type":"string","jsonPath":".status.eta"}"#,
+    printcolumn = r#"{"name":"Last Success","type":"date","jsonPath":".status.lastSuccessTime"}"#,
+    printcolumn = r#"{"name":"Next Run","type":"string","jsonPath":".status.nextRunTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     validation = Rule::new("self.spec.source == oldSelf.spec.source").message("spec.source is immutable"),
     validation = Rule::new("self.spec.destination == oldSelf.spec.destination").message("spec.destination is immutable"),
     validation = Rule::new("!has(self.spec.source.remote) || !has(self.spec.destination.remote)").message("at most one side may be remote"),
     validation = Rule::new("!has(self.spec.source.hostPath) || has(self.spec.source.hostPath.node)").message("a source is one node: spec.source.hostPath takes node, not nodes or nodeSelector"),
-    validation = Rule::new("!has(self.spec.destination.hostPath) || has(self.spec.destination.hostPath.node) || !has(self.spec.source.remote)").message("a fan-out destination (nodes, nodeSelector) needs a source in this cluster")
+    validation = Rule::new("!has(self.spec.destination.hostPath) || has(self.spec.destination.hostPath.node) || !has(self.spec.source.remote)").message("a fan-out destination (nodes, nodeSelector) needs a source in this cluster"),
+    validation = Rule::new("!has(self.spec.source.pvc) || !has(self.spec.source.pvc.provision)").message("provision creates a destination claim: a source claim must exist"),
+    validation = Rule::new("!has(self.spec.destination.pvc) || !has(self.spec.destination.pvc.provision) || self.spec.destination.pvc.provision.capacity != 'fromSource' || has(self.spec.source.pvc)").message("provision.capacity fromSource sizes the claim from the source claim: give a quantity for a hostPath or remote source"),
+    validation = Rule::new("!has(self.spec.schedule) || !has(self.spec.destination.remote)").message("a source half follows its destination half's runs: put spec.schedule on the destination half"),
+    validation = Rule::new("!has(self.spec.schedule) || !has(self.spec.ttlSecondsAfterFinished)").message("a scheduled Transfer runs again: ttlSecondsAfterFinished would delete it after its first run"),
+    validation = Rule::new("!has(self.spec.schedule) || self.spec.schedule.concurrencyPolicy != 'Replace' || !has(self.spec.destination.hostPath) || has(self.spec.destination.hostPath.node)").message("concurrencyPolicy Replace is for one destination: a fan-out's destinations finish their run (use Forbid)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct TransferSpec {
@@ -117,9 +125,56 @@ pub struct TransferSpec {
     /// Any string; changing it runs a finished Transfer again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// Run again on a cron schedule (a sync): each run copies what changed since the last.
+    /// The first run starts when the Transfer is created; `suspend` pauses the schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduleSpec>,
+    /// Finished runs kept in `status.history` (newest first); unset: 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub history_limit: Option<u32>,
     /// Settings for the mover pods (defaults come from the operator's configuration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover: Option<MoverSettings>,
+}
+
+/// When a Transfer runs again by itself, as a Kubernetes CronJob's schedule.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleSpec {
+    /// Five fields, `minute hour day-of-month month day-of-week` (`*`, `?`, `a-b`, `*/n`,
+    /// lists, `jan`-`dec`, `sun`-`sat`; day of week 0 and 7 are Sunday), or `@hourly`,
+    /// `@daily` (`@midnight`), `@weekly`, `@monthly`, `@yearly` (`@annually`).
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new(
+        "self.matches('^[ \\t]*(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[0-9A-Za-z*?/,-]+([ \\t]+[0-9A-Za-z*?/,-]+){4})[ \\t]*$')"
+    ).message("schedule.cron takes five fields (minute hour day-of-month month day-of-week, e.g. \"0 2 * * *\") or a macro such as @daily"))]
+    pub cron: String,
+    /// An IANA time zone (`Europe/Berlin`) the fields are read in; unset: UTC. A wall-clock
+    /// time the zone skips (spring forward) does not fire; one it repeats fires once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$')").message("schedule.timeZone is an IANA zone name such as Europe/Berlin or UTC"))]
+    pub time_zone: Option<String>,
+    /// A scheduled time that comes while a run is still going: `Forbid` (the default) skips
+    /// it (counted in `status.skippedRuns`); `Replace` stops the run (recorded as Replaced;
+    /// the next resumes from what it wrote) and starts a new one.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+    /// A run that cannot start within this many seconds of its scheduled time (the operator
+    /// was down, the Transfer suspended) is skipped. Unset: a missed time is caught up, once
+    /// however many were missed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub starting_deadline_seconds: Option<i64>,
+}
+
+/// What a due scheduled run does to a run still going.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ConcurrencyPolicy {
+    #[default]
+    Forbid,
+    Replace,
 }
 
 fn default_true() -> bool {
@@ -160,6 +215,60 @@ pub struct PvcEndpoint {
     #[schemars(length(max = 4096))]
     #[x_kube(validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')").message("path must not contain '..'"))]
     pub path: String,
+    /// Destination only: create the claim when it does not exist (and wait for nothing else:
+    /// the receiver is its first consumer, so a WaitForFirstConsumer class binds it on the
+    /// receiver's node). The claim belongs to nobody: deleting the Transfer leaves it and its
+    /// data. ferry never resizes a claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provision: Option<ClaimProvision>,
+}
+
+/// The claim the operator creates for a destination.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimProvision {
+    /// A quantity of bytes (`50Gi`, `500G`), or `fromSource`: the source claim's capacity plus
+    /// `headroomPercent`.
+    #[schemars(length(min = 1, max = 64))]
+    #[x_kube(validation = Rule::new("self == 'fromSource' || isQuantity(self)").message("provision.capacity is a quantity such as 50Gi, or fromSource"))]
+    #[x_kube(validation = Rule::new("self == 'fromSource' || !isQuantity(self) || quantity(self).isGreaterThan(quantity('0'))").message("provision.capacity must be more than 0"))]
+    pub capacity: String,
+    /// With `capacity: fromSource`: how much larger than the source claim (0-100, default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 100))]
+    pub headroom_percent: Option<u32>,
+    /// Unset: the cluster's default StorageClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+    /// Unset: `[ReadWriteOnce]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 3))]
+    pub access_modes: Vec<ClaimAccessMode>,
+    /// Only `Filesystem`: a tree needs a file system (a raw block volume holds none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<ClaimVolumeMode>,
+}
+
+/// How a provisioned claim may be mounted (a destination is written, so no ReadOnlyMany).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClaimAccessMode {
+    #[default]
+    ReadWriteOnce,
+    ReadWriteOncePod,
+    ReadWriteMany,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ClaimVolumeMode {
+    #[default]
+    Filesystem,
+}
+
+impl ClaimProvision {
+    /// The default percent a `fromSource` claim is larger than its source.
+    pub const DEFAULT_HEADROOM_PERCENT: u32 = 10;
+    pub const FROM_SOURCE: &'static str = "fromSource";
 }
 
 /// A directory on one node's filesystem, under a root the operator's configuration allows; as

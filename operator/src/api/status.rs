@@ -108,10 +108,89 @@ pub struct TransferStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub destinations: Vec<DestinationStatus>,
+    /// Why the current run started, and for which scheduled time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<RunStart>,
+    /// A scheduled Transfer: when its schedule starts the next run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run_time: Option<Time>,
+    /// The latest scheduled time acted on (a run started for it, or it was skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
+    /// When a run last succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_time: Option<Time>,
+    /// Scheduled times that started no run: a run was still going (`Forbid`), or the time
+    /// passed its starting deadline.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub skipped_runs: u32,
+    /// The latest finished runs, newest first (`spec.historyLimit`, 10 by default).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RunRecord>,
     /// Where a Transfer that waits for a slot (`--max-active` and the other limits) stands;
     /// absent once it runs. Updated within the status budget, like progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// What started a run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RunCause {
+    /// The Transfer's first run.
+    #[default]
+    Created,
+    /// `spec.trigger` changed.
+    Triggered,
+    /// `spec.schedule` fired.
+    Scheduled,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStart {
+    pub cause: RunCause,
+    /// The schedule's time this run is for (a late start, a catch-up, shows against it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_time: Option<Time>,
+}
+
+/// How a run ended.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum RunResult {
+    #[default]
+    Succeeded,
+    Failed,
+    /// A scheduled run took its place (`concurrencyPolicy: Replace`).
+    Replaced,
+}
+
+/// One finished run.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub run: u32,
+    pub cause: RunCause,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    pub result: RunResult,
+    /// Files and bytes written (files the destination already had are not counted).
+    pub files: u64,
+    pub bytes: u64,
+    /// Bytes on the network, and bytes taken from a node's block store instead.
+    pub wire_bytes: u64,
+    pub dedup_bytes: u64,
+    pub attempts: u32,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// How a cross-cluster half pairs with the other.

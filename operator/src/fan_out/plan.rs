@@ -82,6 +82,9 @@ pub fn child_spec(spec: &TransferSpec, node: &str, run: u32) -> TransferSpec {
         });
     }
     child.trigger = Some(child_trigger(run));
+    // The fan-out runs the schedule and keeps the history; each child runs when told.
+    child.schedule = None;
+    child.history_limit = None;
     // The fan-out's own lifetime governs; a child deleted on its own would be created again.
     child.ttl_seconds_after_finished = None;
     child
@@ -108,16 +111,40 @@ fn cond(
 }
 
 pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
-    let now = Time(obs.now);
     let before = t.status.clone().unwrap_or_default();
+    let decision = crate::runs::decide(t, &before, obs.now);
+    let mut p = step(t, obs, &before, &decision);
+    crate::runs::after_plan(t, &before, &mut p.status, &decision);
+    if let Some(next) = decision.next {
+        let wait = Duration::try_from(next.duration_since(obs.now))
+            .unwrap_or_default()
+            .min(RESYNC_SCHEDULE_MAX);
+        p.requeue = Some(p.requeue.map_or(wait, |r| r.min(wait)));
+    }
+    p
+}
+
+/// The longest a scheduled fan-out sleeps before it looks at its schedule again.
+const RESYNC_SCHEDULE_MAX: Duration = Duration::from_secs(3600);
+
+fn step(
+    t: &Transfer,
+    obs: &FanOutObserved,
+    before: &TransferStatus,
+    decision: &crate::runs::Decision,
+) -> FanOutPlan {
+    let now = Time(obs.now);
     let mut st = before.clone();
     st.observed_generation = t.metadata.generation;
     let mut actions = Vec::new();
     let mut notes = Vec::new();
 
-    // A new run: the first one, or a finished fan-out whose trigger changed. It fixes the
-    // destination nodes for the run.
-    if st.run == 0 || (st.phase.is_finished() && t.spec.trigger != st.observed_trigger) {
+    if let Some((at, why)) = &decision.skip {
+        notes.push(crate::runs::skip(&mut st, *at, why));
+    }
+    // A new run (the first, a changed trigger, the schedule) fixes the destination nodes for
+    // the run.
+    if decision.start.is_some() {
         let nodes = match &obs.nodes {
             Ok(n) if n.is_empty() => Err(Blocked {
                 reason: Reason::NodeNotFound,
@@ -161,13 +188,9 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
                 };
             }
         };
-        let run = st.run + 1;
-        let conditions = std::mem::take(&mut st.conditions);
         st = TransferStatus {
-            run,
-            observed_trigger: t.spec.trigger.clone(),
-            observed_generation: t.metadata.generation,
-            conditions,
+            // A fan-out's attempts are its destinations' own.
+            attempts: 0,
             start_time: Some(now.clone()),
             destinations: nodes
                 .iter()
@@ -180,8 +203,9 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
                     ..DestinationStatus::default()
                 })
                 .collect(),
-            ..TransferStatus::default()
+            ..crate::runs::begin(t, &st, decision, &now)
         };
+        let run = st.run;
         cond(
             &mut st,
             t,
@@ -209,6 +233,7 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
                 nodes.join(", ")
             ),
         });
+        notes.extend(crate::runs::start_note(decision, run));
     }
 
     // A finished run keeps its rows as they were: a child deleted since is not created again
@@ -786,6 +811,52 @@ mod tests {
             ["imagenet-gpu-1", "imagenet-gpu-3"],
             "gpu-1 runs again with the new trigger"
         );
+    }
+
+    #[test]
+    fn a_scheduled_fan_out_runs_its_children_again_when_the_schedule_fires() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        t.spec.schedule = Some(crate::api::ScheduleSpec {
+            cron: "0 * * * *".into(),
+            ..Default::default()
+        });
+        t.metadata.creation_timestamp = Some(Time("2026-11-27T09:59:00Z".parse().unwrap()));
+        let ok = || Some(child_status(Phase::Succeeded, 1, 1));
+        let done = second_plan(&mut t, vec![ok(), ok()]);
+        assert_eq!(done.status.phase, Phase::Succeeded);
+        assert_eq!(done.status.history.len(), 1);
+        assert_eq!(
+            done.status.next_run_time,
+            Some(Time("2026-11-27T11:00:00Z".parse().unwrap()))
+        );
+        assert_eq!(done.requeue, Some(Duration::from_secs(3600)));
+        let children: Vec<ChildView> = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]))
+            .actions
+            .iter()
+            .map(|a| child_from(a, ok()))
+            .collect();
+        t.status = Some(done.status);
+        let mut later = obs(&["gpu-1", "gpu-2"], children);
+        later.now = "2026-11-27T11:00:05Z".parse().unwrap();
+        let p = plan(&t, &later);
+        assert_eq!(p.status.run, 2);
+        assert_eq!(p.status.history.len(), 1);
+        let specs: Vec<&TransferSpec> = p
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                FanOutAction::ApplyChild { spec, .. } => Some(&**spec),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(specs.len(), 2, "{:?}", p.actions);
+        for spec in specs {
+            assert_eq!(spec.trigger.as_deref(), Some("fan-out-run-2"));
+            assert!(
+                spec.schedule.is_none(),
+                "the fan-out alone keeps the schedule"
+            );
+        }
     }
 
     #[test]

@@ -8,18 +8,14 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     let spec = &t.spec;
     let now = cx.obs.now;
 
-    // A new run: the first one, or a finished Transfer whose trigger changed.
-    if cx.st.run == 0 || (cx.st.phase.is_finished() && spec.trigger != cx.st.observed_trigger) {
-        let run = cx.st.run + 1;
-        let conditions = std::mem::take(&mut cx.st.conditions);
-        cx.st = TransferStatus {
-            run,
-            attempts: 1,
-            observed_trigger: spec.trigger.clone(),
-            observed_generation: t.metadata.generation,
-            conditions,
-            ..TransferStatus::default()
-        };
+    // A new run: the first, a changed trigger after the last finished, or the schedule.
+    let decision = crate::runs::decide(t, &cx.st, now);
+    if let Some((at, why)) = &decision.skip {
+        let note = crate::runs::skip(&mut cx.st, *at, why);
+        cx.notes.push(note);
+    }
+    if decision.start.is_some() {
+        cx.st = crate::runs::begin(t, &cx.st, &decision, &cx.now);
         cx.cond(
             ConditionType::Succeeded,
             false,
@@ -32,14 +28,11 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
             Reason::Pending,
             "not finished",
         );
-        if run > 1 {
-            cx.notes.push(Note {
-                warning: false,
-                reason: "Triggered",
-                message: format!("spec.trigger changed: run {run} starts"),
-            });
+        if let Some(note) = crate::runs::start_note(&decision, cx.st.run) {
+            cx.notes.push(note);
         }
     }
+    cx.decision = decision;
 
     if cx.st.phase.is_finished() {
         cx.retire(uid);
@@ -56,6 +49,29 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
             }
             Ttl::Wait(d) => Some(d),
         };
+    }
+
+    if let Some(crate::provision::ProvisionStep::Create(req)) = &cx.obs.provision
+        && validation::unsupported(spec, cx.obs).is_none()
+    {
+        let message = format!(
+            "creating PersistentVolumeClaim {} ({}, {})",
+            req.name,
+            crate::provision::quantity(req.bytes),
+            req.storage_class_name.as_deref().map_or_else(
+                || "the default StorageClass".to_owned(),
+                |c| format!("StorageClass {c}")
+            )
+        );
+        cx.actions.push(Action::CreateClaim(req.clone()));
+        cx.notes.push(Note {
+            warning: false,
+            reason: "ClaimProvisioned",
+            message: message.clone(),
+        });
+        cx.st.phase = Phase::Pending;
+        cx.cond(ConditionType::Ready, false, Reason::Pending, &message);
+        return Some(RESYNC_PROVISIONED);
     }
 
     let blocked = blocked(t, cx.obs);

@@ -54,6 +54,9 @@ pub const BACKOFF_BASE: Duration = Duration::from_secs(2);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(120);
 /// How often a running Transfer is looked at even when nothing announces a change.
 pub const RESYNC_RUNNING: Duration = Duration::from_secs(15);
+/// How soon a Transfer looks again after it created its destination claim (claims are not
+/// watched per Transfer).
+pub const RESYNC_PROVISIONED: Duration = Duration::from_secs(2);
 /// How often a blocked Transfer (missing claim, missing node) checks whether the cause is gone.
 pub const RESYNC_BLOCKED: Duration = Duration::from_secs(10);
 /// How often a source half asks its destination half how things stand.
@@ -141,6 +144,8 @@ pub struct Observed {
     pub privileged_readers_allowed: bool,
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteObserved>,
+    /// A destination claim to provision (`destination.pvc.provision`): what to do about it.
+    pub provision: Option<crate::provision::ProvisionStep>,
 }
 
 /// What observe saw of the other cluster.
@@ -191,6 +196,8 @@ pub enum Action {
     DeleteSecret(String),
     /// `ttlSecondsAfterFinished` ran out.
     DeleteTransfer,
+    /// Create the destination claim (`destination.pvc.provision`).
+    CreateClaim(crate::provision::ClaimRequest),
 }
 
 /// An Event to record (events.k8s.io).
@@ -256,6 +263,8 @@ struct Ctx<'a> {
     now: Time,
     generation: Option<i64>,
     obs: &'a Observed,
+    /// What the run rules decided (a new run, a skipped scheduled time, the next one).
+    decision: crate::runs::Decision,
 }
 
 impl Ctx<'_> {
@@ -420,6 +429,7 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         now: Time(obs.now),
         generation: t.metadata.generation,
         obs,
+        decision: crate::runs::Decision::default(),
     };
     cx.st.observed_generation = t.metadata.generation;
     // Set again below while the Transfer waits for a slot.
@@ -430,6 +440,11 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         lifecycle::step(t, &uid, &mut cx)
     };
     keep_last_heard(t, &before, &mut cx);
+    crate::runs::after_plan(t, &before, &mut cx.st, &cx.decision);
+    let requeue = match (requeue, cx.decision.next) {
+        (r, Some(next)) => Some(r.map_or(until(obs.now, next), |r| r.min(until(obs.now, next)))),
+        (r, None) => r,
+    };
     if cx.st.phase != before.phase {
         let reason = cx
             .st

@@ -61,6 +61,7 @@ fn obs(secs: i64) -> Observed {
         privileged_readers_allowed: false,
         priority_class_refused: None,
         remote: None,
+        provision: None,
     }
 }
 
@@ -1195,6 +1196,185 @@ fn a_queued_transfer_shows_its_place_and_the_limit_it_waits_for() {
     // Its turn: the place goes, the movers start.
     let p = advance(&mut t, &obs(1));
     assert_eq!(p.status.queue, None);
+    assert!(
+        p.actions
+            .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
+    );
+}
+
+/// A Transfer on a five-minute schedule, created at `obs(0)` (a whole five minutes).
+fn every_five_minutes() -> Transfer {
+    let mut t = transfer();
+    t.spec.schedule = Some(crate::api::ScheduleSpec {
+        cron: "*/5 * * * *".into(),
+        ..crate::api::ScheduleSpec::default()
+    });
+    t.metadata.creation_timestamp = Some(Time(obs(0).now));
+    t
+}
+
+/// Runs `t`'s current run to success at `secs`.
+fn succeed(t: &mut Transfer, secs: i64) -> Plan {
+    let run = t.status.as_ref().map_or(1, |s| s.run);
+    let mut o = obs(secs);
+    o.pods = vec![
+        pod(run, 1, MoverRole::Receiver, PodPhase::Succeeded, false),
+        pod(run, 1, MoverRole::Sender, PodPhase::Succeeded, false),
+    ];
+    o.receiver_progress = Some(ProgressUpdate {
+        phase: MoverPhase::Succeeded as i32,
+        files_done: 3,
+        bytes_done: 300,
+        wire_bytes: 150,
+        ..ProgressUpdate::default()
+    });
+    advance(t, &o)
+}
+
+#[test]
+fn a_scheduled_transfer_records_its_run_and_starts_the_next_when_the_schedule_fires() {
+    let mut t = every_five_minutes();
+    let p = advance(&mut t, &obs(1));
+    assert_eq!(p.status.run, 1);
+    assert_eq!(p.status.next_run_time, Some(Time(obs(300).now)));
+    let done = succeed(&mut t, 60);
+    assert_eq!(done.status.phase, Phase::Succeeded);
+    assert_eq!(done.status.history.len(), 1);
+    let h = &done.status.history[0];
+    assert_eq!(
+        (h.run, h.result, h.files, h.bytes),
+        (1, crate::api::RunResult::Succeeded, 3, 300)
+    );
+    assert_eq!(h.cause, crate::api::RunCause::Created);
+    assert_eq!(done.status.last_success_time, Some(Time(obs(60).now)));
+    // Between runs the plan sleeps until the schedule's time, and changes nothing meanwhile.
+    assert_eq!(done.requeue, Some(Duration::from_secs(240)));
+    let quiet = plan(&t, &obs(200));
+    assert_eq!(quiet.status, done.status);
+    assert!(quiet.actions.is_empty());
+
+    let p = advance(&mut t, &obs(300));
+    assert_eq!(p.status.run, 2);
+    assert_eq!(p.status.phase, Phase::Pending);
+    assert_eq!(p.status.history.len(), 1, "the history is kept across runs");
+    assert_eq!(p.status.next_run_time, Some(Time(obs(600).now)));
+    assert!(
+        p.actions
+            .contains(&Action::CreateReceiver { run: 2, attempt: 1 })
+    );
+    let note = p
+        .notes
+        .iter()
+        .find(|n| n.reason == "Scheduled")
+        .expect("note");
+    assert!(note.message.contains("run 2 starts"), "{}", note.message);
+    let done = succeed(&mut t, 330);
+    let runs: Vec<u32> = done.status.history.iter().map(|h| h.run).collect();
+    assert_eq!(runs, [2, 1]);
+}
+
+#[test]
+fn forbid_skips_a_scheduled_time_while_the_run_is_going() {
+    let mut t = every_five_minutes();
+    advance(&mut t, &obs(1));
+    let mut o = obs(301);
+    o.pods = vec![pod(1, 1, MoverRole::Receiver, PodPhase::Running, true)];
+    let p = advance(&mut t, &o);
+    assert_eq!(p.status.run, 1);
+    assert_eq!(p.status.skipped_runs, 1);
+    assert_eq!(p.status.last_schedule_time, Some(Time(obs(300).now)));
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.reason == "RunSkipped" && n.warning)
+    );
+    assert!(!p.actions.iter().any(|a| matches!(a, Action::DeletePod(_))));
+    // Counted once.
+    let p = advance(&mut t, &o);
+    assert_eq!(p.status.skipped_runs, 1);
+}
+
+#[test]
+fn replace_stops_the_going_run_and_starts_the_scheduled_one() {
+    let mut t = every_five_minutes();
+    t.spec
+        .schedule
+        .as_mut()
+        .expect("schedule")
+        .concurrency_policy = crate::api::ConcurrencyPolicy::Replace;
+    advance(&mut t, &obs(1));
+    let mut o = obs(301);
+    o.pods = vec![
+        pod(1, 1, MoverRole::Receiver, PodPhase::Running, true),
+        pod(1, 1, MoverRole::Sender, PodPhase::Running, true),
+    ];
+    let p = advance(&mut t, &o);
+    assert_eq!(p.status.run, 2);
+    assert_eq!(p.status.history[0].result, crate::api::RunResult::Replaced);
+    for role in [MoverRole::Receiver, MoverRole::Sender] {
+        assert!(
+            p.actions
+                .contains(&Action::DeletePod(names::pod_name(UID, 1, 1, role)))
+        );
+    }
+    assert!(
+        p.actions
+            .contains(&Action::CreateReceiver { run: 2, attempt: 1 })
+    );
+}
+
+#[test]
+fn a_schedule_in_a_time_zone_that_does_not_exist_creates_nothing() {
+    let mut t = every_five_minutes();
+    t.spec.schedule.as_mut().expect("schedule").time_zone = Some("Europe/Atlantis".into());
+    let p = advance(&mut t, &obs(1));
+    assert_eq!(p.status.phase, Phase::Pending);
+    assert_eq!(cond(&p, "Ready").reason, "InvalidSpec");
+    assert!(
+        cond(&p, "Ready")
+            .message
+            .contains("\"Europe/Atlantis\" is not a time zone")
+    );
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.status.next_run_time, None);
+}
+
+#[test]
+fn a_missing_provisioned_claim_is_created_first_and_a_small_one_blocks() {
+    use crate::provision::{ClaimRequest, ProvisionStep};
+    let mut t = transfer();
+    let mut o = obs(1);
+    let req = ClaimRequest {
+        name: "copy".into(),
+        bytes: 1 << 30,
+        storage_class_name: Some("local-path".into()),
+        access_modes: vec![crate::api::ClaimAccessMode::ReadWriteOnce],
+    };
+    o.provision = Some(ProvisionStep::Create(req.clone()));
+    let p = advance(&mut t, &o);
+    assert_eq!(p.actions, vec![Action::CreateClaim(req)]);
+    assert_eq!(p.status.phase, Phase::Pending);
+    assert_eq!(
+        cond(&p, "Ready").message,
+        "creating PersistentVolumeClaim copy (1024Mi, StorageClass local-path)"
+    );
+    assert!(
+        p.notes
+            .iter()
+            .any(|n| n.reason == "ClaimProvisioned" && !n.warning)
+    );
+    assert_eq!(p.requeue, Some(RESYNC_PROVISIONED));
+
+    o.provision = Some(ProvisionStep::Blocked(Blocked {
+        reason: Reason::ClaimTooSmall,
+        message: "too small".into(),
+    }));
+    let p = advance(&mut t, &o);
+    assert_eq!(cond(&p, "Ready").reason, "ClaimTooSmall");
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+
+    o.provision = Some(ProvisionStep::Ready);
+    let p = advance(&mut t, &o);
     assert!(
         p.actions
             .contains(&Action::CreateReceiver { run: 1, attempt: 1 })

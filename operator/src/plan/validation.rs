@@ -13,8 +13,13 @@ pub(super) fn blocked(t: &Transfer, obs: &Observed) -> Option<Blocked> {
         reason: Reason::PodSecurityForbidsHostPath,
         message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use claims here, or a namespace at the privileged level".into(),
     });
+    let provision = match &obs.provision {
+        Some(crate::provision::ProvisionStep::Blocked(b)) => Some(b.clone()),
+        _ => None,
+    };
     unsupported(spec, obs)
         .or(psa)
+        .or(provision)
         .or_else(|| obs.placement.clone().err())
         .or_else(|| peer_blocked(obs))
 }
@@ -70,12 +75,18 @@ pub(super) fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked
                 .into(),
         });
     }
-    let invalid = bandwidth_bytes(spec).err().or_else(|| {
-        let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
-        ferry_mover::tree::Filter::new(rules)
-            .err()
-            .map(|e| format!("spec.exclude: {e}"))
-    });
+    let invalid = bandwidth_bytes(spec)
+        .err()
+        .or_else(|| {
+            let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
+            ferry_mover::tree::Filter::new(rules)
+                .err()
+                .map(|e| format!("spec.exclude: {e}"))
+        })
+        .or_else(|| {
+            let schedule = spec.schedule.as_ref()?;
+            crate::runs::Schedule::parse(schedule).err()
+        });
     invalid.map(|message| Blocked {
         reason: Reason::InvalidSpec,
         message,

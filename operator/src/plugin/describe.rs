@@ -84,6 +84,9 @@ pub fn render_describe(input: &DescribeInput<'_>) -> String {
         lifecycle.push(format!("trigger {trigger:?}"));
     }
     field("Lifecycle", lifecycle.join(", "));
+    if let Some(sched) = &spec.schedule {
+        field("Schedule", schedule_line(sched, st, spec.suspend, now));
+    }
     field("Phase", phase_name(st.phase).to_owned());
     field(
         "Run",
@@ -167,6 +170,11 @@ pub fn render_describe(input: &DescribeInput<'_>) -> String {
         out.push_str(&render_destinations(st));
     }
 
+    if !st.history.is_empty() {
+        out.push_str("Runs:\n");
+        out.push_str(&render_history(st, now));
+    }
+
     out.push_str("Mover Pods:\n");
     out.push_str(&render_pods(st, input.pods));
 
@@ -206,6 +214,74 @@ fn render_destinations(st: &TransferStatus) -> String {
             human_rate(d.bytes_per_second),
             human_bytes(d.dedup_bytes),
             d.message.clone().unwrap_or_default(),
+        ]);
+    }
+    table.render("  ")
+}
+
+/// "0 2 * * * (Europe/Berlin), Forbid; next 2026-11-28T01:00:00Z (in 2h), last success ...".
+fn schedule_line(
+    sched: &crate::api::ScheduleSpec,
+    st: &TransferStatus,
+    suspended: bool,
+    now: Timestamp,
+) -> String {
+    let mut line = format!(
+        "{} ({}), {:?}",
+        sched.cron,
+        sched.time_zone.as_deref().unwrap_or("UTC"),
+        sched.concurrency_policy
+    );
+    if let Some(d) = sched.starting_deadline_seconds {
+        line.push_str(&format!(", startingDeadlineSeconds {d}"));
+    }
+    match &st.next_run_time {
+        _ if suspended => line.push_str("; suspended"),
+        Some(next) => line.push_str(&format!(
+            "; next {} (in {})",
+            next.0,
+            human_age(next.0.as_second() - now.as_second())
+        )),
+        None => {}
+    }
+    if let Some(ok) = &st.last_success_time {
+        line.push_str(&format!(
+            "; last success {} ago",
+            human_age(now.as_second() - ok.0.as_second())
+        ));
+    }
+    if st.skipped_runs > 0 {
+        line.push_str(&format!("; {} scheduled times skipped", st.skipped_runs));
+    }
+    line
+}
+
+/// The finished runs, newest first: why each started, how long it took, what it moved.
+fn render_history(st: &TransferStatus, now: Timestamp) -> String {
+    let mut table = Table::new([
+        "RUN", "CAUSE", "STARTED", "DURATION", "RESULT", "FILES", "BYTES", "WIRE", "DEDUP",
+        "ATTEMPTS", "MESSAGE",
+    ]);
+    for h in &st.history {
+        let duration = match (&h.start_time, &h.completion_time) {
+            (Some(s), Some(c)) => human_age(c.0.as_second() - s.0.as_second()),
+            _ => "-".into(),
+        };
+        table.push([
+            h.run.to_string(),
+            format!("{:?}", h.cause),
+            h.start_time
+                .as_ref()
+                .map(|s| format!("{} ago", human_age(now.as_second() - s.0.as_second())))
+                .unwrap_or_else(|| "-".into()),
+            duration,
+            format!("{:?}", h.result),
+            h.files.to_string(),
+            human_bytes(h.bytes),
+            human_bytes(h.wire_bytes),
+            human_bytes(h.dedup_bytes),
+            h.attempts.to_string(),
+            h.message.clone().unwrap_or_default(),
         ]);
     }
     table.render("  ")
@@ -471,6 +547,58 @@ mod tests {
             out.contains("109s   ferry-operator   attempt 1 started"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn a_scheduled_transfer_shows_its_schedule_and_its_runs() {
+        use crate::api::{RunCause, RunRecord, RunResult, ScheduleSpec};
+        let mut st = running();
+        st.phase = Phase::Succeeded;
+        st.next_run_time = Some(at(1_000 + 3_600));
+        st.last_success_time = Some(at(1_000 - 60));
+        st.skipped_runs = 2;
+        st.history = vec![
+            RunRecord {
+                run: 3,
+                cause: RunCause::Scheduled,
+                start_time: Some(at(1_000 - 120)),
+                completion_time: Some(at(1_000 - 60)),
+                result: RunResult::Succeeded,
+                files: 4,
+                bytes: 4 << 20,
+                wire_bytes: 5 << 20,
+                attempts: 1,
+                ..Default::default()
+            },
+            RunRecord {
+                run: 2,
+                cause: RunCause::Triggered,
+                result: RunResult::Failed,
+                attempts: 4,
+                message: Some("MoverFailed: disk full".into()),
+                ..Default::default()
+            },
+        ];
+        let mut t = transfer("nightly", Some(st));
+        t.spec.schedule = Some(ScheduleSpec {
+            cron: "0 * * * *".into(),
+            time_zone: Some("Europe/Berlin".into()),
+            ..Default::default()
+        });
+        let out = render_describe(&DescribeInput {
+            transfer: &t,
+            pods: &[],
+            events: &[],
+            now: at(1_000).0,
+        });
+        for want in [
+            "Schedule:      0 * * * * (Europe/Berlin), Forbid; next 1970-01-01T01:16:40Z (in 60m); last success 60s ago; 2 scheduled times skipped\n",
+            "Runs:\n  RUN   CAUSE       STARTED   DURATION   RESULT      FILES   BYTES     WIRE      DEDUP   ATTEMPTS   MESSAGE\n",
+            "  3     Scheduled   2m ago    60s        Succeeded   4       4.0 MiB   5.0 MiB   0 B     1",
+            "  2     Triggered   -         -          Failed      0       0 B       0 B       0 B     4          MoverFailed: disk full\n",
+        ] {
+            assert!(out.contains(want), "missing {want:?} in:\n{out}");
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub fn render_get(transfers: &[Transfer], layout: GetLayout, now: Timestamp) -> 
         "AGE",
     ]);
     if layout.wide {
-        headers.extend(["SENDER NODE", "RECEIVER NODE", "DIGEST"]);
+        headers.extend(["SENDER NODE", "RECEIVER NODE", "DIGEST", "NEXT RUN"]);
     }
     let mut table = Table::new(headers);
     for t in transfers {
@@ -65,11 +65,25 @@ pub fn render_get(transfers: &[Transfer], layout: GetLayout, now: Timestamp) -> 
                 node(&st.sender),
                 node(&st.receiver),
                 st.digest.clone().unwrap_or_else(|| "-".into()),
+                next_run_cell(t, st, now),
             ]);
         }
         table.push(row);
     }
     table.render("")
+}
+
+/// When a scheduled Transfer runs next ("in 3m"), "suspended", or "-" without a schedule.
+fn next_run_cell(t: &Transfer, st: &TransferStatus, now: Timestamp) -> String {
+    match (&t.spec.schedule, &st.next_run_time) {
+        (None, _) => "-".into(),
+        (Some(_), _) if t.spec.suspend => "suspended".into(),
+        (Some(_), Some(next)) => format!(
+            "in {}",
+            super::format::human_age(next.0.as_second() - now.as_second())
+        ),
+        (Some(_), None) => "-".into(),
+    }
 }
 
 /// Attempts of the current run; for a fan-out, how many of its nodes are done.
@@ -269,7 +283,8 @@ pub(crate) mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("NAMESPACE   NAME"), "{out}");
         assert!(
-            lines[0].ends_with("SENDER NODE   RECEIVER NODE   DIGEST"),
+            lines[0].contains("SENDER NODE   RECEIVER NODE   DIGEST")
+                && lines[0].ends_with("NEXT RUN"),
             "{out}"
         );
         let cells: Vec<&str> = lines[1].split_whitespace().collect();
@@ -290,9 +305,31 @@ pub(crate) mod tests {
                 "node-a",
                 "node-b",
                 &"ab".repeat(32),
+                "-",
             ],
             "{out}"
         );
+    }
+
+    #[test]
+    fn wide_shows_when_a_scheduled_transfer_runs_next() {
+        let mut st = running();
+        st.phase = Phase::Succeeded;
+        st.next_run_time = Some(at(1_000 + 600));
+        let mut t = transfer("nightly", Some(st));
+        t.spec.schedule = Some(crate::api::ScheduleSpec {
+            cron: "*/10 * * * *".into(),
+            ..Default::default()
+        });
+        let wide = GetLayout {
+            namespace: false,
+            wide: true,
+        };
+        let out = render_get(std::slice::from_ref(&t), wide, at(1_000).0);
+        assert!(out.lines().nth(1).unwrap().ends_with("in 10m"), "{out}");
+        t.spec.suspend = true;
+        let out = render_get(&[t], wide, at(1_000).0);
+        assert!(out.lines().nth(1).unwrap().ends_with("suspended"), "{out}");
     }
 
     #[test]

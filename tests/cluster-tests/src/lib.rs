@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::{Api, Client};
 
+pub mod argocd;
 pub mod cross;
 pub mod operator;
 pub mod transfers;
@@ -420,4 +421,18 @@ pub fn on_drop(f: impl FnOnce()) -> impl Drop {
         }
     }
     Guard(Some(f))
+}
+
+/// The notes of the Events (events.k8s.io) about object `name` in `ns` with `reason`.
+pub async fn events_of(ns: &str, name: &str, reason: &str) -> anyhow::Result<Vec<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client().await?, ns);
+    Ok(events
+        .list(&kube::api::ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect())
 }
