@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 .PHONY: build release images push chart-push test lint fmt deps k8s-bin cluster-up cluster-down cluster-env cluster-logs \
-	test-cluster clusters-up clusters-down node-stop node-start node-shape demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry bench-fanout bench-fanout-cluster
+	test-cluster clusters-up clusters-down node-stop node-start node-shape demo demo-down deploy-local manifests crds chart-check bench bench-operator bench-local bench-net bench-build bench-selftest fuzz-smoke bench-net-ferry bench-fanout bench-fanout-cluster bench-ab
 build:
 	$(CARGO) build --workspace
 
@@ -111,6 +111,11 @@ bench-fanout-cluster: deps k8s-bin
 FERRY_BUILD ?= 1
 BENCH_COMMAND = $(strip make $(MAKECMDGOALS) $(foreach v,ROUNDS DATASETS CONTENDERS ON_DISK SCALE PARTS SCALE_COUNT SCALE_ACTIVE COUNT,$(if $($(v)),$(v)=$($(v)))))
 export ROUNDS PARTS SCALE_COUNT SCALE_ACTIVE COUNT DATASETS CONTENDERS ON_DISK SCALE WRITE_DOCS FERRY_BIN FERRY_REV FERRY_BASELINE TMPFS_SIZE RUN_TIMEOUT FERRY_JOBS ON_DISK_SETTLE BENCH_COMMAND
+
+# The working tree's mover raced against revision BASE in one interleaved run (both datasets, 2 and
+# 4 streams; tests/scripts/bench-ab.sh): make bench-ab BASE=649ddeb [ROUNDS=5].
+bench-ab: deps
+	tests/scripts/bench-ab.sh
 
 bench-build:
 ifeq ($(FERRY_BUILD)$(FERRY_BIN),1)

@@ -524,8 +524,13 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .filter(|s| candidates.contains(s))
         .collect();
 
+    let provision = observe_provision(t, ctx, &ns).await?;
     let source = side_facts(t, Side::Source, &ctx.caches, &ns);
-    let destination = side_facts(t, Side::Destination, &ctx.caches, &ns);
+    let mut destination = side_facts(t, Side::Destination, &ctx.caches, &ns);
+    if matches!(provision, Some(crate::provision::ProvisionStep::Create(_))) {
+        // The plan creates it before any mover that mounts it.
+        destination.claim_exists = true;
+    }
     let placement = placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &source)
         .and_then(|s| {
             placement::place_side(
@@ -606,7 +611,6 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .is_some_and(|level| level == "baseline" || level == "restricted");
 
     let admission = admission(t, ctx);
-    let provision = observe_provision(t, ctx, &ns).await?;
     Ok(Observed {
         now: Timestamp::now(),
         host_path_forbidden,

@@ -34,6 +34,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of `cp`'s many options costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// List Transfers (or one) with phase, progress, files, throughput, ETA, attempts and age.
@@ -81,6 +83,18 @@ enum Command {
         /// `spec.streams`.
         #[arg(long)]
         streams: Option<u32>,
+        /// Run again on this cron schedule (`spec.schedule.cron`: "0 2 * * *", @daily).
+        #[arg(long, value_name = "CRON")]
+        schedule: Option<String>,
+        /// The schedule's IANA time zone (default UTC).
+        #[arg(long, value_name = "ZONE")]
+        time_zone: Option<String>,
+        /// Create the destination claim if missing, this size (50Gi) or `fromSource`.
+        #[arg(long, value_name = "SIZE|fromSource")]
+        provision: Option<String>,
+        /// The provisioned claim's StorageClass (default: the cluster's default).
+        #[arg(long, value_name = "CLASS")]
+        storage_class: Option<String>,
         /// Print the name and return at once.
         #[arg(long)]
         no_wait: bool,
@@ -358,6 +372,10 @@ fn cp_args(
         name,
         bandwidth_limit,
         streams,
+        schedule,
+        time_zone,
+        provision,
+        storage_class,
         ..
     } = command
     else {
@@ -371,6 +389,10 @@ fn cp_args(
         namespace,
         bandwidth_limit: bandwidth_limit.clone(),
         streams: *streams,
+        schedule: schedule.clone(),
+        time_zone: time_zone.clone(),
+        provision: provision.clone(),
+        storage_class: storage_class.clone(),
     })
 }
 

@@ -116,16 +116,11 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     let mut p = step(t, obs, &before, &decision);
     crate::runs::after_plan(t, &before, &mut p.status, &decision);
     if let Some(next) = decision.next {
-        let wait = Duration::try_from(next.duration_since(obs.now))
-            .unwrap_or_default()
-            .min(RESYNC_SCHEDULE_MAX);
+        let wait = crate::plan::until(obs.now, next);
         p.requeue = Some(p.requeue.map_or(wait, |r| r.min(wait)));
     }
     p
 }
-
-/// The longest a scheduled fan-out sleeps before it looks at its schedule again.
-const RESYNC_SCHEDULE_MAX: Duration = Duration::from_secs(3600);
 
 fn step(
     t: &Transfer,

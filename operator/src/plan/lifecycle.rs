@@ -51,29 +51,6 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
         };
     }
 
-    if let Some(crate::provision::ProvisionStep::Create(req)) = &cx.obs.provision
-        && validation::unsupported(spec, cx.obs).is_none()
-    {
-        let message = format!(
-            "creating PersistentVolumeClaim {} ({}, {})",
-            req.name,
-            crate::provision::quantity(req.bytes),
-            req.storage_class_name.as_deref().map_or_else(
-                || "the default StorageClass".to_owned(),
-                |c| format!("StorageClass {c}")
-            )
-        );
-        cx.actions.push(Action::CreateClaim(req.clone()));
-        cx.notes.push(Note {
-            warning: false,
-            reason: "ClaimProvisioned",
-            message: message.clone(),
-        });
-        cx.st.phase = Phase::Pending;
-        cx.cond(ConditionType::Ready, false, Reason::Pending, &message);
-        return Some(RESYNC_PROVISIONED);
-    }
-
     let blocked = blocked(t, cx.obs);
     if let Some(b) = blocked {
         cx.stop_attempt(uid);
@@ -111,6 +88,29 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     }
     if cx.st.phase == Phase::Suspended {
         cx.st.phase = Phase::Pending;
+    }
+
+    // The destination claim to provision comes first (a missing one blocks nothing: observe
+    // counts it as there).
+    if let Some(crate::provision::ProvisionStep::Create(req)) = &cx.obs.provision {
+        let message = format!(
+            "creating PersistentVolumeClaim {} ({}, {})",
+            req.name,
+            crate::provision::quantity(req.bytes),
+            req.storage_class_name.as_deref().map_or_else(
+                || "the default StorageClass".to_owned(),
+                |c| format!("StorageClass {c}")
+            )
+        );
+        cx.actions.push(Action::CreateClaim(req.clone()));
+        cx.notes.push(Note {
+            warning: false,
+            reason: "ClaimProvisioned",
+            message: message.clone(),
+        });
+        cx.st.phase = Phase::Pending;
+        cx.cond(ConditionType::Ready, false, Reason::Pending, &message);
+        return Some(RESYNC_PROVISIONED);
     }
 
     if cx.st.phase == Phase::Retrying {

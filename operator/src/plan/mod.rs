@@ -250,7 +250,7 @@ pub(crate) fn ttl_after_finished(ttl: Option<i64>, done: Option<&Time>, now: Tim
 /// The longest wait a plan asks for: a far deadline is looked at again now and then.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-fn until(now: Timestamp, then: Timestamp) -> Duration {
+pub(crate) fn until(now: Timestamp, then: Timestamp) -> Duration {
     Duration::try_from(then.duration_since(now))
         .unwrap_or(Duration::ZERO)
         .min(MAX_WAIT)

@@ -1351,6 +1351,12 @@ fn a_missing_provisioned_claim_is_created_first_and_a_small_one_blocks() {
         access_modes: vec![crate::api::ClaimAccessMode::ReadWriteOnce],
     };
     o.provision = Some(ProvisionStep::Create(req.clone()));
+    // A suspended Transfer creates nothing, its claim included.
+    t.spec.suspend = true;
+    let p = plan(&t, &o);
+    assert_eq!(p.status.phase, Phase::Suspended);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    t.spec.suspend = false;
     let p = advance(&mut t, &o);
     assert_eq!(p.actions, vec![Action::CreateClaim(req)]);
     assert_eq!(p.status.phase, Phase::Pending);

@@ -31,6 +31,10 @@ pub enum CpError {
     Nodes(String),
     #[error("--selector {0:?}: comma-separated KEY=VALUE labels")]
     Selector(String),
+    #[error("--provision creates the destination claim: the destination is pvc/CLAIM[:/PATH]")]
+    ProvisionNeedsClaim,
+    #[error("--{0} goes with --{1}")]
+    Needs(&'static str, &'static str),
 }
 
 /// The destination nodes of a fan-out.
@@ -52,6 +56,12 @@ pub struct CpArgs {
     pub namespace: String,
     pub bandwidth_limit: Option<String>,
     pub streams: Option<u32>,
+    /// `--schedule` (a cron expression) and `--time-zone`.
+    pub schedule: Option<String>,
+    pub time_zone: Option<String>,
+    /// `--provision` (a size or `fromSource`) and `--storage-class`.
+    pub provision: Option<String>,
+    pub storage_class: Option<String>,
 }
 
 /// Reads `--to-nodes` and `--selector` (at most one of them).
@@ -140,7 +150,32 @@ pub fn transfer(args: &CpArgs) -> Result<Value, CpError> {
             json!({"hostPath": host})
         }
     };
+    let mut destination = destination;
+    match (&args.provision, &args.storage_class) {
+        (None, Some(_)) => return Err(CpError::Needs("storage-class", "provision")),
+        (None, None) => {}
+        (Some(capacity), class) => {
+            let Some(pvc) = destination.get_mut("pvc") else {
+                return Err(CpError::ProvisionNeedsClaim);
+            };
+            let mut provision = json!({"capacity": capacity});
+            if let Some(class) = class {
+                provision["storageClassName"] = json!(class);
+            }
+            pvc["provision"] = provision;
+        }
+    }
     let mut spec = json!({"source": source, "destination": destination});
+    match (&args.schedule, &args.time_zone) {
+        (None, Some(_)) => return Err(CpError::Needs("time-zone", "schedule")),
+        (None, None) => {}
+        (Some(cron), zone) => {
+            spec["schedule"] = json!({"cron": cron});
+            if let Some(zone) = zone {
+                spec["schedule"]["timeZone"] = json!(zone);
+            }
+        }
+    }
     if let Some(limit) = &args.bandwidth_limit {
         spec["bandwidthLimit"] = json!(limit);
     }
@@ -216,6 +251,41 @@ mod tests {
         );
         let _: crate::api::Transfer =
             serde_json::from_value(transfer(&a).expect("cp")).expect("a Transfer");
+    }
+
+    #[test]
+    fn a_schedule_and_a_provisioned_claim_compose() {
+        let mut a = args("pvc/models", "pvc/models-nvme");
+        a.schedule = Some("0 2 * * *".into());
+        a.time_zone = Some("Europe/Berlin".into());
+        a.provision = Some("fromSource".into());
+        a.storage_class = Some("fast-nvme".into());
+        let t = transfer(&a).expect("cp");
+        assert_eq!(
+            t["spec"]["schedule"],
+            json!({"cron": "0 2 * * *", "timeZone": "Europe/Berlin"})
+        );
+        assert_eq!(
+            t["spec"]["destination"]["pvc"]["provision"],
+            json!({"capacity": "fromSource", "storageClassName": "fast-nvme"})
+        );
+        let _: crate::api::Transfer = serde_json::from_value(t).expect("a Transfer");
+
+        let mut host = args("node-a:/x", "node-b:/y");
+        host.provision = Some("1Gi".into());
+        assert_eq!(transfer(&host), Err(CpError::ProvisionNeedsClaim));
+        let mut class_only = args("node-a:/x", "pvc/y");
+        class_only.storage_class = Some("fast".into());
+        assert_eq!(
+            transfer(&class_only).expect_err("class").to_string(),
+            "--storage-class goes with --provision"
+        );
+        let mut zone_only = args("node-a:/x", "pvc/y");
+        zone_only.time_zone = Some("UTC".into());
+        assert_eq!(
+            transfer(&zone_only).expect_err("zone").to_string(),
+            "--time-zone goes with --schedule"
+        );
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub struct Decision {
     /// The earliest of several scheduled times that passed with no run (the operator was
     /// down, the Transfer suspended): one run catches them all up.
     pub missed_since: Option<Timestamp>,
+    /// A scheduled time the run starting for another cause (the first, a trigger) serves, so
+    /// that no second run starts for it.
+    pub served: Option<Timestamp>,
 }
 
 /// The run rules for `t` with status `st` at `now`.
@@ -133,7 +136,13 @@ pub fn decide(t: &Transfer, st: &TransferStatus, now: Timestamp) -> Decision {
         return d;
     };
     let created = t.metadata.creation_timestamp.as_ref().map_or(now, |c| c.0);
-    let after = st.last_schedule_time.as_ref().map_or(created, |t| t.0);
+    // Scheduled times count from the last one acted on; a schedule new to the Transfer counts
+    // from its current run's start (a time since then finds data older than it asks for).
+    let after = st
+        .last_schedule_time
+        .as_ref()
+        .or(st.start_time.as_ref())
+        .map_or(created, |t| t.0);
     let due = schedule.latest(after, now);
     d.next = schedule.next_after(now.max(after));
     let Some(due) = due else {
@@ -154,7 +163,7 @@ pub fn decide(t: &Transfer, st: &TransferStatus, now: Timestamp) -> Decision {
     }
     match (d.start, finished, spec.concurrency_policy) {
         // The first run or a trigger starts now anyway: the due time is served by it.
-        (Some(_), _, _) => d.skip = None,
+        (Some(_), _, _) => d.served = Some(due),
         (None, true, _) => d.start = Some(Start::Scheduled(due)),
         (None, false, ConcurrencyPolicy::Replace) => {
             d.start = Some(Start::Scheduled(due));
@@ -202,7 +211,9 @@ pub fn begin(t: &Transfer, before: &TransferStatus, d: &Decision, now: &Time) ->
             cause,
             scheduled_time: scheduled_time.clone(),
         }),
-        last_schedule_time: scheduled_time.or_else(|| before.last_schedule_time.clone()),
+        last_schedule_time: scheduled_time
+            .or(d.served.map(Time))
+            .or_else(|| before.last_schedule_time.clone()),
         last_success_time: before.last_success_time.clone(),
         skipped_runs: before.skipped_runs,
         history,

@@ -203,9 +203,20 @@ fn a_trigger_still_runs_a_scheduled_transfer_and_serves_the_due_time() {
     let mut t = scheduled("0 2 * * *");
     t.spec.trigger = Some("now".into());
     let st = after_run(Phase::Succeeded, Some("2026-11-26T02:00:00Z"));
-    let d = decide(&t, &st, ts("2026-11-27T12:00:00Z"));
+    let now = ts("2026-11-27T12:00:00Z");
+    let d = decide(&t, &st, now);
     assert_eq!(d.start, Some(Start::Triggered));
     assert_eq!(d.skip, None);
+    // Once that run finished, the 02:00 it served starts no second run.
+    let mut after = begin(&t, &st, &d, &Time(now));
+    assert_eq!(
+        after.last_schedule_time,
+        Some(Time(ts("2026-11-27T02:00:00Z")))
+    );
+    after.phase = Phase::Succeeded;
+    let d = decide(&t, &after, ts("2026-11-27T12:30:00Z"));
+    assert_eq!(d.start, None);
+    assert_eq!(d.next, Some(ts("2026-11-28T02:00:00Z")));
 }
 
 #[test]
@@ -287,4 +298,19 @@ fn the_latest_firing_search_is_bounded_by_the_last_one_acted_on() {
         s.latest(ts("2020-01-01T00:00:00Z"), now),
         Some(ts("2026-11-27T10:20:00Z"))
     );
+}
+
+#[test]
+fn a_schedule_added_later_counts_from_the_last_runs_start() {
+    let mut t = scheduled("0 2 * * *");
+    // Created long ago, its last run started yesterday at 12:00.
+    t.metadata.creation_timestamp = Some(Time(ts("2026-01-01T00:00:00Z")));
+    let mut st = after_run(Phase::Succeeded, None);
+    st.start_time = Some(Time(ts("2026-11-26T12:00:00Z")));
+    let d = decide(&t, &st, ts("2026-11-27T09:00:00Z"));
+    assert_eq!(d.start, Some(Start::Scheduled(ts("2026-11-27T02:00:00Z"))));
+    // A run that started after the last scheduled time is current.
+    st.start_time = Some(Time(ts("2026-11-27T03:00:00Z")));
+    let d = decide(&t, &st, ts("2026-11-27T09:00:00Z"));
+    assert_eq!(d.start, None);
 }

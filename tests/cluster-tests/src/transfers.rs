@@ -217,3 +217,58 @@ pub async fn wait_phase(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Waits until `check` holds for Transfer `name`'s status; returns that status, or fails with
+/// the last one seen.
+pub async fn wait_status(
+    api: &Api<Transfer>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&ferry_operator::api::TransferStatus) -> bool,
+) -> anyhow::Result<ferry_operator::api::TransferStatus> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let st = api.get(name).await?.status.unwrap_or_default();
+        if check(&st) {
+            return Ok(st);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("{name}: timed out after {timeout:?} waiting for {what}; last status {st:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The Unix second of the `n`-th whole minute after now (1: the next one).
+pub fn minute_boundary(n: i64) -> i64 {
+    (k8s_openapi::jiff::Timestamp::now().as_second() / 60 + n) * 60
+}
+
+/// Waits until the clock is `margin` seconds past Unix second `at`.
+pub async fn wait_past(at: i64, margin: i64) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs(
+        u64::try_from(at + margin - k8s_openapi::jiff::Timestamp::now().as_second()).unwrap_or(0)
+            + 5,
+    );
+    crate::wait_until(timeout, "a minute boundary to pass", || async move {
+        Ok(k8s_openapi::jiff::Timestamp::now().as_second() > at + margin)
+    })
+    .await
+}
+
+/// The storage a claim requests (`spec.resources.requests.storage`).
+pub async fn claim_request(
+    claims: &Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    name: &str,
+) -> anyhow::Result<String> {
+    claims
+        .get(name)
+        .await?
+        .spec
+        .and_then(|s| s.resources)
+        .and_then(|r| r.requests)
+        .and_then(|r| r.get("storage").cloned())
+        .map(|q| q.0)
+        .with_context(|| format!("claim {name} requests no storage"))
+}

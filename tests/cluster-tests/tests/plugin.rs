@@ -176,9 +176,10 @@ async fn watch_get_describe_and_logs_follow_a_transfer_to_success() -> anyhow::R
     );
     let wide = plugin(&["get", "-n", &ns.name, "-o", "wide"]).await?;
     let cells = row(&wide.stdout, "copy").context(wide.stdout.clone())?;
+    // Sender and receiver node, digest, and no next run (no schedule).
     assert_eq!(
-        cells[cells.len() - 3..],
-        [NODE_A, NODE_B, &digest],
+        cells[cells.len() - 4..],
+        [NODE_A, NODE_B, &digest, "-"],
         "{wide:?}"
     );
 
@@ -566,15 +567,39 @@ async fn cp_creates_and_follows_a_transfer_and_its_dry_run_applies() -> anyhow::
     ])
     .await?;
     assert_eq!(fan.code, 0, "{fan:?}");
-    std::fs::write(&file, &fan.stdout)?;
-    let server = ferry_cluster_tests::operator::kubectl(&[
-        "apply",
-        "--dry-run=server",
-        "-f",
-        file.to_str().context("path")?,
-    ])?;
+    let server = server_dry_run(&file, &fan.stdout)?;
     assert!(
         server.contains("transfer.ferry.dev/fan created (server dry run)"),
+        "{server}"
+    );
+    // So does a scheduled copy into a claim it provisions.
+    let nightly = plugin(&[
+        "cp",
+        "pvc/models",
+        "pvc/models-copy",
+        "--provision",
+        "fromSource",
+        "--storage-class",
+        "local-path",
+        "--schedule",
+        "0 2 * * *",
+        "--time-zone",
+        "Europe/Berlin",
+        "--name",
+        "nightly",
+        "--dry-run=client",
+        "-n",
+        &ns.name,
+    ])
+    .await?;
+    assert_eq!(nightly.code, 0, "{nightly:?}");
+    assert!(
+        nightly.stdout.contains("capacity: fromSource"),
+        "{nightly:?}"
+    );
+    let server = server_dry_run(&file, &nightly.stdout)?;
+    assert!(
+        server.contains("transfer.ferry.dev/nightly created (server dry run)"),
         "{server}"
     );
 
@@ -636,4 +661,15 @@ fn tempfile_dir(name: &str) -> anyhow::Result<PathBuf> {
     let dir = cluster_dir().join("plugin-bin").join(name);
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// `kubectl apply --dry-run=server` of `manifest`, written to `file` first.
+fn server_dry_run(file: &std::path::Path, manifest: &str) -> anyhow::Result<String> {
+    std::fs::write(file, manifest)?;
+    ferry_cluster_tests::operator::kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        file.to_str().context("path")?,
+    ])
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ferry_cluster_tests::transfers::{
-    NODE_A, SharedOperator, assert_same_tree, make_tree, node_dir, wait_phase,
+    NODE_A, SharedOperator, assert_same_tree, claim_request, make_tree, node_dir, wait_phase,
+    wait_status,
 };
 use ferry_cluster_tests::{TestNamespace, events_of, node_root, wait_until};
 use ferry_operator::api::{Phase, Transfer};
@@ -131,15 +132,8 @@ async fn a_provisioned_claim_is_created_bound_filled_kept_and_sizes_the_next_fro
     )?;
     api.create(&PostParams::default(), &second).await?;
     wait_phase(&api, "clone", Duration::from_secs(120), Phase::Succeeded).await?;
-    let request = claims
-        .get("copy-2")
-        .await?
-        .spec
-        .and_then(|s| s.resources)
-        .and_then(|r| r.requests)
-        .and_then(|r| r.get("storage").cloned())
-        .context("request")?;
-    assert_eq!(request.0, "71Mi");
+    let request = claim_request(&claims, "copy-2").await?;
+    assert_eq!(request, "71Mi");
     assert_same_tree(&src_host, &volume_dir(&ns, "copy-2").await?)?;
     Ok(())
 }
@@ -215,35 +209,30 @@ async fn a_claim_too_small_is_not_resized_and_a_capacity_that_is_no_quantity_is_
     claims.create(&PostParams::default(), &small).await?;
     let t = transfer("too-small", source, "small", json!({"capacity": "1Gi"}))?;
     api.create(&PostParams::default(), &t).await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let message = loop {
-        let st = api.get("too-small").await?.status.unwrap_or_default();
-        if let Some(c) = st
-            .conditions
-            .iter()
-            .find(|c| c.type_ == "Ready" && c.reason == "ClaimTooSmall")
-        {
-            break c.message.clone();
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "no ClaimTooSmall condition: {st:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let st = wait_status(
+        &api,
+        "too-small",
+        Duration::from_secs(60),
+        "the ClaimTooSmall condition",
+        |s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "ClaimTooSmall")
+        },
+    )
+    .await?;
+    let message = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
     assert!(
         message.contains("ferry does not resize claims"),
         "{message}"
     );
-    let request = claims
-        .get("small")
-        .await?
-        .spec
-        .and_then(|s| s.resources)
-        .and_then(|r| r.requests)
-        .and_then(|r| r.get("storage").cloned())
-        .context("request")?;
-    assert_eq!(request.0, "8Mi", "the claim was resized");
+    let request = claim_request(&claims, "small").await?;
+    assert_eq!(request, "8Mi", "the claim was resized");
     let pods: Api<Pod> = ns.api();
     assert!(pods.list(&ListParams::default()).await?.items.is_empty());
     Ok(())

@@ -7,9 +7,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ferry_cluster_tests::operator::{OperatorProcess, install_crd_and_rbac, prepare_nodes};
 use ferry_cluster_tests::transfers::{
-    MOVER_UID, NODE_A, NODE_B, assert_same_tree, make_tree, node_dir, transfer, wait_phase,
+    MOVER_UID, NODE_A, NODE_B, assert_same_tree, make_tree, minute_boundary, node_dir, transfer,
+    wait_past, wait_phase, wait_status,
 };
-use ferry_cluster_tests::{TestNamespace, events_of, wait_until};
+use ferry_cluster_tests::{TestNamespace, events_of};
 use ferry_operator::api::{Phase, RunCause, Transfer};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -35,29 +36,20 @@ async fn times_missed_while_the_operator_was_down_get_one_catch_up_run() -> anyh
     // Down across two scheduled times.
     first.kill();
     let down = Timestamp::now();
-    let second_boundary = (down.as_second() / 60 + 2) * 60;
-    wait_until(
-        Duration::from_secs(150),
-        "two minute boundaries",
-        || async move { Ok(Timestamp::now().as_second() > second_boundary + 2) },
-    )
-    .await?;
+    let second_boundary = minute_boundary(2);
+    wait_past(second_boundary, 2).await?;
     let before = api.get("nightly").await?.status.unwrap_or_default();
     let back = Timestamp::now();
     let _second = OperatorProcess::start(LEASE, HOST_ROOT, LEASE).await?;
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let st = loop {
-        let st = api.get("nightly").await?.status.unwrap_or_default();
-        if st.history.iter().any(|h| h.run == before.run + 1) {
-            break st;
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "no catch-up run finished: {st:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let st = wait_status(
+        &api,
+        "nightly",
+        Duration::from_secs(90),
+        "the catch-up run to finish",
+        |s| s.history.iter().any(|h| h.run == before.run + 1),
+    )
+    .await?;
     let catch_up = st
         .history
         .iter()

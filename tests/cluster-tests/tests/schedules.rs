@@ -12,10 +12,11 @@ use anyhow::Context as _;
 use ferry_cluster_tests::argocd::argocd_health;
 use ferry_cluster_tests::operator::kubectl;
 use ferry_cluster_tests::transfers::{
-    NODE_A, NODE_B, SharedOperator, assert_same_tree, make_tree, node_dir, transfer, wait_phase,
+    NODE_A, NODE_B, SharedOperator, assert_same_tree, make_tree, minute_boundary, node_dir,
+    transfer, wait_past, wait_phase, wait_status,
 };
 use ferry_cluster_tests::{TestNamespace, wait_until};
-use ferry_operator::api::{Phase, RunCause, RunResult, Transfer, TransferStatus};
+use ferry_operator::api::{Phase, RunCause, RunResult, Transfer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -26,27 +27,6 @@ static OPERATOR: SharedOperator = SharedOperator::new("ferry-operator-schedules"
 
 /// A minute boundary and a run: the longest any one wait here takes.
 const RUN_WAIT: Duration = Duration::from_secs(150);
-
-/// Waits until `check` holds for the Transfer's status; returns that status.
-async fn wait_status(
-    api: &Api<Transfer>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&TransferStatus) -> bool,
-) -> anyhow::Result<TransferStatus> {
-    let deadline = tokio::time::Instant::now() + RUN_WAIT;
-    loop {
-        let st = api.get(name).await?.status.unwrap_or_default();
-        if check(&st) {
-            return Ok(st);
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{name}: timed out after {RUN_WAIT:?} waiting for {what}; last status {st:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 fn every_minute(extra: serde_json::Value) -> serde_json::Value {
     let mut spec = json!({"schedule": {"cron": "* * * * *"}});
@@ -83,7 +63,7 @@ async fn an_every_minute_schedule_runs_again_and_an_unchanged_tree_sends_no_file
     )?;
     api.create(&PostParams::default(), &t).await?;
 
-    let st = wait_status(&api, "nightly", "run 2 to finish", |s| {
+    let st = wait_status(&api, "nightly", RUN_WAIT, "run 2 to finish", |s| {
         s.history.iter().any(|h| h.run == 2)
     })
     .await?;
@@ -178,7 +158,7 @@ async fn a_time_that_comes_during_a_run_is_skipped_under_forbid_and_takes_over_u
     }
 
     // Forbid: run 1 goes on through the boundary, the time is counted as skipped.
-    let st = wait_status(&api, "forbid", "a skipped scheduled time", |s| {
+    let st = wait_status(&api, "forbid", RUN_WAIT, "a skipped scheduled time", |s| {
         s.skipped_runs >= 1
     })
     .await?;
@@ -201,12 +181,18 @@ async fn a_time_that_comes_during_a_run_is_skipped_under_forbid_and_takes_over_u
 
     // Replace: run 1 gives way at the boundary, a run after it finishes the tree (resuming
     // from the files run 1 wrote).
-    let st = wait_status(&api, "replace", "a replaced run, then a success", |s| {
-        s.history.iter().any(|h| h.result == RunResult::Replaced)
-            && s.history
-                .first()
-                .is_some_and(|h| h.result == RunResult::Succeeded)
-    })
+    let st = wait_status(
+        &api,
+        "replace",
+        RUN_WAIT,
+        "a replaced run, then a success",
+        |s| {
+            s.history.iter().any(|h| h.result == RunResult::Replaced)
+                && s.history
+                    .first()
+                    .is_some_and(|h| h.result == RunResult::Succeeded)
+        },
+    )
     .await?;
     let replaced = st
         .history
@@ -238,7 +224,7 @@ async fn suspend_pauses_the_schedule_and_resume_catches_up_once() -> anyhow::Res
     api.create(&PostParams::default(), &t).await?;
     wait_phase(&api, "paused", RUN_WAIT, Phase::Succeeded).await?;
     suspend(&api, "paused", true).await?;
-    let st = wait_status(&api, "paused", "the next run time to go", |s| {
+    let st = wait_status(&api, "paused", RUN_WAIT, "the next run time to go", |s| {
         s.next_run_time.is_none()
     })
     .await?;
@@ -250,20 +236,21 @@ async fn suspend_pauses_the_schedule_and_resume_catches_up_once() -> anyhow::Res
         "{message}"
     );
     // Past the next minute boundary, suspended: no run starts.
-    let boundary = (Timestamp::now().as_second() / 60 + 1) * 60;
-    wait_until(RUN_WAIT, "a minute boundary to pass", || async move {
-        Ok(Timestamp::now().as_second() > boundary + 5)
-    })
-    .await?;
+    let boundary = minute_boundary(1);
+    wait_past(boundary, 5).await?;
     let st = api.get("paused").await?.status.unwrap_or_default();
     assert_eq!(st.run, run, "a suspended schedule started a run: {st:?}");
     assert_eq!(st.phase, Phase::Succeeded);
 
     let resumed = Timestamp::now();
     suspend(&api, "paused", false).await?;
-    let st = wait_status(&api, "paused", "the catch-up run to finish", |s| {
-        s.history.first().is_some_and(|h| h.run == run + 1)
-    })
+    let st = wait_status(
+        &api,
+        "paused",
+        RUN_WAIT,
+        "the catch-up run to finish",
+        |s| s.history.first().is_some_and(|h| h.run == run + 1),
+    )
     .await?;
     let catch_up = &st.history[0];
     assert_eq!(catch_up.cause, RunCause::Scheduled, "{catch_up:?}");
@@ -346,7 +333,7 @@ async fn schedules_the_operator_cannot_honour_are_refused_or_create_nothing() ->
             json!({"schedule": schedule}),
         )?;
         api.create(&PostParams::default(), &t).await?;
-        let st = wait_status(&api, name, "the InvalidSpec condition", |s| {
+        let st = wait_status(&api, name, RUN_WAIT, "the InvalidSpec condition", |s| {
             s.conditions
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
@@ -363,5 +350,44 @@ async fn schedules_the_operator_cannot_honour_are_refused_or_create_nothing() ->
     }
     let pods: Api<Pod> = ns.api();
     assert!(pods.list(&ListParams::default()).await?.items.is_empty());
+    Ok(())
+}
+
+/// A scheduled Transfer whose run failed waits for its next time, and Argo CD shows it Degraded
+/// with that time; the failure is in the history.
+#[tokio::test]
+async fn a_failed_scheduled_run_waits_for_the_next_time_and_is_degraded() -> anyhow::Result<()> {
+    OPERATOR.ensure().await?;
+    let ns = TestNamespace::create("sched-fail").await?;
+    let (dst, _) = node_dir(HOST_ROOT, NODE_B, &ns.name, "dst")?;
+    let missing = format!("{HOST_ROOT}/{}/no-such-source", ns.name);
+    let api: Api<Transfer> = ns.api();
+    // Yearly: no second run comes within the test.
+    let spec = json!({"schedule": {"cron": "@yearly"}, "backoffLimit": 0});
+    let t = transfer("broken", (NODE_A, &missing), (NODE_B, &dst), spec)?;
+    api.create(&PostParams::default(), &t).await?;
+    let st = wait_status(&api, "broken", RUN_WAIT, "run 1 to fail", |s| {
+        s.phase == Phase::Failed
+    })
+    .await?;
+    let run = st.history.first().context("run 1 in the history")?;
+    assert_eq!((run.run, run.result), (1, RunResult::Failed), "{run:?}");
+    assert!(
+        run.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("SourceUnreadable")),
+        "{run:?}"
+    );
+    let next = st.next_run_time.as_ref().context("next run time")?.0;
+    assert!(
+        next > Timestamp::now() && next.as_second() % 3600 == 0,
+        "{next}"
+    );
+    let (health, message) = argocd_health(&api.get("broken").await?)?;
+    assert_eq!(health, "Degraded", "{message}");
+    assert!(
+        message.contains(&format!("next run at {next}")),
+        "{message}"
+    );
     Ok(())
 }
