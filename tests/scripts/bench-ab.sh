@@ -6,7 +6,8 @@
 #   make bench-ab BASE=649ddeb [ROUNDS=5]
 #
 # The base is exported from git (no worktree) and built in a target directory of its own under
-# ~/.cache/ferry/bench-ab/, kept for the next race against the same revision. A benchmark, not a
+# ~/.cache/ferry/bench-ab/; its binary is kept there for the next race against the same
+# revision, the build (about 1 GiB) is removed. A benchmark, not a
 # test: run it on a quiet machine and read the ratios, not the seconds (docs/benchmarks.md).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -25,7 +26,7 @@ if [[ ! -x $base_bin ]]; then
   CARGO_TARGET_DIR="$cache/target-$short" cargo build --release -q -p ferry-mover \
     --manifest-path "$src/Cargo.toml"
   cp "$cache/target-$short/release/ferry-mover" "$base_bin.tmp" && mv "$base_bin.tmp" "$base_bin"
-  rm -rf "$src"
+  rm -rf "$src" "$cache/target-$short"
 fi
 echo "bench-ab: building the working tree (release)" >&2
 cargo build --release -q -p ferry-mover --manifest-path "$repo/Cargo.toml"
