@@ -121,13 +121,11 @@ fn wanted_bytes(
             ),
         });
     };
-    let headroom = u64::from(
-        spec.headroom_percent
-            .unwrap_or(ClaimProvision::DEFAULT_HEADROOM_PERCENT),
-    );
-    Ok(round_up(have.saturating_add(
-        have / 100 * headroom + have % 100 * headroom / 100,
-    )))
+    let headroom = spec
+        .headroom_percent
+        .unwrap_or(ClaimProvision::DEFAULT_HEADROOM_PERCENT);
+    let grown = u128::from(have) * u128::from(100 + headroom) / 100;
+    Ok(round_up(u64::try_from(grown).unwrap_or(u64::MAX)))
 }
 
 fn round_up(bytes: u64) -> u64 {
