@@ -8,6 +8,7 @@
 //! (and `--delete` listings), then Finish; the receiver answers with a Summary of what it wrote.
 
 mod blocking;
+mod buffers;
 pub mod compress;
 mod framed;
 mod handshake;

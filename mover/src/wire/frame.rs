@@ -88,11 +88,9 @@ pub struct RawFrame {
     pub payload: Bytes,
 }
 
-/// Tries to cut one frame off the front of `buf`.
-///
-/// `Ok(None)` means more bytes are needed; in that case `buf` has been reserved for the whole
-/// frame (only once its header passed the cap), so the caller can read straight into it.
-pub fn decode_frame(buf: &mut BytesMut) -> Result<Option<RawFrame>, WireError> {
+/// The kind and payload length of the frame at the front of `buf`, once its header is there
+/// and has passed the kind's cap.
+pub fn peek_header(buf: &[u8]) -> Result<Option<(FrameType, u32)>, WireError> {
     if buf.len() < FRAME_HEADER_LEN {
         return Ok(None);
     }
@@ -102,6 +100,17 @@ pub fn decode_frame(buf: &mut BytesMut) -> Result<Option<RawFrame>, WireError> {
     if len > cap {
         return Err(WireError::TooLarge { kind, len, cap });
     }
+    Ok(Some((kind, len)))
+}
+
+/// Tries to cut one frame off the front of `buf`.
+///
+/// `Ok(None)` means more bytes are needed; in that case `buf` has been reserved for the whole
+/// frame (only once its header passed the cap), so the caller can read straight into it.
+pub fn decode_frame(buf: &mut BytesMut) -> Result<Option<RawFrame>, WireError> {
+    let Some((kind, len)) = peek_header(buf)? else {
+        return Ok(None);
+    };
     let total = FRAME_HEADER_LEN + len as usize;
     if buf.len() < total {
         buf.reserve(total - buf.len());

@@ -18,7 +18,7 @@ pub use blocks::{
 
 pub use frame::{
     FRAME_HEADER_LEN, FrameType, MAX_CONTROL_PAYLOAD, MAX_FRAME_PAYLOAD, RawFrame, decode_frame,
-    encode_frame_header,
+    encode_frame_header, peek_header,
 };
 pub use message::{Message, encode_bulk_prefix, encode_message};
 

@@ -71,6 +71,12 @@ where
     let started = Instant::now();
     streams.sort_by_key(|a| a.hello.stream_index);
     let n = streams.len() as u32;
+    // Large payloads of every stream come from one pool, so a buffer one stream freed fills
+    // another stream's next frame.
+    let payloads = crate::session::framed::payload_pool(streams.len());
+    for s in &mut streams {
+        s.reader.share_payloads(payloads.clone());
+    }
     let first = streams
         .first()
         .ok_or(ReceiveError::Internal("a session without streams"))?;

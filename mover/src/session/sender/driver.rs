@@ -17,6 +17,7 @@ use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::report::changes;
 use crate::session::OFFER_WINDOW;
+use crate::session::buffers::BufferPool;
 use crate::session::compress::CodecPolicy;
 use crate::session::framed::{FrameReader, FrameWriter, FramedError};
 use crate::session::handshake::send_hello;
@@ -194,6 +195,8 @@ where
         busy: negotiated & caps::PROGRESS != 0,
         progress_timeout: cfg.timeouts.progress,
         dry_run: cfg.dry_run,
+        batch_buffers: BufferPool::new(BATCH_BUFFER, n as usize + 2),
+        block_buffers: BufferPool::new(BLOCK_SIZE, 2 * n as usize + 2),
     });
     let p = progress.clone();
     let filter = cfg.filter.clone();

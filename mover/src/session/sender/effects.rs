@@ -114,6 +114,10 @@ pub(super) struct Ctx {
     pub(super) progress_timeout: Duration,
     /// Only ask what the receiver would do (no data, no digest).
     pub(super) dry_run: bool,
+    /// Batch frames' buffers, reused once written.
+    pub(super) batch_buffers: Arc<crate::session::buffers::BufferPool>,
+    /// Block frames' buffers, likewise.
+    pub(super) block_buffers: Arc<crate::session::buffers::BufferPool>,
 }
 
 impl Ctx {
@@ -368,10 +372,10 @@ pub(super) fn build_batches(
 ) -> Result<Vec<Message>, SendError> {
     let mut out = Vec::new();
     let mut header = pb::BatchHeader::default();
-    // Files are read straight into the frame's buffer, sized once for a whole batch (no copy per
-    // file, no regrowth).
-    let batch_buffer = || Vec::with_capacity(BATCH_BYTES + SMALL_FILE_MAX as usize + 1);
-    let mut data = batch_buffer();
+    // Files are read straight into the frame's buffer, sized for a whole batch (no copy per
+    // file, no regrowth) and reused once a frame was written.
+    let buffers = &ctx.batch_buffers;
+    let mut data = buffers.take(0);
     let mut dirs = SourceDirs::new(&ctx.src);
     for (file_id, e) in files {
         let rerr = |source| SendError::Read {
@@ -405,14 +409,14 @@ pub(super) fn build_batches(
         if data.len() >= BATCH_BYTES || header.files.len() >= 4096 {
             out.push(Message::Batch {
                 header: std::mem::take(&mut header),
-                data: Bytes::from(std::mem::replace(&mut data, batch_buffer())),
+                data: buffers.freeze(std::mem::replace(&mut data, buffers.take(0))),
             });
         }
     }
     if !header.files.is_empty() {
         out.push(Message::Batch {
             header,
-            data: Bytes::from(data),
+            data: buffers.freeze(data),
         });
     }
     Ok(out)
@@ -530,8 +534,13 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
         }
         return Ok(block_message(ctx, &job, buf));
     }
-    // pread into spare capacity: no zeroing of a fresh 4 MiB buffer per block, no reopen.
-    let mut buf = Vec::with_capacity(len);
+    // pread into spare capacity: no zeroing of a 4 MiB buffer per block, no reopen. A full
+    // block's buffer is one a written block gave back when there is one.
+    let mut buf = if len == BLOCK_SIZE {
+        ctx.block_buffers.take(len)
+    } else {
+        Vec::with_capacity(len)
+    };
     while buf.len() < len {
         let at = off + buf.len() as u64;
         match rustix::io::pread(&*job.src.file, rustix::buffer::spare_capacity(&mut buf), at) {
@@ -596,12 +605,17 @@ pub(super) fn block_message(ctx: &Ctx, job: &BlockJob, buf: Vec<u8>) -> Message 
     if let Some(fd) = &job.src.digest {
         ctx.block_digested(fd, job.index, *hash.as_bytes());
     }
+    let pool = &ctx.block_buffers;
     let (codec_id, data) = if crate::tree::data::is_zero(&buf) {
+        pool.give_back(buf);
         (codec::ZERO, Bytes::new())
     } else {
         match ctx.policy.compress(&buf) {
-            Some((c, enc)) => (c, Bytes::from(enc)),
-            None => (codec::RAW, Bytes::from(buf)),
+            Some((c, enc)) => {
+                pool.give_back(buf);
+                (c, Bytes::from(enc))
+            }
+            None => (codec::RAW, pool.freeze(buf)),
         }
     };
     Message::Block {

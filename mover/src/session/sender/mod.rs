@@ -26,6 +26,8 @@ use crate::tree::Filter;
 const KEEPALIVE: Duration = Duration::from_secs(5);
 /// Bytes of small-file content per Batch frame.
 const BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// A Batch frame's buffer: its content, and room for the file that crosses `BATCH_BYTES`.
+const BATCH_BUFFER: usize = BATCH_BYTES + super::SMALL_FILE_MAX as usize + 1;
 /// Blocks per BlockAnnounce (the receiver accepts up to 65 536). Small enough that the receiver
 /// materialises one chunk while the sender hashes the next.
 const ANNOUNCE_CHUNK: usize = 16;
