@@ -84,8 +84,9 @@ deps:
 	tests/scripts/deps.sh
 
 # ~30 s each of cargo-fuzz on every target under mover/fuzz: the frame decoder, the Want parser, both
-# ends' protocol state, peer paths, wire filters, the node service's requests and staging manifests
-# (installs cargo-fuzz into ~/.cache/ferry/cargo if missing).
+# ends' protocol state, peer paths, wire filters, the node service's requests and staging manifests;
+# and under operator/fuzz: the cross-cluster API's messages through the plan (installs cargo-fuzz
+# into ~/.cache/ferry/cargo if missing).
 fuzz-smoke:
 	tests/scripts/fuzz-smoke.sh
 

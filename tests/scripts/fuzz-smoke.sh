@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Short fuzzing runs of the frame decoder, the Want block-set parser, the receiver's protocol state
 # driven by arbitrary message sequences, the sender's reply rules (Wants and NeedBlocks) likewise, the
-# parser of peer paths, filter rules received over the wire, the node service's requests and a
-# staging manifest read back from disk (CI smoke). Installs cargo-fuzz into a cache directory
+# parser of peer paths, filter rules received over the wire, the node service's requests, a
+# staging manifest read back from disk, and the operator's cross-cluster messages (CI smoke). Installs cargo-fuzz into a cache directory
 # if missing (idempotent) and uses the nightly toolchain that libFuzzer's sanitizer flags need.
 set -euo pipefail
 SECS="${FUZZ_SECONDS:-30}"
@@ -35,3 +35,9 @@ for target in peer_path wire_filter node_requests staging_manifest; do
 done
 # staging_manifest's scratch directories (one per fuzzing process).
 rm -rf "${TMPDIR:-/tmp}"/ferry-fuzz-staging-*
+# The operator's: what another cluster's operator says over the cross-cluster API, through the
+# plan of the half that hears it (seeded with well-formed answers and reports).
+cd "$ROOT/operator"
+mkdir -p fuzz/corpus/peering_json
+cargo +nightly fuzz run peering_json fuzz/corpus/peering_json fuzz/seeds/peering_json -- \
+    -max_total_time="$SECS" -rss_limit_mb=2048 -max_len=65536

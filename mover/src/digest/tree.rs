@@ -83,7 +83,17 @@ impl TreeBuilder {
             return;
         };
         node.children.push((name.into(), entry));
-        self.settle(parent.to_vec(), true);
+        // The parent path is copied only when the directory is complete.
+        match node.pending.checked_sub(1) {
+            Some(p) => node.pending = p,
+            None => {
+                self.broken = true;
+                return;
+            }
+        }
+        if node.pending == 0 {
+            self.settle(parent.to_vec(), false);
+        }
     }
 
     /// Everything in directory `path` (`""` = the root) was reported.

@@ -166,9 +166,95 @@ pub fn set_condition(
     }
 }
 
+/// Longest condition message ferry writes (the API server allows 32 768 bytes).
+const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// Conditions another cluster's operator sent (a source half mirrors its destination's status),
+/// made fit for this cluster's API server, which refuses the whole status patch over one bad
+/// condition: only ferry's own condition types, a status of True, False or Unknown and a reason
+/// in the API's shape stay; messages are cut to ferry's length.
+pub fn sanitize_peer_conditions(conditions: &mut Vec<Condition>) {
+    const TYPES: [ConditionType; 4] = [
+        ConditionType::Ready,
+        ConditionType::Succeeded,
+        ConditionType::Failed,
+        ConditionType::Dedup,
+    ];
+    let mut seen = Vec::new();
+    conditions.retain(|c| {
+        let keep = TYPES.iter().any(|t| t.as_str() == c.type_)
+            && !seen.contains(&c.type_)
+            && matches!(c.status.as_str(), "True" | "False" | "Unknown")
+            && is_condition_reason(&c.reason);
+        if keep {
+            seen.push(c.type_.clone());
+        }
+        keep
+    });
+    for c in conditions {
+        if c.message.chars().count() > MAX_MESSAGE_CHARS {
+            c.message = c.message.chars().take(MAX_MESSAGE_CHARS).collect();
+        }
+    }
+}
+
+/// A condition reason as the API server validates it: `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`,
+/// at most 1 024 bytes.
+pub fn is_condition_reason(r: &str) -> bool {
+    let b = r.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'_' | b',' | b':');
+    match (b.first(), b.last()) {
+        (Some(first), Some(last)) => {
+            b.len() <= 1024
+                && first.is_ascii_alphabetic()
+                && (b.len() == 1 || last.is_ascii_alphanumeric() || *last == b'_')
+                && b.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_conditions_keep_only_what_the_api_server_accepts() {
+        let c = |type_: &str, status: &str, reason: &str, message: String| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let mut cs = vec![
+            c("Ready", "True", "Running", "x".repeat(40_000)),
+            c("Ready", "False", "Pending", String::new()),
+            c("Succeeded", "Maybe", "Completed", String::new()),
+            c("Failed", "False", "Bad reason", String::new()),
+            c("Failed", "False", "MoverFailed:x,y_1", "é".repeat(2000)),
+            c("Dedup", "Unknown", "", String::new()),
+            c("Custom", "True", "Running", String::new()),
+        ];
+        sanitize_peer_conditions(&mut cs);
+        let kept: Vec<(&str, &str)> = cs
+            .iter()
+            .map(|c| (c.type_.as_str(), c.reason.as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [("Ready", "Running"), ("Failed", "MoverFailed:x,y_1")]
+        );
+        assert_eq!(cs[0].message.len(), 1024);
+        assert_eq!(cs[1].message.chars().count(), 1024);
+        for r in ["A", "Running", "a_b", "x:1"] {
+            assert!(is_condition_reason(r), "{r}");
+        }
+        for r in ["", "1a", "a:", "a b", "a-b", &"a".repeat(1025)] {
+            assert!(!is_condition_reason(r), "{r}");
+        }
+    }
 
     fn at(secs: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("time"))

@@ -15,7 +15,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-pub use conditions::{ConditionType, Reason, set_condition};
+pub use conditions::{
+    ConditionType, Reason, is_condition_reason, sanitize_peer_conditions, set_condition,
+};
 pub use peer::{Peer, PeerSpec};
 pub use status::{
     DestinationStatus, LastError, MoverRef, Phase, ProgressStatus, QueueStatus, RemoteStatus,

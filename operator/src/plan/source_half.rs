@@ -78,6 +78,7 @@ fn wait(uid: &str, cx: &mut Ctx<'_>, b: Blocked) -> Duration {
 /// Mirrors the destination half and runs the sender its current attempt needs.
 fn follow(uid: &str, cx: &mut Ctx<'_>, answer: &PairResponse, peer_cluster: &str) -> Duration {
     let mut st = answer.status.clone();
+    crate::api::sanitize_peer_conditions(&mut st.conditions);
     st.observed_generation = cx.generation;
     for c in &mut st.conditions {
         c.observed_generation = cx.generation;

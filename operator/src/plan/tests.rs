@@ -1386,3 +1386,33 @@ fn a_missing_provisioned_claim_is_created_first_and_a_small_one_blocks() {
             .contains(&Action::CreateReceiver { run: 1, attempt: 1 })
     );
 }
+
+#[test]
+fn a_source_half_mirrors_only_conditions_its_api_server_accepts() {
+    let mut t = source_half();
+    let mut a = answer(1, Phase::Running, None);
+    let c = |type_: &str, reason: &str, message: String| {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message,
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::from_second(1_800_000_000).expect("time")),
+        }
+    };
+    a.status.conditions = vec![
+        c("Ready", "Running", "m".repeat(40_000)),
+        c("Injected", "Running", String::new()),
+        c("Failed", "not a reason", String::new()),
+    ];
+    let p = advance(&mut t, &source_obs(0, Ok(a)));
+    let kinds: Vec<&str> = p
+        .status
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(kinds, ["Ready"]);
+    assert_eq!(cond(&p, "Ready").message.len(), 1024);
+}
