@@ -12,15 +12,10 @@ command -v perf >/dev/null || { echo "$0: perf is missing (make deps)" >&2; exit
 OLD=$1 NEW=$2 ROUNDS=${3:-5} STREAMS=${STREAMS:-2}
 w=$(mktemp -d /dev/shm/abcpu.XXXX)
 trap 'rm -rf "$w"' EXIT
-mkdir -p "$w/big" "$w/small"
-head -c $((1<<30)) /dev/urandom > "$w/big/f"
-python3 - "$w/small" <<'PY'
-import os,sys,random
-r=random.Random(1)
-for i in range(20000):
-    d=os.path.join(sys.argv[1],f"d{i%100}"); os.makedirs(d,exist_ok=True)
-    open(os.path.join(d,f"f{i}"),"wb").write(r.randbytes(4096))
-PY
+# shellcheck source=ab-data.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab-data.sh"
+ab_big "$w/big"
+ab_small "$w/small"
 "$NEW" certs --out "$w/pki" --transfer abc >/dev/null 2>&1
 tls() { echo --transfer abc --ca "$w/pki/ca.crt" --cert "$w/pki/$1.crt" --key "$w/pki/$1.key"; }
 # One run: prints "recv_ms send_ms recv_faults send_faults".

@@ -12,15 +12,10 @@ set -euo pipefail
 OLD=$1 NEW=$2 ROUNDS=${3:-5} STREAMS=${STREAMS:-4} COMPRESS=${COMPRESS:-none}
 w=$(mktemp -d /dev/shm/ab.XXXX)
 trap 'rm -rf "$w"' EXIT
-mkdir -p "$w/big" "$w/small"
-head -c $((1<<30)) /dev/urandom > "$w/big/f"
-python3 - "$w/small" <<'PY'
-import os,sys,random
-r=random.Random(1)
-for i in range(20000):
-    d=os.path.join(sys.argv[1],f"d{i%100}"); os.makedirs(d,exist_ok=True)
-    open(os.path.join(d,f"f{i}"),"wb").write(r.randbytes(4096))
-PY
+# shellcheck source=ab-data.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab-data.sh"
+ab_big "$w/big"
+ab_small "$w/small"
 "$NEW" certs --out "$w/pki" --transfer ab >/dev/null 2>&1
 run() { # bin data -> seconds
   local bin=$1 data=$2 dst="$w/dst"

@@ -11,13 +11,9 @@ set -euo pipefail
 ROUNDS=${ROUNDS:-11} STREAMS=${STREAMS:-4}
 w=$(mktemp -d /dev/shm/race.XXXX)
 trap 'rm -rf "$w"' EXIT
-python3 - "$w/small" <<'PY'
-import os,sys,random
-r=random.Random(1)
-for i in range(20000):
-    d=os.path.join(sys.argv[1],f"d{i%100}"); os.makedirs(d,exist_ok=True)
-    open(os.path.join(d,f"f{i}"),"wb").write(r.randbytes(4096))
-PY
+# shellcheck source=ab-data.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab-data.sh"
+ab_small "$w/small"
 "$1" certs --out "$w/pki" --transfer race >/dev/null 2>&1
 run() { # bin -> seconds
   local bin=$1
