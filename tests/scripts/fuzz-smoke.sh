@@ -12,6 +12,13 @@ export PATH="$CACHE/bin:$PATH"
 # Builds with the sanitizers live outside the checkout, so a fresh clone reuses them (the
 # operator's alone takes about 8 minutes from nothing on 2 cores).
 TARGETS="${FERRY_CACHE:-$HOME/.cache/ferry}/fuzz-target"
+# Each checkout path builds ferry's own crates anew beside the cached dependencies: a cache
+# past 6 GiB starts over, so it stays bounded.
+for t in mover operator; do
+    if [ -d "$TARGETS/$t" ] && [ "$(du -sm "$TARGETS/$t" | cut -f1)" -gt 6144 ]; then
+        rm -rf "${TARGETS:?}/$t"
+    fi
+done
 if ! rustup toolchain list | grep -q '^nightly'; then
     rustup toolchain install nightly --profile minimal
 fi
