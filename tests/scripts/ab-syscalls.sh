@@ -11,14 +11,9 @@ command -v strace >/dev/null || { echo "$0: strace is missing (make deps)" >&2; 
 FILES=5000
 w=$(mktemp -d /dev/shm/abs.XXXX)
 trap 'rm -rf "$w"' EXIT
-python3 - "$w/src" "$FILES" <<'PY'
-import os, sys, random
-r = random.Random(1)
-for i in range(int(sys.argv[2])):
-    d = os.path.join(sys.argv[1], f"d{i % 50}")
-    os.makedirs(d, exist_ok=True)
-    open(os.path.join(d, f"f{i}"), "wb").write(r.randbytes(4096))
-PY
+# shellcheck source=ab-data.sh
+source "$(dirname "${BASH_SOURCE[0]}")/ab-data.sh"
+ab_small "$w/src" "$FILES" 50
 "$2" certs --out "$w/pki" --transfer abs >/dev/null 2>&1
 # Total calls of an `strace -c` summary.
 calls() { awk '$NF == "total" { print $(NF-2) }' "$1"; }
