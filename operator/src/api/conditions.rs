@@ -132,6 +132,9 @@ impl Reason {
     }
 }
 
+/// Longest condition message ferry writes (the API server allows 32 768 bytes).
+const MAX_MESSAGE_CHARS: usize = 1024;
+
 /// Sets condition `kind` in `conditions`. `lastTransitionTime` is `now` only when the status
 /// changed (or the condition is new); reason and message follow the latest call.
 pub fn set_condition(
@@ -144,7 +147,7 @@ pub fn set_condition(
     now: &Time,
 ) {
     let status = if status { "True" } else { "False" }.to_owned();
-    let message: String = message.chars().take(1024).collect();
+    let message: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
     match conditions.iter_mut().find(|c| c.type_ == kind.as_str()) {
         Some(c) => {
             if c.status != status {
@@ -165,9 +168,6 @@ pub fn set_condition(
         }),
     }
 }
-
-/// Longest condition message ferry writes (the API server allows 32 768 bytes).
-const MAX_MESSAGE_CHARS: usize = 1024;
 
 /// Conditions another cluster's operator sent (a source half mirrors its destination's status),
 /// made fit for this cluster's API server, which refuses the whole status patch over one bad
