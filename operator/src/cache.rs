@@ -1,7 +1,8 @@
 //! What reconcile observes, kept current by watches instead of read per reconcile: the
 //! Transfers, ferry's own mover pods and receiver Services (by ferry's label only), Nodes,
-//! Namespaces and claims (metadata), the kubelet's FailedMount Events, and which node uses each
-//! claim (an index of running pods that mount claims, not a copy of every pod).
+//! Namespaces and claims (metadata), the kubelet's FailedMount Events, which node uses each
+//! claim (an index of running pods that mount claims, not a copy of every pod), and where each
+//! node's block service answers (the chart's node-service pods, in the operator's namespace).
 //!
 //! Every watch restarts with backoff, and a store keeps its last complete list while a watch
 //! relists (kube's reflector swaps in a relist only once it is whole). The controller starts
@@ -16,7 +17,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{
-    Event as CoreEvent, Namespace, Node, NodeSpec, NodeStatus, PersistentVolumeClaim, Pod, Service,
+    Event as CoreEvent, Namespace, Node, NodeSpec, NodeStatus, PersistentVolumeClaim, Pod, PodSpec,
+    PodStatus, Service,
 };
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -43,6 +45,8 @@ pub struct Caches {
     pub mount_failures: Store<CoreEvent>,
     pub peers: Store<Peer>,
     pub claim_users: Arc<ClaimUsers>,
+    /// The chart's node-service pods, kept to their node, IP, readiness and deletion mark.
+    pub node_services: Store<Pod>,
 }
 
 /// The streams that wake the controller (Transfers, and ferry's pods as their children).
@@ -65,6 +69,7 @@ fn strip_managed_fields<K: Resource>(o: &mut K) {
 #[allow(clippy::type_complexity)]
 pub fn start(
     client: &Client,
+    operator_namespace: &str,
 ) -> (
     Caches,
     Triggers<
@@ -148,6 +153,11 @@ pub fn start(
             strip_managed_fields,
         ),
         claim_users: ClaimUsers::spawn(client.clone()),
+        node_services: spawn_reflector(
+            Api::namespaced(client.clone(), operator_namespace),
+            watcher::Config::default().labels(NODE_SERVICE_COMPONENT),
+            keep_node_service_fields,
+        ),
     };
     (
         caches,
@@ -168,6 +178,7 @@ impl Caches {
         let _ = self.claims.wait_until_ready().await;
         let _ = self.mount_failures.wait_until_ready().await;
         let _ = self.peers.wait_until_ready().await;
+        let _ = self.node_services.wait_until_ready().await;
         self.claim_users.ready().await;
     }
 
@@ -186,6 +197,24 @@ impl Caches {
                     .map(String::as_str)
                     == Some(uid)
         })
+    }
+
+    /// The pod IP of `node`'s block service when it is ready and not being deleted.
+    pub fn node_service_ip(&self, node: &str) -> Option<String> {
+        self.node_services
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find_map(|p| {
+                let st = p.status.as_ref()?;
+                let ready = st
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then(|| st.pod_ip.clone()).flatten()
+            })
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {
@@ -224,6 +253,17 @@ impl Caches {
 /// (reconcile tests against a fake apiserver).
 #[doc(hidden)]
 pub fn preloaded(nodes: &[&str], namespaces: &[&str], transfers: Vec<Transfer>) -> Caches {
+    preloaded_with(nodes, namespaces, transfers, Vec::new())
+}
+
+/// [`preloaded`], with the node-service pods given.
+#[doc(hidden)]
+pub fn preloaded_with(
+    nodes: &[&str],
+    namespaces: &[&str],
+    transfers: Vec<Transfer>,
+    node_services: Vec<Pod>,
+) -> Caches {
     fn filled<K>(objects: Vec<K>) -> Store<K>
     where
         K: Resource<DynamicType = ()> + Clone + 'static,
@@ -270,7 +310,41 @@ pub fn preloaded(nodes: &[&str], namespaces: &[&str], transfers: Vec<Transfer>) 
         mount_failures: filled(Vec::new()),
         peers: filled(Vec::new()),
         claim_users,
+        node_services: filled(node_services),
     }
+}
+
+/// The label the chart puts on the node service's pods.
+pub const NODE_SERVICE_COMPONENT: &str = "app.kubernetes.io/component=node-service";
+
+/// A node-service pod as the cache keeps it: which node, its IP, whether it is ready and
+/// whether it is going away (a DaemonSet's pods are few but their specs and statuses are big).
+pub(crate) fn keep_node_service_fields(p: &mut Pod) {
+    let node_name = p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let status = p.status.take().map(|st| PodStatus {
+        pod_ip: st.pod_ip,
+        conditions: st.conditions.map(|cs| {
+            cs.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .collect::<Vec<_>>()
+        }),
+        ..PodStatus::default()
+    });
+    *p = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: p.metadata.name.take(),
+            namespace: p.metadata.namespace.take(),
+            resource_version: p.metadata.resource_version.take(),
+            uid: p.metadata.uid.take(),
+            deletion_timestamp: p.metadata.deletion_timestamp.take(),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name,
+            ..PodSpec::default()
+        }),
+        status,
+    };
 }
 
 /// A reflector kept current by a background task (watch errors are logged and retried with

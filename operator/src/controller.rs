@@ -116,7 +116,7 @@ pub async fn run(
         );
     }
     let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
-    let (caches, triggers) = cache::start(&client);
+    let (caches, triggers) = cache::start(&client, &config.namespace);
     let peers = caches.peers.clone();
     let registry = Arc::new(Registry::default());
     if let Some(addr) = config.peering_listen {
@@ -928,8 +928,10 @@ async fn apply(
                 let use_block_store = plan.dedup && ctx.config.block_service.is_some();
                 // A fan-out child takes blocks from its siblings until an attempt failed; a
                 // retry asks the source for all it lacks (a sibling may be what failed).
-                let swarm = match (&dst.node, use_block_store && plan.status.failures == 0) {
-                    (Some(node), true) => crate::fan_out::swarm_of(t, node, ctx).await?,
+                let swarm = match (&dst.node, &ctx.config.block_service) {
+                    (Some(node), Some(service)) if use_block_store && plan.status.failures == 0 => {
+                        crate::fan_out::swarm_of(t, node, &ctx.caches, service)
+                    }
                     _ => None,
                 };
                 let pod = movers::mover_pod(&MoverPodInput {

@@ -81,17 +81,6 @@ fn route(method: &str, path: &str, body: &Value, held: &Held) -> (StatusCode, Va
             conflict()
         }
         ("GET", "/api/v1/namespaces/ml/pods") => (StatusCode::OK, list("PodList")),
-        // The node service's pods: ready on node-a and node-b.
-        ("GET", "/api/v1/namespaces/ferry-system/pods") => {
-            let pod = |node: &str, ip: &str| {
-                json!({"metadata": {"name": format!("ferry-node-{node}")},
-                       "spec": {"nodeName": node, "containers": []},
-                       "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
-            };
-            let mut l = list("PodList");
-            l["items"] = json!([pod("node-b", "10.0.0.2"), pod("node-a", "10.0.0.1")]);
-            (StatusCode::OK, l)
-        }
         ("GET", p) if p.starts_with("/api/v1/namespaces/ml/secrets/") => not_found(),
         ("GET", "/api/v1/nodes/node-a" | "/api/v1/nodes/node-b") => {
             let name = path.rsplit('/').next().unwrap();
@@ -150,7 +139,24 @@ fn fake_client(log: Log, held: Held) -> kube::Client {
 fn context(client: kube::Client, config: Config) -> Arc<Context> {
     let (wake, _) = tokio::sync::mpsc::channel(8);
     let authority = Arc::new(Authority::ephemeral("test").unwrap());
-    let caches = ferry_operator::cache::preloaded(&["node-a", "node-b"], &["ml"], Vec::new());
+    // The node service's pods: ready on node-a and node-b.
+    let service_pod = |node: &str, ip: &str| {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("ferry-node-{node}"), "namespace": "ferry-system"},
+            "spec": {"nodeName": node, "containers": []},
+            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap()
+    };
+    let caches = ferry_operator::cache::preloaded_with(
+        &["node-a", "node-b"],
+        &["ml"],
+        Vec::new(),
+        vec![
+            service_pod("node-b", "10.0.0.2"),
+            service_pod("node-a", "10.0.0.1"),
+        ],
+    );
     let limiter = Arc::new(ferry_operator::status::PatchLimiter::default());
     Arc::new(Context {
         recorder: Recorder::new(
@@ -516,4 +522,10 @@ async fn a_fan_out_childs_first_receiver_joins_its_siblings_node_services() {
         "the receiver's node, node-b, is second"
     );
     assert_eq!(after("--block-service"), "ferry-node.ferry-system.svc:7443");
+    assert!(
+        !seen
+            .iter()
+            .any(|r| r.path.contains("/namespaces/ferry-system/pods")),
+        "the siblings come from the cache, not a list per receiver"
+    );
 }

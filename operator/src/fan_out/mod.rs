@@ -7,24 +7,22 @@ pub mod plan;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch};
+use kube::api::{Api, DeleteParams, Patch};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use crate::api::{Reason, Transfer};
+use crate::cache::Caches;
 use crate::controller::{Context, Error, Written, ignore_not_found, record, ssa, write_status};
 use crate::movers::owner_ref;
 use crate::names::{ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, MANAGER};
 use crate::placement::Blocked;
 use plan::{ChildView, FanOutAction, FanOutObserved};
-
-/// The label the chart puts on the node service's pods.
-const NODE_SERVICE_COMPONENT: &str = "app.kubernetes.io/component=node-service";
 
 pub async fn reconcile(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
     let obs = observe(t, ctx)?;
@@ -174,55 +172,28 @@ pub fn parent_of(child: &Transfer) -> Option<ObjectRef<Transfer>> {
 }
 
 /// Where a fan-out child's receiver finds its siblings: every destination node's block
-/// service (`""` for a node whose service is not running: it owns nothing), and its own place
+/// service (`""` for a node whose service is not ready: it owns nothing), and its own place
 /// among them. None for a Transfer that is not a fan-out's child, or whose node is not in its
-/// list.
-pub async fn swarm_of(t: &Transfer, node: &str, ctx: &Context) -> Result<Option<Swarm>, Error> {
-    let Some(list) = t.annotations().get(ANNOTATION_FAN_OUT_NODES) else {
-        return Ok(None);
-    };
-    if t.labels().get(LABEL_FAN_OUT_OF).is_none() {
-        return Ok(None);
-    }
-    let Some(port) = ctx
-        .config
-        .block_service
-        .as_deref()
-        .and_then(|a| a.rsplit_once(':'))
-        .map(|(_, p)| p.to_owned())
-    else {
-        return Ok(None);
-    };
+/// list. Read from the cache of node-service pods, so a fan-out to N nodes costs no API call
+/// per receiver.
+pub fn swarm_of(t: &Transfer, node: &str, caches: &Caches, block_service: &str) -> Option<Swarm> {
+    let list = t.annotations().get(ANNOTATION_FAN_OUT_NODES)?;
+    t.labels().get(LABEL_FAN_OUT_OF)?;
+    let (_, port) = block_service.rsplit_once(':')?;
     let nodes: Vec<&str> = list.split(',').filter(|n| !n.is_empty()).collect();
-    let Some(me) = nodes.iter().position(|n| *n == node) else {
-        return Ok(None);
-    };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    let services = pods
-        .list(&ListParams::default().labels(NODE_SERVICE_COMPONENT))
-        .await?;
-    let address_of = |n: &str| {
-        services
-            .items
+    let me = nodes.iter().position(|n| *n == node)?;
+    Some(Swarm {
+        peers: nodes
             .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n))
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .find_map(|p| {
-                let st = p.status.as_ref()?;
-                let ready = st
-                    .conditions
-                    .as_ref()?
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                let ip = st.pod_ip.as_deref()?;
-                ready.then(|| socket_address(ip, &port))
+            .map(|n| {
+                caches
+                    .node_service_ip(n)
+                    .map(|ip| socket_address(&ip, port))
+                    .unwrap_or_default()
             })
-            .unwrap_or_default()
-    };
-    Ok(Some(Swarm {
-        peers: nodes.iter().map(|n| address_of(n)).collect(),
+            .collect(),
         me,
-    }))
+    })
 }
 
 fn socket_address(ip: &str, port: &str) -> String {
@@ -243,7 +214,7 @@ pub struct Swarm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::api::core::v1::{NodeSpec, Pod};
     use std::sync::Arc;
 
     fn node(name: &str, pool: &str, cordoned: bool) -> Arc<Node> {
@@ -288,6 +259,92 @@ mod tests {
             select_nodes(bad, &nodes).unwrap_err().reason,
             Reason::InvalidSpec
         );
+    }
+
+    fn service_pod(name: &str, node: &str, ip: &str, ready: bool, deleting: bool) -> Pod {
+        use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ferry-system".into()),
+                deletion_timestamp: deleting.then_some(Time(Timestamp::UNIX_EPOCH)),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.into()),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                pod_ip: Some(ip.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn child(nodes: &str) -> Transfer {
+        let mut t = crate::plan::tests::transfer();
+        t.metadata.labels = Some(BTreeMap::from([(
+            LABEL_FAN_OUT_OF.to_owned(),
+            "imagenet".to_owned(),
+        )]));
+        t.metadata.annotations = Some(BTreeMap::from([(
+            ANNOTATION_FAN_OUT_NODES.to_owned(),
+            nodes.to_owned(),
+        )]));
+        t
+    }
+
+    #[test]
+    fn a_child_finds_its_siblings_ready_services_in_the_cache() {
+        let caches = crate::cache::preloaded_with(
+            &["node-a", "node-b", "node-c", "node-d"],
+            &["ml"],
+            Vec::new(),
+            vec![
+                service_pod("ferry-node-a", "node-a", "10.0.0.1", true, false),
+                service_pod("ferry-node-b", "node-b", "10.0.0.2", true, false),
+                // Not ready yet: owns nothing, its blocks come from the source.
+                service_pod("ferry-node-c", "node-c", "10.0.0.3", false, false),
+                // Being replaced: the old pod is ignored, the new one is used.
+                service_pod("ferry-node-d-old", "node-d", "10.0.0.4", true, true),
+                service_pod("ferry-node-d", "node-d", "fd00::5", true, false),
+            ],
+        );
+        let t = child("node-a,node-b,node-c,node-d,node-e");
+        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443").unwrap();
+        assert_eq!(swarm.me, 1);
+        assert_eq!(
+            swarm.peers,
+            ["10.0.0.1:7443", "10.0.0.2:7443", "", "[fd00::5]:7443", ""]
+        );
+        assert_eq!(swarm_of(&t, "node-z", &caches, "0.0.0.0:7443"), None);
+        assert_eq!(swarm_of(&t, "node-b", &caches, "no-port"), None);
+        let mut lone = t.clone();
+        lone.metadata.labels = None;
+        assert_eq!(swarm_of(&lone, "node-b", &caches, "0.0.0.0:7443"), None);
+    }
+
+    #[test]
+    fn the_cache_keeps_only_what_the_swarm_reads_of_a_service_pod() {
+        let mut p = service_pod("ferry-node-a", "node-a", "10.0.0.1", true, false);
+        p.metadata.labels = Some(BTreeMap::from([("big".to_owned(), "x".repeat(4096))]));
+        p.spec.as_mut().unwrap().service_account_name = Some("ferry-node".into());
+        crate::cache::keep_node_service_fields(&mut p);
+        assert_eq!(p.metadata.labels, None);
+        assert_eq!(p.spec.as_ref().unwrap().service_account_name, None);
+        let caches =
+            crate::cache::preloaded_with(&["node-a"], &["ml"], Vec::new(), vec![p.clone()]);
+        assert_eq!(
+            caches.node_service_ip("node-a").as_deref(),
+            Some("10.0.0.1")
+        );
+        assert_eq!(caches.node_service_ip("node-b"), None);
     }
 
     #[test]

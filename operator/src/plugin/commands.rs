@@ -362,7 +362,7 @@ pub async fn nodes(
     use super::nodes::{NodeFigures, NodeRow};
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ferry_namespace);
     let pods = pods_api
-        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
+        .list(&ListParams::default().labels(crate::cache::NODE_SERVICE_COMPONENT))
         .await
         .map_err(api_error(format!(
             "list the node service pods in namespace {ferry_namespace}"
