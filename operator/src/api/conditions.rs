@@ -12,6 +12,9 @@ pub enum ConditionType {
     Failed,
     /// Set (False) only when dedup was asked for but cannot be used.
     Dedup,
+    /// A fan-out only: True once `minAvailable` destinations (default all) hold a verified
+    /// copy of this run.
+    Available,
 }
 
 impl ConditionType {
@@ -21,6 +24,7 @@ impl ConditionType {
             ConditionType::Succeeded => "Succeeded",
             ConditionType::Failed => "Failed",
             ConditionType::Dedup => "Dedup",
+            ConditionType::Available => "Available",
         }
     }
 }
@@ -83,6 +87,10 @@ pub enum Reason {
     DestinationFailed,
     /// The destination claim is smaller than `provision.capacity` asks; ferry does not resize.
     ClaimTooSmall,
+    /// A fan-out's `Available`: at least `minAvailable` destinations succeeded in this run.
+    MinimumDestinationsAvailable,
+    /// A fan-out's `Available`: fewer than `minAvailable` destinations succeeded so far.
+    MinimumDestinationsUnavailable,
 }
 
 impl Reason {
@@ -128,6 +136,8 @@ impl Reason {
             Reason::PriorityClassNotAllowed => "PriorityClassNotAllowed",
             Reason::BlockStoreFailed => "BlockStoreFailed",
             Reason::ClaimTooSmall => "ClaimTooSmall",
+            Reason::MinimumDestinationsAvailable => "MinimumDestinationsAvailable",
+            Reason::MinimumDestinationsUnavailable => "MinimumDestinationsUnavailable",
         }
     }
 }
@@ -174,11 +184,12 @@ pub fn set_condition(
 /// condition: only ferry's own condition types, a status of True, False or Unknown and a reason
 /// in the API's shape stay; messages are cut to ferry's length.
 pub fn sanitize_peer_conditions(conditions: &mut Vec<Condition>) {
-    const TYPES: [ConditionType; 4] = [
+    const TYPES: [ConditionType; 5] = [
         ConditionType::Ready,
         ConditionType::Succeeded,
         ConditionType::Failed,
         ConditionType::Dedup,
+        ConditionType::Available,
     ];
     let mut seen = Vec::new();
     conditions.retain(|c| {

@@ -281,6 +281,8 @@ impl ClaimProvision {
 #[x_kube(validation = Rule::new(
     "(has(self.node) ? 1 : 0) + (has(self.nodes) ? 1 : 0) + (has(self.nodeSelector) ? 1 : 0) == 1"
 ).message("set exactly one of node, nodes or nodeSelector"))]
+#[x_kube(validation = Rule::new("!has(self.minAvailable) || !has(self.node)").message("minAvailable is for a fan-out: set nodes or nodeSelector"))]
+#[x_kube(validation = Rule::new("!has(self.minAvailable) || !has(self.nodes) || self.minAvailable <= size(self.nodes)").message("minAvailable must not exceed the number of nodes"))]
 pub struct HostPathEndpoint {
     /// A node's name (a DNS subdomain name).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -289,8 +291,8 @@ pub struct HostPathEndpoint {
         pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
     ))]
     pub node: String,
-    /// Fan-out (destination only): every one of these nodes gets the tree. The source is read
-    /// once; the destinations take from each other what one of them already received.
+    /// Fan-out (destination only): every one of these nodes gets the tree. The source sends
+    /// about one copy; the destinations take from each other what one of them already received.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(min = 1, max = 64))]
     #[x_kube(validation = Rule::new("self.all(n, self.exists_one(m, m == n))").message("nodes must not repeat"))]
@@ -299,6 +301,12 @@ pub struct HostPathEndpoint {
     /// is recorded in `status.destinations` and kept for the run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<NodeLabelSelector>,
+    /// Fan-out (destination only): how many destinations must hold a verified copy for the run
+    /// to succeed; the others still run to the end. The `Available` condition turns True as
+    /// soon as this many have it. Default: every destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub min_available: Option<u32>,
     #[schemars(length(min = 1, max = 4096))]
     #[x_kube(validation = Rule::new("self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')").message("path must be absolute and must not contain '..'"))]
     pub path: String,

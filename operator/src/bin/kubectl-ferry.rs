@@ -95,6 +95,9 @@ enum Command {
         /// The provisioned claim's StorageClass (default: the cluster's default).
         #[arg(long, value_name = "CLASS")]
         storage_class: Option<String>,
+        /// A fan-out succeeds when this many nodes succeeded (`hostPath.minAvailable`).
+        #[arg(long, value_name = "N")]
+        min_available: Option<u32>,
         /// Print the name and return at once.
         #[arg(long)]
         no_wait: bool,
@@ -376,6 +379,7 @@ fn cp_args(
         time_zone,
         provision,
         storage_class,
+        min_available,
         ..
     } = command
     else {
@@ -393,6 +397,7 @@ fn cp_args(
         time_zone: time_zone.clone(),
         provision: provision.clone(),
         storage_class: storage_class.clone(),
+        min_available: *min_available,
     })
 }
 

@@ -110,6 +110,12 @@ fn cond(
     );
 }
 
+/// `spec.destination.hostPath.minAvailable`, when set.
+fn min_available(t: &Transfer) -> Option<usize> {
+    let m = t.spec.destination.host_path.as_ref()?.min_available?;
+    usize::try_from(m).ok()
+}
+
 pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     let before = t.status.clone().unwrap_or_default();
     let decision = crate::runs::decide(t, &before, obs.now);
@@ -144,6 +150,14 @@ fn step(
             Ok(n) if n.is_empty() => Err(Blocked {
                 reason: Reason::NodeNotFound,
                 message: "spec.destination.hostPath.nodeSelector selects no node; the Transfer starts once it does".into(),
+            }),
+            Ok(n) if min_available(t).is_some_and(|m| m > n.len()) => Err(Blocked {
+                reason: Reason::NodeNotFound,
+                message: format!(
+                    "spec.destination.hostPath.nodeSelector selects {} nodes, fewer than minAvailable {}; the Transfer starts once it selects enough",
+                    n.len(),
+                    min_available(t).unwrap_or_default()
+                ),
             }),
             other => other.clone(),
         };
@@ -293,6 +307,40 @@ fn step(
     let all = st.destinations.clone();
     let finished_all = all.iter().all(|d| d.phase.is_finished());
     let failed: Vec<&DestinationStatus> = all.iter().filter(|d| d.phase == Phase::Failed).collect();
+    let succeeded: Vec<&DestinationStatus> =
+        all.iter().filter(|d| d.phase == Phase::Succeeded).collect();
+    let needed = min_available(t).unwrap_or(all.len()).min(all.len());
+    let available = succeeded.len() >= needed;
+    cond(
+        &mut st,
+        t,
+        &now,
+        ConditionType::Available,
+        available,
+        if available {
+            Reason::MinimumDestinationsAvailable
+        } else {
+            Reason::MinimumDestinationsUnavailable
+        },
+        &format!(
+            "{} of {} destinations hold this run's data; {needed} needed",
+            succeeded.len(),
+            all.len()
+        ),
+    );
+    let failures = || {
+        failed
+            .iter()
+            .map(|d| {
+                format!(
+                    "{}: {}",
+                    d.node,
+                    d.message.clone().unwrap_or_else(|| "failed".into())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     if t.spec.suspend {
         st.phase = Phase::Suspended;
         cond(
@@ -304,14 +352,30 @@ fn step(
             Reason::Suspended,
             "spec.suspend is set: no movers run",
         );
-    } else if finished_all && failed.is_empty() {
-        let digests: std::collections::BTreeSet<_> = all.iter().map(|d| d.digest.clone()).collect();
+    } else if finished_all && available {
+        let digests: std::collections::BTreeSet<_> =
+            succeeded.iter().map(|d| d.digest.clone()).collect();
         st.digest = if digests.len() == 1 {
             digests.into_iter().next().flatten()
         } else {
             None
         };
-        let msg = format!("all {} destinations succeeded", all.len());
+        let msg = if failed.is_empty() {
+            format!("all {} destinations succeeded", all.len())
+        } else {
+            let msg = format!(
+                "{} of {} destinations succeeded (minAvailable {needed}); failed: {}",
+                succeeded.len(),
+                all.len(),
+                failures()
+            );
+            notes.push(Note {
+                warning: true,
+                reason: Reason::DestinationFailed.as_str(),
+                message: msg.clone(),
+            });
+            msg
+        };
         finish(
             &mut st,
             t,
@@ -322,21 +386,11 @@ fn step(
             &msg,
         );
     } else if finished_all {
-        let msg = failed
-            .iter()
-            .map(|d| {
-                format!(
-                    "{}: {}",
-                    d.node,
-                    d.message.clone().unwrap_or_else(|| "failed".into())
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
         let msg = format!(
-            "{} of {} destinations failed: {msg}",
+            "{} of {} destinations failed ({needed} must succeed): {}",
             failed.len(),
-            all.len()
+            all.len(),
+            failures()
         );
         finish(
             &mut st,
@@ -534,6 +588,7 @@ fn totals(st: &mut TransferStatus, sums: &Sums) {
 mod tests {
     use super::*;
     use crate::api::NodeName;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     fn fan_out(nodes: &[&str]) -> Transfer {
         let mut t = crate::plan::tests::transfer();
@@ -710,7 +765,8 @@ mod tests {
         let err = p.status.last_error.unwrap();
         assert_eq!(err.reason, "DestinationFailed");
         assert!(
-            err.message.contains("1 of 2 destinations failed: gpu-2"),
+            err.message
+                .contains("1 of 2 destinations failed (2 must succeed): gpu-2"),
             "{}",
             err.message
         );
@@ -741,6 +797,153 @@ mod tests {
         let p = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
         assert!(p.actions.is_empty(), "{:?}", p.actions);
         assert_eq!(p.status, done.status);
+    }
+
+    /// A fan-out to `nodes` that needs `min` of them, planned once from nothing and then with
+    /// its children as applied and `statuses`.
+    fn plan_with(
+        min: Option<u32>,
+        nodes: &[&str],
+        statuses: Vec<Option<TransferStatus>>,
+    ) -> FanOutPlan {
+        let mut t = fan_out(nodes);
+        t.spec.destination.host_path.as_mut().unwrap().min_available = min;
+        let first = plan(&t, &obs(nodes, vec![]));
+        t.status = Some(first.status);
+        let children = first
+            .actions
+            .iter()
+            .zip(statuses)
+            .map(|(a, s)| child_from(a, s))
+            .collect();
+        plan(&t, &obs(nodes, children))
+    }
+
+    fn failed_child() -> Option<TransferStatus> {
+        let mut failed = child_status(Phase::Failed, 0, 100);
+        failed.last_error = Some(LastError {
+            reason: "BackoffLimitExceeded".into(),
+            message: "3 attempts".into(),
+        });
+        Some(failed)
+    }
+
+    fn condition<'a>(p: &'a FanOutPlan, kind: &str) -> &'a Condition {
+        p.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {:?}", p.status.conditions))
+    }
+
+    #[test]
+    fn min_available_turns_available_early_and_succeeds_despite_a_failed_node() {
+        let nodes = ["gpu-1", "gpu-2", "gpu-3"];
+        let ok = || Some(child_status(Phase::Succeeded, 100, 100));
+        let running = || Some(child_status(Phase::Running, 50, 100));
+
+        // One of the two needed is there: not available yet.
+        let p = plan_with(Some(2), &nodes, vec![ok(), running(), running()]);
+        assert_eq!(condition(&p, "Available").status, "False");
+        assert_eq!(
+            condition(&p, "Available").reason,
+            "MinimumDestinationsUnavailable"
+        );
+        assert_eq!(p.status.phase, Phase::Running);
+
+        // Two are: available while the third still runs; the run itself is not finished.
+        let p = plan_with(Some(2), &nodes, vec![ok(), running(), ok()]);
+        let available = condition(&p, "Available");
+        assert_eq!(available.status, "True");
+        assert_eq!(available.reason, "MinimumDestinationsAvailable");
+        assert!(
+            available.message.starts_with("2 of 3 destinations"),
+            "{}",
+            available.message
+        );
+        assert_eq!(
+            p.status.phase,
+            Phase::Running,
+            "the third node still gets the data"
+        );
+        assert_eq!(condition(&p, "Succeeded").status, "False");
+
+        let child = child_spec(&fan_out(&nodes).spec, "gpu-1", 1);
+        assert_eq!(
+            child.destination.host_path.unwrap().min_available,
+            None,
+            "a child is one node"
+        );
+
+        // The third fails for good: the run succeeded, says which node failed, and warns.
+        let p = plan_with(Some(2), &nodes, vec![ok(), failed_child(), ok()]);
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        assert_eq!(
+            p.status.digest.as_deref(),
+            Some("d1"),
+            "the succeeded ones' digest"
+        );
+        let done = condition(&p, "Succeeded");
+        assert_eq!(done.status, "True");
+        assert!(
+            done.message
+                .contains("2 of 3 destinations succeeded (minAvailable 2); failed: gpu-2: "),
+            "{}",
+            done.message
+        );
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.warning && n.reason == "DestinationFailed"),
+            "{:?}",
+            p.notes
+        );
+    }
+
+    #[test]
+    fn without_min_available_every_destination_must_succeed() {
+        let nodes = ["gpu-1", "gpu-2", "gpu-3"];
+        let ok = || Some(child_status(Phase::Succeeded, 100, 100));
+        let p = plan_with(
+            None,
+            &nodes,
+            vec![ok(), Some(child_status(Phase::Running, 5, 100)), ok()],
+        );
+        assert_eq!(condition(&p, "Available").status, "False");
+        let p = plan_with(None, &nodes, vec![ok(), failed_child(), ok()]);
+        assert_eq!(p.status.phase, Phase::Failed);
+        assert!(
+            p.status
+                .last_error
+                .unwrap()
+                .message
+                .starts_with("1 of 3 destinations failed (3 must succeed)")
+        );
+        // Too few succeeded for the threshold: failed too.
+        let p = plan_with(Some(2), &nodes, vec![ok(), failed_child(), failed_child()]);
+        assert_eq!(p.status.phase, Phase::Failed);
+        assert_eq!(condition(&p, "Available").status, "False");
+        let p = plan_with(None, &nodes, vec![ok(), ok(), ok()]);
+        assert_eq!(p.status.phase, Phase::Succeeded);
+        assert_eq!(condition(&p, "Available").status, "True");
+    }
+
+    #[test]
+    fn a_selector_with_fewer_nodes_than_min_available_waits() {
+        let mut t = fan_out(&[]);
+        t.spec.destination.host_path.as_mut().unwrap().min_available = Some(3);
+        let p = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        assert_eq!(p.status.run, 0);
+        assert_eq!(p.status.phase, Phase::Pending);
+        let err = p.status.last_error.unwrap();
+        assert_eq!(err.reason, "NodeNotFound");
+        assert!(
+            err.message
+                .contains("selects 2 nodes, fewer than minAvailable 3"),
+            "{}",
+            err.message
+        );
+        assert!(p.actions.is_empty());
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct CpArgs {
     /// `--provision` (a size or `fromSource`) and `--storage-class`.
     pub provision: Option<String>,
     pub storage_class: Option<String>,
+    /// `--min-available` (a fan-out's `hostPath.minAvailable`).
+    pub min_available: Option<u32>,
 }
 
 /// Reads `--to-nodes` and `--selector` (at most one of them).
@@ -146,10 +148,16 @@ pub fn transfer(args: &CpArgs) -> Result<Value, CpError> {
                 NodeSet::Labels(labels) => json!({"nodeSelector": {"matchLabels": labels}}),
             };
             let mut host = nodes;
+            if let Some(m) = args.min_available {
+                host["minAvailable"] = json!(m);
+            }
             host["path"] = json!(args.destination);
             json!({"hostPath": host})
         }
     };
+    if args.min_available.is_some() && args.nodes.is_none() {
+        return Err(CpError::Needs("min-available", "to-nodes or --selector"));
+    }
     let mut destination = destination;
     match (&args.provision, &args.storage_class) {
         (None, Some(_)) => return Err(CpError::Needs("storage-class", "provision")),
@@ -244,6 +252,11 @@ mod tests {
         assert_eq!(t["spec"]["bandwidthLimit"], "100Mi");
         assert_eq!(t["spec"]["streams"], 8);
         assert_eq!(t["metadata"]["name"], "stage");
+        a.min_available = Some(1);
+        assert_eq!(
+            transfer(&a).expect("cp")["spec"]["destination"]["hostPath"]["minAvailable"],
+            1
+        );
         a.nodes = node_set(None, Some("pool=gpu,zone=a")).expect("labels");
         assert_eq!(
             transfer(&a).expect("cp")["spec"]["destination"]["hostPath"]["nodeSelector"],
@@ -251,6 +264,12 @@ mod tests {
         );
         let _: crate::api::Transfer =
             serde_json::from_value(transfer(&a).expect("cp")).expect("a Transfer");
+        let mut one = args("node-a:/data/x", "node-b:/scratch/x");
+        one.min_available = Some(1);
+        assert_eq!(
+            transfer(&one).unwrap_err().to_string(),
+            "--min-available goes with --to-nodes or --selector"
+        );
     }
 
     #[test]

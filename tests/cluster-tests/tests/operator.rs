@@ -576,7 +576,7 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         "metadata": {"name": "fan"},
         "spec": {
             "source": {"hostPath": {"node": NODE_A, "path": src}},
-            "destination": {"hostPath": {"nodes": [NODE_A, NODE_B], "path": dst}},
+            "destination": {"hostPath": {"nodes": [NODE_A, NODE_B], "minAvailable": 2, "path": dst}},
         }
     }))?;
     // The API server refuses what a fan-out cannot be, with the CRD's messages.
@@ -595,6 +595,16 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
             serde_json::json!({"source": {"hostPath": {"node": NODE_A, "path": src}},
                                "destination": {"hostPath": {"nodes": [NODE_A, NODE_A], "path": dst}}}),
             "nodes must not repeat",
+        ),
+        (
+            serde_json::json!({"source": {"hostPath": {"node": NODE_A, "path": src}},
+                               "destination": {"hostPath": {"node": NODE_B, "minAvailable": 1, "path": dst}}}),
+            "minAvailable is for a fan-out",
+        ),
+        (
+            serde_json::json!({"source": {"hostPath": {"node": NODE_A, "path": src}},
+                               "destination": {"hostPath": {"nodes": [NODE_A, NODE_B], "minAvailable": 3, "path": dst}}}),
+            "minAvailable must not exceed the number of nodes",
         ),
     ] {
         let t: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
@@ -639,6 +649,15 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         wire += cs.wire.context("wire")?.bytes;
     }
     assert!(st.digest.is_some());
+    let available = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Available")
+        .context("a fan-out has an Available condition")?;
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("True", "MinimumDestinationsAvailable")
+    );
     let from_peers: u64 = st.destinations.iter().map(|d| d.dedup_bytes).sum();
     assert!(
         from_peers >= 48 << 20,
