@@ -199,22 +199,23 @@ impl Caches {
         })
     }
 
-    /// The pod IP of `node`'s block service when it is ready and not being deleted.
-    pub fn node_service_ip(&self, node: &str) -> Option<String> {
+    /// Each node's block service pod IP, for the services that are ready and not being deleted.
+    pub fn node_service_ips(&self) -> HashMap<String, String> {
         self.node_services
             .state()
             .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .find_map(|p| {
+            .filter_map(|p| {
+                let node = p.spec.as_ref()?.node_name.clone()?;
                 let st = p.status.as_ref()?;
                 let ready = st
                     .conditions
                     .as_ref()?
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True");
-                ready.then(|| st.pod_ip.clone()).flatten()
+                Some((node, st.pod_ip.clone().filter(|_| ready)?))
             })
+            .collect()
     }
 
     pub fn node(&self, name: &str) -> Option<Arc<Node>> {

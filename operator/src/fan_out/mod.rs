@@ -182,13 +182,13 @@ pub fn swarm_of(t: &Transfer, node: &str, caches: &Caches, block_service: &str) 
     let (_, port) = block_service.rsplit_once(':')?;
     let nodes: Vec<&str> = list.split(',').filter(|n| !n.is_empty()).collect();
     let me = nodes.iter().position(|n| *n == node)?;
+    let ips = caches.node_service_ips();
     Some(Swarm {
         peers: nodes
             .iter()
             .map(|n| {
-                caches
-                    .node_service_ip(n)
-                    .map(|ip| socket_address(&ip, port))
+                ips.get(*n)
+                    .map(|ip| socket_address(ip, port))
                     .unwrap_or_default()
             })
             .collect(),
@@ -340,11 +340,9 @@ mod tests {
         assert_eq!(p.spec.as_ref().unwrap().service_account_name, None);
         let caches =
             crate::cache::preloaded_with(&["node-a"], &["ml"], Vec::new(), vec![p.clone()]);
-        assert_eq!(
-            caches.node_service_ip("node-a").as_deref(),
-            Some("10.0.0.1")
-        );
-        assert_eq!(caches.node_service_ip("node-b"), None);
+        let ips = caches.node_service_ips();
+        assert_eq!(ips.get("node-a").map(String::as_str), Some("10.0.0.1"));
+        assert_eq!(ips.len(), 1);
     }
 
     #[test]
