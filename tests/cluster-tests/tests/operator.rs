@@ -734,6 +734,81 @@ async fn destination_row(
         .and_then(|s| s.destinations.into_iter().find(|d| d.node == node)))
 }
 
+/// `minAvailable`: a fan-out to two nodes that needs one. The second node's directory is not
+/// writable by the movers (a permanent destination fault), so its destination fails; the run
+/// still succeeds, with `Available` True, and says which node failed, in its message and in a
+/// Warning Event.
+#[tokio::test]
+async fn a_fan_out_with_min_available_succeeds_when_enough_nodes_do() -> anyhow::Result<()> {
+    ensure_operator().await?;
+    let ns = TestNamespace::create("xfer-minavail").await?;
+    let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
+    // Small files only: no full block waits for the node that fails.
+    make_tree(&src_host, 30, 0, &ns.name)?;
+    let (dst, dst_a) = node_dir(NODE_A, &ns.name, "dst")?;
+    let (_, dst_b) = node_dir(NODE_B, &ns.name, "dst")?;
+    std::os::unix::fs::chown(&dst_b, Some(0), Some(0))?;
+    std::fs::set_permissions(&dst_b, std::fs::Permissions::from_mode(0o755))?;
+    let api: Api<Transfer> = ns.api();
+    let fan: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
+        "apiVersion": "ferry.dev/v1alpha1", "kind": "Transfer",
+        "metadata": {"name": "most"},
+        "spec": {
+            "source": {"hostPath": {"node": NODE_A, "path": src}},
+            "destination": {"hostPath": {"nodes": [NODE_A, NODE_B], "minAvailable": 1, "path": dst}},
+        }
+    }))?;
+    api.create(&PostParams::default(), &fan).await?;
+    let t = wait_phase(&api, "most", Duration::from_secs(180), Phase::Succeeded).await?;
+    assert_eq!(assert_same_tree(&src_host, &dst_a)?, 30);
+    let st = t.status.context("status")?;
+    let rows: Vec<(&str, Phase)> = st
+        .destinations
+        .iter()
+        .map(|d| (d.node.as_str(), d.phase))
+        .collect();
+    assert_eq!(rows, [(NODE_A, Phase::Succeeded), (NODE_B, Phase::Failed)]);
+    let condition = |kind: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .with_context(|| format!("no {kind} condition"))
+    };
+    let available = condition("Available")?;
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("True", "MinimumDestinationsAvailable")
+    );
+    let succeeded = condition("Succeeded")?;
+    assert!(
+        succeeded.message.starts_with(&format!(
+            "1 of 2 destinations succeeded (minAvailable 1); failed: {NODE_B}: "
+        )),
+        "{}",
+        succeeded.message
+    );
+    assert!(
+        st.digest.is_some(),
+        "the digest of the destination that succeeded"
+    );
+    // The Event is recorded just after the status that announces the outcome.
+    let ns_name = ns.name.clone();
+    wait_until(
+        Duration::from_secs(30),
+        "a DestinationFailed Event naming the failed node",
+        || {
+            let ns_name = ns_name.clone();
+            async move {
+                let warned =
+                    ferry_cluster_tests::events_of(&ns_name, "most", "DestinationFailed").await?;
+                Ok(warned.iter().any(|m| m.contains(NODE_B)))
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// A fan-out to four nodes loses one destination node mid-run (a power cut: its link goes down,
 /// every process of the node dies). The three others finish while it is down (a sibling waiting
 /// on blocks the lost node owned fails over to the source within half a minute); when the node
