@@ -643,8 +643,12 @@ mod tests {
     }
 
     /// Plans once from nothing, then again with the children as applied and `statuses`.
-    fn second_plan(t: &mut Transfer, statuses: Vec<Option<TransferStatus>>) -> FanOutPlan {
-        let first = plan(t, &obs(&["gpu-1", "gpu-2"], vec![]));
+    fn plan_again(
+        t: &mut Transfer,
+        nodes: &[&str],
+        statuses: Vec<Option<TransferStatus>>,
+    ) -> FanOutPlan {
+        let first = plan(t, &obs(nodes, vec![]));
         t.status = Some(first.status);
         let children = first
             .actions
@@ -652,7 +656,11 @@ mod tests {
             .zip(statuses)
             .map(|(a, s)| child_from(a, s))
             .collect();
-        plan(t, &obs(&["gpu-1", "gpu-2"], children))
+        plan(t, &obs(nodes, children))
+    }
+
+    fn second_plan(t: &mut Transfer, statuses: Vec<Option<TransferStatus>>) -> FanOutPlan {
+        plan_again(t, &["gpu-1", "gpu-2"], statuses)
     }
 
     #[test]
@@ -740,17 +748,9 @@ mod tests {
     #[test]
     fn a_failed_destination_fails_the_fan_out_once_the_others_finished() {
         let mut t = fan_out(&["gpu-1", "gpu-2"]);
-        let mut failed = child_status(Phase::Failed, 0, 100);
-        failed.last_error = Some(LastError {
-            reason: "BackoffLimitExceeded".into(),
-            message: "3 attempts".into(),
-        });
         let p = second_plan(
             &mut t,
-            vec![
-                Some(child_status(Phase::Running, 50, 100)),
-                Some(failed.clone()),
-            ],
+            vec![Some(child_status(Phase::Running, 50, 100)), failed_child()],
         );
         assert_eq!(
             p.status.phase,
@@ -759,7 +759,10 @@ mod tests {
         );
         let p = second_plan(
             &mut fan_out(&["gpu-1", "gpu-2"]),
-            vec![Some(child_status(Phase::Succeeded, 100, 100)), Some(failed)],
+            vec![
+                Some(child_status(Phase::Succeeded, 100, 100)),
+                failed_child(),
+            ],
         );
         assert_eq!(p.status.phase, Phase::Failed);
         let err = p.status.last_error.unwrap();
@@ -808,15 +811,7 @@ mod tests {
     ) -> FanOutPlan {
         let mut t = fan_out(nodes);
         t.spec.destination.host_path.as_mut().unwrap().min_available = min;
-        let first = plan(&t, &obs(nodes, vec![]));
-        t.status = Some(first.status);
-        let children = first
-            .actions
-            .iter()
-            .zip(statuses)
-            .map(|(a, s)| child_from(a, s))
-            .collect();
-        plan(&t, &obs(nodes, children))
+        plan_again(&mut t, nodes, statuses)
     }
 
     fn failed_child() -> Option<TransferStatus> {
