@@ -298,18 +298,10 @@ fn at_and_age(t: &Timestamp, now: Timestamp) -> String {
 /// "hostPath node-a:/data/src", "pvc scratch:/copy", "remote peer/ns/name".
 pub fn endpoint(e: &Endpoint) -> String {
     if let Some(h) = &e.host_path {
-        if !h.nodes.is_empty() {
-            let nodes: Vec<&str> = h.nodes.iter().map(|n| n.0.as_str()).collect();
-            format!("hostPath {{{}}}:{}", nodes.join(","), h.path)
-        } else if let Some(sel) = &h.node_selector {
-            let labels: Vec<String> = sel
-                .match_labels
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.0))
-                .collect();
-            format!("hostPath nodes labelled {}:{}", labels.join(","), h.path)
-        } else {
-            format!("hostPath {}:{}", h.node, h.path)
+        let place = host_path_place(h);
+        match h.min_available {
+            Some(m) => format!("{place} (minAvailable {m})"),
+            None => place,
         }
     } else if let Some(p) = &e.pvc {
         let path = if p.path.is_empty() { "/" } else { &p.path };
@@ -318,6 +310,23 @@ pub fn endpoint(e: &Endpoint) -> String {
         format!("remote {}/{}/{}", r.peer, r.namespace, r.name)
     } else {
         "<none>".into()
+    }
+}
+
+/// Where a hostPath endpoint is: one node, a list of nodes, or the nodes labels select.
+fn host_path_place(h: &crate::api::HostPathEndpoint) -> String {
+    if !h.nodes.is_empty() {
+        let nodes: Vec<&str> = h.nodes.iter().map(|n| n.0.as_str()).collect();
+        format!("hostPath {{{}}}:{}", nodes.join(","), h.path)
+    } else if let Some(sel) = &h.node_selector {
+        let labels: Vec<String> = sel
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={}", v.0))
+            .collect();
+        format!("hostPath nodes labelled {}:{}", labels.join(","), h.path)
+    } else {
+        format!("hostPath {}:{}", h.node, h.path)
     }
 }
 
@@ -649,6 +658,7 @@ mod tests {
                 crate::api::NodeName("gpu-2".into()),
             ],
             path: "/scratch/in".into(),
+            min_available: Some(1),
             ..Default::default()
         };
         t.spec.destination = Endpoint {
@@ -662,7 +672,7 @@ mod tests {
             now: at(1_000).0,
         });
         for want in [
-            "Destination:   hostPath {gpu-1,gpu-2}:/scratch/in\n",
+            "Destination:   hostPath {gpu-1,gpu-2}:/scratch/in (minAvailable 1)\n",
             "Destinations:\n  NODE    TRANSFER      PHASE",
             "gpu-1   stage-gpu-1   Succeeded   1          100% 1.0 GiB/1.0 GiB",
             "768.0 MiB",
