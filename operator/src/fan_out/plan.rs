@@ -824,11 +824,7 @@ mod tests {
     }
 
     fn condition<'a>(p: &'a FanOutPlan, kind: &str) -> &'a Condition {
-        p.status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == kind)
-            .unwrap_or_else(|| panic!("no {kind} in {:?}", p.status.conditions))
+        crate::plan::tests::status_condition(&p.status, kind)
     }
 
     #[test]

@@ -92,11 +92,18 @@ fn cond<'a>(
     p: &'a Plan,
     kind: &str,
 ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-    p.status
-        .conditions
+    status_condition(&p.status, kind)
+}
+
+/// Condition `kind` of a status (panics naming the conditions there are when it is missing).
+pub(crate) fn status_condition<'a>(
+    st: &'a TransferStatus,
+    kind: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    st.conditions
         .iter()
         .find(|c| c.type_ == kind)
-        .expect("condition")
+        .unwrap_or_else(|| panic!("no {kind} in {:?}", st.conditions))
 }
 
 #[test]
