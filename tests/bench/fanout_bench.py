@@ -11,9 +11,10 @@ runs one sender per destination. Scenarios, each on fresh destinations and store
   4 separate transfers          the naive baseline: the same pairs without --swarm-peers
   fan-out to 4 again            fresh destination directories, the stores kept from the fan-out
 
-Reported per scenario: the median wall time over ROUNDS, its ratio to fan-out to 1, and the bytes
-that left the source node (its interface's counters) as a multiple of the dataset; for the second
-run also the most bytes any destination node sent or received.
+Reported per scenario: the median wall time over ROUNDS, its ratio to fan-out to 1, the bytes
+that left the source node (its interface's counters) as a multiple of the dataset, the most bytes
+any destination node sent or received, and the highest peak RSS of any receiver and of any node
+service.
 
 Knobs (environment): ROUNDS=3 RATE_MBIT=400 MIB=1024 FILES=8 FERRY_BIN=target/release/ferry-mover
 WORK=/var/tmp/ferry-fanout (a tmpfs is mounted there for the run), ONLY=1,3 (run only these of the
@@ -107,6 +108,19 @@ def make_dataset(root: Path) -> int:
     return per_file * FILES
 
 
+def reap(p: subprocess.Popen, timeout: float) -> tuple[str, str, int]:
+    """Waits for `p` (started with pipes) like `communicate`, and also returns its peak RSS in
+    KiB (`ip netns exec` execs the command, so the child is the mover itself)."""
+    err: list[str] = []
+    drain = threading.Thread(target=lambda: err.append(p.stderr.read() if p.stderr else ""))
+    drain.start()
+    out = p.stdout.read() if p.stdout else ""
+    drain.join(timeout)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return out, "".join(err), usage.ru_maxrss
+
+
 def wait_port(node: str, port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     probe = f"import socket; socket.create_connection(('{ip_of(node)}', {port}), 1).close()"
@@ -122,6 +136,7 @@ class Nodes:
 
     def __init__(self, dests: list[str], certs: Path):
         self.procs = []
+        self.peak_rss_kib = 0
         for d in dests:
             store = WORK / d / "cas"
             store.mkdir(parents=True, exist_ok=True)
@@ -138,7 +153,7 @@ class Nodes:
         for p in self.procs:
             p.terminate()
         for p in self.procs:
-            p.wait(timeout=30)
+            self.peak_rss_kib = max(self.peak_rss_kib, reap(p, 30)[2])
 
 
 def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
@@ -184,8 +199,10 @@ def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
         out, err = s.communicate(timeout=3600)
         if s.returncode != 0:
             raise SystemExit(f"sender failed ({s.returncode}): {err[-2000:]}")
+    receiver_rss = 0
     for d, p, _ in receivers:
-        out, err = p.communicate(timeout=600)
+        out, err, rss = reap(p, 600)
+        receiver_rss = max(receiver_rss, rss)
         if p.returncode != 0:
             raise SystemExit(f"receiver on {d} failed ({p.returncode}): {err[-2000:]}")
     seconds = time.monotonic() - started
@@ -200,7 +217,7 @@ def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
         if same.returncode != 0:
             raise SystemExit(f"{d} differs from the source: {same.stdout[-2000:]}")
     return {"seconds": seconds, "source_tx": moved["src"][0], "source_done": source_done,
-            "dest_max": max(max(moved[d]) for d in dests)}
+            "dest_max": max(max(moved[d]) for d in dests), "receiver_rss": receiver_rss}
 
 
 def fresh_stores(dests: list[str]) -> None:
@@ -213,9 +230,11 @@ def scenario(name: str, dests: list[str], certs: Path, swarm: bool, keep_stores:
         fresh_stores(dests)
     nodes = Nodes(dests, certs)
     try:
-        return transfer(dests, certs, swarm)
+        res = transfer(dests, certs, swarm)
     finally:
         nodes.stop()
+    res["service_rss"] = nodes.peak_rss_kib
+    return res
 
 
 def main() -> int:
@@ -251,20 +270,24 @@ def main() -> int:
                 print(f"round {r + 1}: {name}: {res['seconds']:.1f} s (source done at "
                       f"{res['source_done']:.1f} s), source sent "
                       f"{res['source_tx'] / size:.2f}x the dataset, busiest destination link "
-                      f"{res['dest_max'] / size:.3f}x", flush=True)
+                      f"{res['dest_max'] / size:.3f}x, peak RSS receiver "
+                      f"{res['receiver_rss'] >> 10} MiB, node service {res['service_rss'] >> 10} MiB",
+                      flush=True)
         base = statistics.median(x["seconds"] for x in results[plan[0][0]])
         print(f"\n{MIB} MiB in {FILES} files, every link capped at {RATE_MBIT} Mbit/s each way, "
               f"{ROUNDS} rounds (medians)\n")
-        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link |")
-        print("|---|---|---|---|---|---|")
+        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link | peak RSS receiver / node service |")
+        print("|---|---|---|---|---|---|---|")
         for name, *_ in plan:
             xs = results[name]
             t = statistics.median(x["seconds"] for x in xs)
             src = statistics.median(x["source_tx"] for x in xs) / size
             dmax = statistics.median(x["dest_max"] for x in xs) / size
             done = statistics.median(x["source_done"] for x in xs)
+            rss = max(x["receiver_rss"] for x in xs) >> 10
+            srss = max(x["service_rss"] for x in xs) >> 10
             print(f"| {name} | {t:.1f} s | {t / base:.2f}x | {src:.2f}x the dataset | {done:.1f} s "
-                  f"| {dmax:.3f}x |")
+                  f"| {dmax:.3f}x | {rss} / {srss} MiB |")
         return 0
     finally:
         teardown()

@@ -1,10 +1,10 @@
 //! Fan-out: the receivers of one Transfer with many destination nodes share what each got from
-//! the source. Every full block has one owner among the destinations (chosen by its hash, so all
-//! agree without talking), and only the owner asks the sender for it; every other destination
-//! answers the sender's announce "not needed" and takes the block from the owner's node service
-//! as soon as it is there (a `Take` that waits). The source so sends about one copy of the
-//! dataset whatever the number of destinations, and each destination's link carries one copy in
-//! and about one copy out.
+//! the source. Every full block has one owner among the destinations (chosen by its place in the
+//! tree, so all agree without talking), and only the owner asks the sender for it; every other
+//! destination answers the sender's announce "not needed" and takes the block from the owner's
+//! node service as soon as it is there (a `Take` that waits). The source so sends about one copy
+//! of the dataset whatever the number of destinations, and each destination's link carries one
+//! copy in and about one copy out.
 //!
 //! The blocks come with the sender's proofs of possession for this receiver's stream, so an
 //! owner's service hands out only what the asking receiver was announced. Each block is hashed
@@ -18,19 +18,32 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::client::NodeStoreClient;
-use crate::cas::BlockHash;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::PopKey;
 use crate::net::TlsFiles;
 
 /// Fetch threads per session (each holds at most one block here).
 const MAX_FETCHES: usize = 32;
-/// Fetch threads taking from one peer at once: a peer that lags (its own share of the source
-/// comes slowly) holds at most these, never the threads that would take from the others.
-const MAX_FETCHES_PER_PEER: usize = 4;
+/// Fetch threads taking from one peer at once, at least and at most: see [`fetches_per_peer`].
+const MIN_FETCHES_PER_PEER: usize = 4;
+const MAX_FETCHES_PER_PEER: usize = 10;
 /// Blocks a session may leave to its peers at once (64 GiB of data, about 1.2 MiB of
 /// bookkeeping); beyond it, blocks come from the source instead.
 const MAX_OWED_BLOCKS: usize = 16384;
+
+/// Fetch threads that may take from one peer at once in a fan-out to `destinations`: an equal
+/// share of [`MAX_FETCHES`], so a peer that lags (its own share of the source comes slowly)
+/// holds only its share, never the threads that would take from the others.
+///
+/// More than a few per peer pay: more Takes outstanding at each owner keep this destination's
+/// inbound link busier while the source still sends (a fan-out to 4 nodes measured 1.29x the
+/// time to one node with 4 per peer, 1.19x with 10; docs/benchmarks.md). The cost is memory:
+/// each fetch holds a block in flight here and one in the owner's service, which is why the
+/// total stays [`MAX_FETCHES`] however many peers there are.
+fn fetches_per_peer(destinations: usize) -> usize {
+    (MAX_FETCHES / destinations.saturating_sub(1).max(1))
+        .clamp(MIN_FETCHES_PER_PEER, MAX_FETCHES_PER_PEER)
+}
 
 /// The destinations of one fan-out, as every one of its receivers sees them.
 #[derive(Debug)]
@@ -92,17 +105,24 @@ impl SwarmPeers {
         })
     }
 
-    /// The destination that owns `hash`: the same answer on every destination.
-    fn owner_index(&self, hash: &BlockHash) -> usize {
-        let b = hash.as_bytes();
-        let n = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-        (n % self.peers.len() as u64) as usize
+    /// The destination that owns block `index` of the file at `path`: the same answer on every
+    /// destination. Consecutive blocks of a file go to consecutive destinations (from a start
+    /// the path's hash picks), so every destination owns an equal share of a large file, give or
+    /// take one block. A share chosen by each block's hash instead varies by about
+    /// `sqrt(blocks / N)` blocks, and the destination with the largest share is the last to get
+    /// its blocks from the source and must then pass them on to all the others alone.
+    fn owner_index(&self, path: &[u8], index: u64) -> usize {
+        let h = blake3::hash(path);
+        let b = h.as_bytes();
+        let start = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        let n = self.peers.len() as u64;
+        ((start % n + index % n) % n) as usize
     }
 
-    /// The peer to take `hash` from, or `None` when this receiver asks the sender for it (it
-    /// owns the block, or its owner is out of reach).
-    pub fn owner(&self, hash: &BlockHash) -> Option<usize> {
-        let i = self.owner_index(hash);
+    /// The peer to take block `index` of `path` from, or `None` when this receiver asks the
+    /// sender for it (it owns the block, or its owner is out of reach).
+    pub fn owner(&self, path: &[u8], index: u64) -> Option<usize> {
+        let i = self.owner_index(path, index);
         (i != self.me && self.peers[i].is_some()).then_some(i)
     }
 
@@ -127,6 +147,8 @@ struct Job {
 
 #[derive(Default)]
 struct Queue {
+    /// Fetch threads allowed per owner ([`fetches_per_peer`]).
+    per_peer: usize,
     /// Jobs waiting, per owner.
     jobs: BTreeMap<usize, VecDeque<Job>>,
     /// Fetch threads running, in all and per owner they are taking from.
@@ -137,13 +159,12 @@ struct Queue {
 }
 
 impl Queue {
-    /// An owner with jobs waiting and fewer than [`MAX_FETCHES_PER_PEER`] threads on it.
+    /// An owner with jobs waiting and fewer than `per_peer` threads on it.
     fn next_owner(&self) -> Option<usize> {
         self.jobs
             .iter()
             .find(|(o, j)| {
-                !j.is_empty()
-                    && self.running_for.get(o).copied().unwrap_or(0) < MAX_FETCHES_PER_PEER
+                !j.is_empty() && self.running_for.get(o).copied().unwrap_or(0) < self.per_peer
             })
             .map(|(o, _)| *o)
     }
@@ -183,9 +204,13 @@ pub struct Fetches {
 
 impl Fetches {
     pub fn new(peers: std::sync::Arc<SwarmPeers>) -> Self {
+        let per_peer = fetches_per_peer(peers.destinations());
         Self {
             peers,
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                per_peer,
+                ..Queue::default()
+            }),
             idle: Condvar::new(),
             failure: Mutex::new(None),
             blocks: AtomicU64::new(0),
@@ -214,19 +239,18 @@ impl Fetches {
         room
     }
 
-    /// Queues the admitted `announced` blocks, one job per owner, and starts fetch threads up
-    /// to [`MAX_FETCHES`]. Every block is handed to `sink` once verified.
+    /// Queues the admitted blocks, each with the peer that owns it (from [`SwarmPeers::owner`]),
+    /// one job per owner, and starts fetch threads up to [`MAX_FETCHES`]. Every block is handed
+    /// to `sink` once verified.
     pub fn start(
         self: &std::sync::Arc<Self>,
         key: &PopKey,
-        announced: Vec<AnnouncedBlock>,
+        owed: Vec<(usize, AnnouncedBlock)>,
         sink: std::sync::Arc<dyn FetchSink>,
     ) {
         let mut by_owner: BTreeMap<usize, Vec<AnnouncedBlock>> = BTreeMap::new();
-        for a in announced {
-            if let Some(o) = self.peers.owner(&a.hash) {
-                by_owner.entry(o).or_default().push(a);
-            }
+        for (owner, a) in owed {
+            by_owner.entry(owner).or_default().push(a);
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         for (owner, blocks) in by_owner {
@@ -339,5 +363,83 @@ impl Fetches {
 impl std::fmt::Debug for Fetches {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Fetches({} destinations)", self.peers.destinations())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ownership as seen by destination `me` of `n`, every peer reachable except its own.
+    fn owners(n: usize, me: usize, path: &[u8], blocks: u64) -> Vec<Option<usize>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let swarm = SwarmPeers {
+            peers: (0..n).map(|_| None).collect(),
+            me,
+            wait: Duration::from_secs(1),
+            runtime: rt.handle().clone(),
+        };
+        (0..blocks)
+            .map(|i| Some(swarm.owner_index(path, i)))
+            .collect()
+    }
+
+    #[test]
+    fn every_destination_owns_an_equal_share_of_a_large_file() {
+        for n in [2, 3, 4, 7] {
+            for path in [&b"part-00.bin"[..], b"a/b/c", b"x"] {
+                let got = owners(n, 0, path, 256);
+                let mut share = vec![0u64; n];
+                for o in got.iter().flatten() {
+                    share[*o] += 1;
+                }
+                let (lo, hi) = (share.iter().min().unwrap(), share.iter().max().unwrap());
+                assert!(hi - lo <= 1, "{n} destinations, {path:?}: shares {share:?}");
+                // Consecutive blocks go to different destinations.
+                assert!(got.windows(2).all(|w| w[0] != w[1]), "{n}: {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_fetch_threads_are_shared_among_the_peers() {
+        assert_eq!(fetches_per_peer(2), MAX_FETCHES_PER_PEER);
+        assert_eq!(fetches_per_peer(4), 10);
+        assert_eq!(fetches_per_peer(5), 8);
+        assert_eq!(fetches_per_peer(9), 4);
+        assert_eq!(fetches_per_peer(500), MIN_FETCHES_PER_PEER);
+        for n in 2..=9 {
+            assert!(fetches_per_peer(n) * (n - 1) <= MAX_FETCHES, "{n}");
+        }
+    }
+
+    #[test]
+    fn every_destination_computes_the_same_owners() {
+        let first = owners(5, 0, b"shard-7.tar", 64);
+        for me in 1..5 {
+            assert_eq!(owners(5, me, b"shard-7.tar", 64), first);
+        }
+        // Another file starts elsewhere, so files of one block each spread too.
+        let starts: std::collections::BTreeSet<_> = (0..64)
+            .map(|i| owners(5, 0, format!("f{i}").as_bytes(), 1)[0])
+            .collect();
+        assert!(starts.len() > 1, "{starts:?}");
+    }
+
+    #[test]
+    fn with_no_peer_reachable_every_block_comes_from_the_source() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let swarm = SwarmPeers {
+            peers: (0..3).map(|_| None).collect(),
+            me: 1,
+            wait: Duration::from_secs(1),
+            runtime: rt.handle().clone(),
+        };
+        // No peer is reachable here, so every block comes from the source.
+        assert!((0..30).all(|i| swarm.owner(b"f", i).is_none()));
     }
 }

@@ -1014,13 +1014,15 @@ pub(super) fn handle_announce(
     let mut from_wire = needed;
     let mut from_peers = Vec::new();
     if let Some(f) = &sh.fetches {
-        let owed: Vec<usize> = (0..announced.len())
-            .filter(|&i| from_wire[i] && f.peers().owner(&announced[i].hash).is_some())
+        let path = lf.meta.path.as_bytes();
+        let owed: Vec<(usize, usize)> = (0..announced.len())
+            .filter(|&i| from_wire[i])
+            .filter_map(|i| Some((i, f.peers().owner(path, announced[i].index)?)))
             .collect();
         // Beyond what peers may owe, blocks come from the source.
-        for &i in owed.iter().take(f.admit(owed.len())) {
+        for &(i, owner) in owed.iter().take(f.admit(owed.len())) {
             from_wire[i] = false;
-            from_peers.push(announced[i]);
+            from_peers.push((owner, announced[i]));
         }
     }
     let indexes: Vec<u64> = announced.iter().map(|b| b.index).collect();
