@@ -395,6 +395,7 @@ impl SendError {
             | SendError::NoPeerDigest
             | SendError::BadPeerDigest(_)
             | SendError::Changed(_)
+            | SendError::RefetchMismatch { .. }
             | SendError::DigestMismatch { .. }
             | SendError::NoProgress { .. }
             | SendError::ShutDown(_)
@@ -418,9 +419,10 @@ impl SendError {
             | SendError::BadPeerDigest(_)
             | SendError::FilterUnsupported
             | SendError::DryRunUnsupported => ErrorKind::Peer,
-            SendError::Read { .. } | SendError::Changed(_) | SendError::Digest(_) => {
-                ErrorKind::Source
-            }
+            SendError::Read { .. }
+            | SendError::Changed(_)
+            | SendError::RefetchMismatch { .. }
+            | SendError::Digest(_) => ErrorKind::Source,
             // The destination does not hold what the source holds.
             SendError::DigestMismatch { .. } => ErrorKind::Destination,
             SendError::NoProgress { .. } => ErrorKind::Timeout,

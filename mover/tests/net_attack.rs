@@ -634,18 +634,12 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         let (r, w) = tokio::io::split(server);
         let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
         let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
-        let Ok(Message::Hello(h)) = reader.expect().await else {
+        if welcome(&mut reader, &mut writer, caps::SUPPORTED)
+            .await
+            .is_none()
+        {
             return;
-        };
-        let welcome = pb::Welcome {
-            version: h.version,
-            capabilities: h.capabilities & caps::SUPPORTED,
-            session_id: h.session_id,
-            stream_index: h.stream_index,
-            block_size: h.block_size,
-            dedup_nonce: Vec::new(),
-        };
-        let _ = writer.send(&Message::Welcome(welcome)).await;
+        }
         let drain = tokio::spawn(async move { while let Ok(Some(_)) = reader.next().await {} });
         loop {
             if writer.send(&Message::Keepalive).await.is_err() || writer.flush().await.is_err() {
@@ -657,30 +651,9 @@ async fn a_stalling_receiver_cannot_hold_the_sender() {
         }
         drain.abort();
     });
-    let cfg = ferry_mover::session::SenderConfig {
-        root: src.path().to_owned(),
-        transfer_id: "stall".into(),
-        compress: ferry_mover::session::Compress::None,
-        delete: false,
-        checksum: false,
-        sync: false,
-        bandwidth_limit: None,
-        timeouts: stall_timeouts(),
-        filter: Default::default(),
-        dry_run: false,
-        on_unreadable: Default::default(),
-        shutdown: ferry_mover::session::Shutdown::never(),
-    };
     let started = std::time::Instant::now();
-    let progress = Arc::new(Progress::new("stall", "sender"));
-    let r = tokio::time::timeout(
-        Duration::from_secs(20),
-        ferry_mover::session::send_session(&cfg, vec![client], progress),
-    )
-    .await
-    .expect("the sender was held for 20 s");
+    let err = send_failing(src.path(), "stall", Default::default(), client).await;
     fake.abort();
-    let err = anyhow_chain(&r.expect_err("the send must fail"));
     assert!(err.contains("no progress"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
@@ -720,4 +693,147 @@ async fn scattered_blocks_are_refused_before_they_cost_memory() {
     let _ = peer.writer.flush().await;
     let err = peer.disconnect().await;
     assert!(err.contains("too scattered"), "{err}");
+}
+
+/// A receiver that skips every offered file and then, with the refetch capability, asks for
+/// `refetch` after the sender's Done. Returns the sender's error and whether any Block came.
+async fn hostile_refetch(src: &Path, refetch: pb::Refetch) -> (String, bool) {
+    let (client, server) = tokio::io::duplex(1 << 20);
+    let fake = tokio::spawn(async move {
+        let (r, w) = tokio::io::split(server);
+        let mut reader = FrameReader::new(r, 0, Duration::from_secs(30), Default::default());
+        let mut writer = FrameWriter::new(w, 0, Duration::from_secs(30), Default::default());
+        let h = welcome(&mut reader, &mut writer, caps::SUPPORTED | caps::REFETCH)
+            .await
+            .expect("Hello");
+        assert_ne!(h.capabilities & caps::REFETCH, 0, "senders ask for refetch");
+        loop {
+            match reader.expect().await.unwrap() {
+                Message::Offer(o) => {
+                    let skip = pb::EntryWant {
+                        skip: true,
+                        ..Default::default()
+                    };
+                    let want = pb::Want {
+                        offer_id: o.offer_id,
+                        entries: vec![skip; o.entries.len()],
+                    };
+                    writer.send(&Message::Want(want)).await.unwrap();
+                    writer.flush().await.unwrap();
+                }
+                Message::Done(_) => break,
+                _ => {}
+            }
+        }
+        writer.send(&Message::Refetch(refetch)).await.unwrap();
+        writer.flush().await.unwrap();
+        let mut blocks = false;
+        while let Ok(Some(m)) = reader.next().await {
+            blocks |= matches!(m, Message::Block { .. });
+        }
+        blocks
+    });
+    let filter = ferry_mover::tree::Filter::new([(false, "*.key")]).unwrap();
+    let err = send_failing(src, "refetch", Arc::new(filter), client).await;
+    (err, fake.await.unwrap())
+}
+
+/// A fake receiver's handshake: reads the Hello and answers a Welcome granting what it asked
+/// of `grant`. None when no Hello came.
+async fn welcome(
+    reader: &mut FrameReader<ReadHalf<DuplexStream>>,
+    writer: &mut FrameWriter<WriteHalf<DuplexStream>>,
+    grant: u64,
+) -> Option<pb::Hello> {
+    let Ok(Message::Hello(h)) = reader.expect().await else {
+        return None;
+    };
+    let welcome = pb::Welcome {
+        version: h.version,
+        capabilities: h.capabilities & grant,
+        session_id: h.session_id.clone(),
+        stream_index: h.stream_index,
+        block_size: h.block_size,
+        dedup_nonce: Vec::new(),
+    };
+    writer.send(&Message::Welcome(welcome)).await.ok()?;
+    writer.flush().await.ok()?;
+    Some(h)
+}
+
+/// Sends `src` to the fake receiver at the other end of `client` (short progress timeouts), and
+/// returns the error it must fail with within 20 s.
+async fn send_failing(
+    src: &Path,
+    transfer_id: &str,
+    filter: Arc<ferry_mover::tree::Filter>,
+    client: DuplexStream,
+) -> String {
+    let cfg = ferry_mover::session::SenderConfig {
+        root: src.to_owned(),
+        transfer_id: transfer_id.into(),
+        compress: ferry_mover::session::Compress::None,
+        delete: false,
+        checksum: false,
+        sync: false,
+        bandwidth_limit: None,
+        timeouts: stall_timeouts(),
+        filter,
+        dry_run: false,
+        on_unreadable: Default::default(),
+        shutdown: ferry_mover::session::Shutdown::never(),
+    };
+    let progress = Arc::new(Progress::new(transfer_id, "sender"));
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        ferry_mover::session::send_session(&cfg, vec![client], progress),
+    )
+    .await
+    .expect("the sender was held for 20 s");
+    anyhow_chain(&r.expect_err("the send must fail"))
+}
+
+/// A receiver can ask again only for full blocks, as announced, of files the transfer sends:
+/// not for a file the filter leaves out, a path outside the tree, a block past the end or
+/// content the source does not hold. The sender sends nothing for such a Refetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receiver_cannot_refetch_what_the_transfer_does_not_send() {
+    let src = tempfile::tempdir().unwrap();
+    let model = random_bytes(BLOCK_SIZE + 10, 7);
+    write(&src.path().join("model.bin"), &model);
+    write(&src.path().join("tls.key"), &random_bytes(BLOCK_SIZE, 8));
+    let real = blake3::hash(&model[..BLOCK_SIZE]).as_bytes().to_vec();
+    let ask = |path: &str, index: u64, hash: &[u8]| pb::Refetch {
+        file_id: 1,
+        path: path.as_bytes().to_vec(),
+        indexes: vec![index],
+        hashes: vec![hash.to_vec()],
+    };
+    let key_hash = blake3::hash(&std::fs::read(src.path().join("tls.key")).unwrap());
+    for (what, refetch, expected) in [
+        (
+            "an excluded file",
+            ask("tls.key", 0, key_hash.as_bytes()),
+            "not one this transfer sends",
+        ),
+        (
+            "a path outside the tree",
+            ask("../x", 0, &real),
+            "refused a Refetch",
+        ),
+        (
+            "a wrong hash",
+            ask("model.bin", 0, &[9u8; 32]),
+            "no longer holds",
+        ),
+        (
+            "the partial last block",
+            ask("model.bin", 1, &real),
+            "no longer holds",
+        ),
+    ] {
+        let (err, blocks) = hostile_refetch(src.path(), refetch).await;
+        assert!(err.contains(expected), "{what}: {err}");
+        assert!(!blocks, "{what}: the sender sent a block");
+    }
 }

@@ -9,8 +9,11 @@
 //! The blocks come with the sender's proofs of possession for this receiver's stream, so an
 //! owner's service hands out only what the asking receiver was announced. Each block is hashed
 //! here before it is written. A peer that cannot be reached when the session starts owns
-//! nothing (its blocks come from the source); one that does not deliver in time fails this
-//! session with a retryable error, and the retry (which resumes) can run without fan-out.
+//! nothing (its blocks come from the source). One that fails later (it does not deliver in
+//! time, or its service goes away) owns nothing from then on either, and the blocks left to it
+//! become [`Orphans`]: with the refetch capability the receiver asks the sender for them once
+//! the rest of the data is in, so a failed destination costs its siblings no retry. A sender
+//! without it leaves the old answer: the session fails (retryable), and the retry resumes.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +138,24 @@ impl SwarmPeers {
 pub trait FetchSink: Send + Sync + 'static {
     /// `block` was verified against `announced.hash`.
     fn deliver(&self, announced: &AnnouncedBlock, block: &[u8]) -> Result<(), String>;
+    /// The session's id of the file the blocks belong to.
+    fn file_id(&self) -> u64;
+    /// Its path in the tree, as the sender offered it.
+    fn path(&self) -> &[u8];
+}
+
+/// Blocks of one file that were left to a peer and that it did not deliver: the sender must
+/// send them after all.
+pub struct Orphans {
+    pub sink: std::sync::Arc<dyn FetchSink>,
+    pub blocks: Vec<AnnouncedBlock>,
+}
+
+/// Why a fetch stopped: the peer (its blocks can come from the source instead) or this end
+/// (writing a block failed: the session fails whatever the peers do).
+enum FetchError {
+    Peer(String),
+    Local(String),
 }
 
 /// Blocks of one announce one peer owns, to be taken from it.
@@ -156,6 +177,10 @@ struct Queue {
     running_for: BTreeMap<usize, usize>,
     /// Blocks admitted and not yet fetched (queued or being fetched).
     owed: usize,
+    /// Peers that failed a fetch: they own nothing from then on.
+    failed: std::collections::BTreeSet<usize>,
+    /// Blocks failed peers did not deliver.
+    orphans: Vec<Orphans>,
 }
 
 impl Queue {
@@ -195,6 +220,9 @@ impl Queue {
 /// reading the blocks this destination owns, which the peers wait for in turn.
 pub struct Fetches {
     peers: std::sync::Arc<SwarmPeers>,
+    /// The sender sends blocks a failed peer did not deliver (refetch capability); without it a
+    /// failed peer fails the session.
+    refetch: bool,
     queue: Mutex<Queue>,
     idle: Condvar,
     failure: Mutex<Option<String>>,
@@ -203,10 +231,11 @@ pub struct Fetches {
 }
 
 impl Fetches {
-    pub fn new(peers: std::sync::Arc<SwarmPeers>) -> Self {
+    pub fn new(peers: std::sync::Arc<SwarmPeers>, refetch: bool) -> Self {
         let per_peer = fetches_per_peer(peers.destinations());
         Self {
             peers,
+            refetch,
             queue: Mutex::new(Queue {
                 per_peer,
                 ..Queue::default()
@@ -218,8 +247,12 @@ impl Fetches {
         }
     }
 
-    pub fn peers(&self) -> &SwarmPeers {
-        &self.peers
+    /// The peer to take block `index` of `path` from ([`SwarmPeers::owner`]), unless that
+    /// peer failed in this session: then the block comes from the source.
+    pub fn owner(&self, path: &[u8], index: u64) -> Option<usize> {
+        let owner = self.peers.owner(path, index)?;
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        (!q.failed.contains(&owner)).then_some(owner)
     }
 
     /// The first failure of a fetch, if any.
@@ -275,16 +308,51 @@ impl Fetches {
     /// A fetch thread: runs `job`, then any job of an owner with room, until there is none.
     fn work(&self, mut job: Job) {
         loop {
-            // After a failure the session fails anyway: the rest is not fetched.
-            if let Some((addr, client)) = &self.peers.peers[job.owner]
-                && self.failure().is_none()
-                && let Err(msg) = self.fetch(client, &job.key, &job.blocks, job.sink.as_ref())
-            {
-                tracing::warn!(peer = %addr, "fan-out: {msg}");
-                let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
-                f.get_or_insert(format!("fan-out peer {addr}: {msg}"));
-            }
+            // After a fatal failure the session fails anyway: the rest is not fetched.
+            let failed_peer = {
+                let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                q.failed.contains(&job.owner)
+            };
+            let outcome = match &self.peers.peers[job.owner] {
+                _ if self.failure().is_some() => Ok(()),
+                // Blocks queued for a peer that failed meanwhile are not asked of it.
+                Some(_) if failed_peer => {
+                    Err((FetchError::Peer(String::new()), job.blocks.clone()))
+                }
+                Some((addr, client)) => self
+                    .fetch(client, &job.key, &job.blocks, job.sink.as_ref())
+                    .map_err(|(e, undelivered)| match e {
+                        FetchError::Peer(msg) => (
+                            FetchError::Peer(format!("fan-out peer {addr}: {msg}")),
+                            undelivered,
+                        ),
+                        local => (local, undelivered),
+                    }),
+                None => Ok(()),
+            };
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            match outcome {
+                Ok(()) => {}
+                Err((FetchError::Peer(msg), undelivered)) if self.refetch => {
+                    if q.failed.insert(job.owner) {
+                        tracing::warn!(
+                            "{msg}; the blocks it owns now come from the source, and those it \
+                             did not deliver are asked of the sender at the end"
+                        );
+                    }
+                    if !undelivered.is_empty() {
+                        q.orphans.push(Orphans {
+                            sink: job.sink.clone(),
+                            blocks: undelivered,
+                        });
+                    }
+                }
+                Err((FetchError::Peer(msg) | FetchError::Local(msg), _)) => {
+                    tracing::warn!("fan-out: {msg}");
+                    let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+                    f.get_or_insert(msg);
+                }
+            }
             q.done_with(&job);
             let next = q.next_owner().and_then(|o| q.take_for(o));
             match next {
@@ -298,15 +366,52 @@ impl Fetches {
         }
     }
 
-    /// Takes `blocks` from the owner's service, waiting for those it does not hold yet.
+    /// Takes `blocks` from the owner's service, waiting for those it does not hold yet. On
+    /// failure, also the blocks that did not arrive.
     fn fetch(
         &self,
         client: &NodeStoreClient,
         key: &PopKey,
         blocks: &[AnnouncedBlock],
         sink: &dyn FetchSink,
-    ) -> Result<(), String> {
+    ) -> Result<(), (FetchError, Vec<AnnouncedBlock>)> {
         let mut delivered = vec![false; blocks.len()];
+        let r = self.take_all(client, key, blocks, sink, &mut delivered);
+        let undelivered = || {
+            blocks
+                .iter()
+                .zip(&delivered)
+                .filter(|(_, d)| !**d)
+                .map(|(b, _)| *b)
+                .collect::<Vec<_>>()
+        };
+        match r {
+            Err(e) => Err((e, undelivered())),
+            Ok(()) => {
+                let missing = undelivered();
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                let msg = format!(
+                    "{} of {} blocks did not arrive within {} s",
+                    missing.len(),
+                    blocks.len(),
+                    self.peers.wait.as_secs()
+                );
+                Err((FetchError::Peer(msg), missing))
+            }
+        }
+    }
+
+    /// One Take per [`super::MAX_TAKE`] blocks; marks each block delivered once written.
+    fn take_all(
+        &self,
+        client: &NodeStoreClient,
+        key: &PopKey,
+        blocks: &[AnnouncedBlock],
+        sink: &dyn FetchSink,
+        delivered: &mut [bool],
+    ) -> Result<(), FetchError> {
         for (part_no, part) in blocks.chunks(super::MAX_TAKE).enumerate() {
             let base = part_no * super::MAX_TAKE;
             let request = super::client::take_request(key, part, self.peers.wait);
@@ -314,8 +419,9 @@ impl Fetches {
             // thread (the sink writes files and may wait on the put queue).
             let rt = client.runtime();
             let patience = self.peers.wait + Duration::from_secs(10);
-            let status = |s: tonic::Status| format!("{:?}: {}", s.code(), s.message());
-            let late = || format!("no answer within {} s", patience.as_secs());
+            let status =
+                |s: tonic::Status| FetchError::Peer(format!("{:?}: {}", s.code(), s.message()));
+            let late = || FetchError::Peer(format!("no answer within {} s", patience.as_secs()));
             let mut c = client.grpc();
             let mut stream = rt
                 .block_on(tokio::time::timeout(patience, c.take(request)))
@@ -328,35 +434,29 @@ impl Fetches {
                     .map_err(|_| late())?
                     .map_err(status)?;
                 let Some(b) = next else { break };
-                let (pos, a) = super::client::checked_block(part, &b)?;
+                let (pos, a) = super::client::checked_block(part, &b)
+                    .map_err(|e| FetchError::Peer(e.to_owned()))?;
                 if !delivered[base + pos] {
-                    sink.deliver(a, &b.data)?;
+                    sink.deliver(a, &b.data).map_err(FetchError::Local)?;
                     delivered[base + pos] = true;
                     self.blocks.fetch_add(1, Ordering::Relaxed);
                     self.bytes.fetch_add(b.data.len() as u64, Ordering::Relaxed);
                 }
             }
         }
-        let missing = delivered.iter().filter(|d| !**d).count();
-        if missing > 0 {
-            return Err(format!(
-                "{missing} of {} blocks did not arrive within {} s (a retry resumes)",
-                blocks.len(),
-                self.peers.wait.as_secs()
-            ));
-        }
         Ok(())
     }
 
-    /// Waits until every block admitted was fetched or failed (from a blocking thread); the
-    /// first failure.
-    pub fn wait_idle(&self) -> Result<(), String> {
+    /// Waits until every block admitted was fetched or failed (from a blocking thread). Returns
+    /// the blocks failed peers did not deliver (only with refetch), or the first failure.
+    pub fn wait_idle(&self) -> Result<Vec<Orphans>, String> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         while q.running > 0 || !q.is_empty() {
             q = self.idle.wait(q).unwrap_or_else(|e| e.into_inner());
         }
+        let orphans = std::mem::take(&mut q.orphans);
         drop(q);
-        self.failure().map_or(Ok(()), Err)
+        self.failure().map_or(Ok(orphans), Err)
     }
 }
 

@@ -40,6 +40,9 @@ pub enum FrameType {
     PossessionChallenge = 0x22,
     /// Reserved, as [`FrameType::PossessionChallenge`].
     PossessionProof = 0x23,
+    /// Fan-out (refetch capability): after all data, the receiver asks for blocks it had left
+    /// to a fellow destination that did not deliver them.
+    Refetch = 0x24,
 }
 
 impl FrameType {
@@ -63,6 +66,7 @@ impl FrameType {
             0x21 => Self::NeedBlocks,
             0x22 => Self::PossessionChallenge,
             0x23 => Self::PossessionProof,
+            0x24 => Self::Refetch,
             other => return Err(WireError::UnknownType(other)),
         })
     }

@@ -38,6 +38,9 @@ pub enum Message {
     ResumeCheck(pb::ResumeCheck),
     /// Liveness with a work counter (progress capability), either direction.
     Busy(pb::Busy),
+    /// Fan-out: blocks the receiver left to a fellow destination that failed, asked of the
+    /// sender after all data; an empty one ends the asking.
+    Refetch(pb::Refetch),
 }
 
 impl Message {
@@ -93,6 +96,7 @@ impl Message {
             }
             FrameType::NeedBlocks => Self::NeedBlocks(pb::NeedBlocks::decode(p).map_err(pbe)?),
             FrameType::ResumeCheck => Self::ResumeCheck(pb::ResumeCheck::decode(p).map_err(pbe)?),
+            FrameType::Refetch => Self::Refetch(pb::Refetch::decode(p).map_err(pbe)?),
             FrameType::Busy => Self::Busy(pb::Busy::decode(p).map_err(pbe)?),
             FrameType::PossessionChallenge | FrameType::PossessionProof => {
                 return Err(WireError::Reserved { kind });
@@ -117,6 +121,7 @@ impl Message {
             Self::BlockAnnounce(_) => FrameType::BlockAnnounce,
             Self::NeedBlocks(_) => FrameType::NeedBlocks,
             Self::ResumeCheck(_) => FrameType::ResumeCheck,
+            Self::Refetch(_) => FrameType::Refetch,
             Self::Busy(_) => FrameType::Busy,
         }
     }
@@ -154,6 +159,7 @@ impl Message {
             Self::BlockAnnounce(m) => encode_message(FrameType::BlockAnnounce, m, out),
             Self::NeedBlocks(m) => encode_message(FrameType::NeedBlocks, m, out),
             Self::ResumeCheck(m) => encode_message(FrameType::ResumeCheck, m, out),
+            Self::Refetch(m) => encode_message(FrameType::Refetch, m, out),
             Self::Busy(m) => encode_message(FrameType::Busy, m, out),
         }
     }

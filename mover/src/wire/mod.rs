@@ -53,6 +53,10 @@ pub mod caps {
     /// The receiver keeps `user.*` xattrs (`receive --xattrs`): only then does the sender read
     /// them (one listxattr per entry costs ~14 % on small files) and put them in entries.
     pub const XATTRS: u64 = 1 << 11;
+    /// Fan-out: after stream 0's Done the sender waits for Refetch frames, and sends the
+    /// blocks they name, until an empty one. A receiver grants it only in a fan-out, so a
+    /// fellow destination that fails costs its siblings no retry.
+    pub const REFETCH: u64 = 1 << 12;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
     pub const SUPPORTED: u64 =

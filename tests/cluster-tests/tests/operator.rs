@@ -870,7 +870,7 @@ async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_re
     let restart = ferry_cluster_tests::power_off(Cluster::Main, NODE_X)?;
     let stopped = std::time::Instant::now();
     // Without the kernel's probes a sibling would wait 130 s (--swarm-wait and its margin) for
-    // blocks the dead node owned before it even failed over, and then retry.
+    // blocks the dead node owned before it asked the source for them instead.
     wait_until(
         Duration::from_secs(130),
         "the three other destinations to succeed while node-x is down",
@@ -921,6 +921,10 @@ async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_re
                 wire.resumed_bytes > 0,
                 "node-x's retry kept what it had before the power cut: {wire:?}"
             );
+        } else {
+            // The blocks node-x owned and never passed on came from the source at the end of
+            // the same attempt (Refetch): its failure cost the others no retry.
+            assert_eq!(cs.attempts, 1, "{}: retried after node-x failed", d.node);
         }
     }
     eprintln!(

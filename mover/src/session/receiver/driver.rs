@@ -174,7 +174,12 @@ where
             .swarm
             .clone()
             .filter(|_| matches!(dedup, Some(BlockDedup::Node(_))))
-            .map(|p| Arc::new(crate::node::swarm::Fetches::new(p))),
+            .map(|p| {
+                Arc::new(crate::node::swarm::Fetches::new(
+                    p,
+                    caps & caps::REFETCH != 0,
+                ))
+            }),
         dedup,
         root_meta: Mutex::new(None),
         write_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
@@ -493,12 +498,19 @@ where
                             .await
                             .map_err(|_| ReceiveError::Internal("session closed"))?;
                     }
-                    // And for the blocks fan-out peers are still handing over.
-                    if let Some(f) = shared.fetches.clone() {
-                        let task = shared.blocking.run(move || f.wait_idle());
-                        super::super::while_busy(writer, busy, &work, task)
-                            .await??
-                            .map_err(ReceiveError::PeerBlocks)?;
+                    // And for the blocks fan-out peers are still handing over; those a
+                    // failed peer did not deliver come from the sender now.
+                    let orphans = match shared.fetches.clone() {
+                        Some(f) => {
+                            let task = shared.blocking.run(move || f.wait_idle());
+                            super::super::while_busy(writer, busy, &work, task)
+                                .await??
+                                .map_err(ReceiveError::PeerBlocks)?
+                        }
+                        None => Vec::new(),
+                    };
+                    if shared.caps & caps::REFETCH != 0 {
+                        super::refetch::ask_sender(shared, reader, writer, orphans).await?;
                     }
                     shared.progress.set_phase(Phase::Finishing);
                 }

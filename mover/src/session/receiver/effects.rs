@@ -1017,7 +1017,7 @@ pub(super) fn handle_announce(
         let path = lf.meta.path.as_bytes();
         let owed: Vec<(usize, usize)> = (0..announced.len())
             .filter(|&i| from_wire[i])
-            .filter_map(|i| Some((i, f.peers().owner(path, announced[i].index)?)))
+            .filter_map(|i| Some((i, f.owner(path, announced[i].index)?)))
             .collect();
         // Beyond what peers may owe, blocks come from the source.
         for &(i, owner) in owed.iter().take(f.admit(owed.len())) {
@@ -1076,6 +1076,14 @@ impl crate::node::swarm::FetchSink for PeerBlockSink {
         sh.progress.add(&sh.progress.dedup_blocks, 1);
         sh.progress.add(&sh.progress.dedup_bytes, len);
         blocks_written(sh, self.file_id, 1).map_err(|e| fail(&e))
+    }
+
+    fn file_id(&self) -> u64 {
+        self.file_id
+    }
+
+    fn path(&self) -> &[u8] {
+        self.file.meta.path.as_bytes()
     }
 }
 

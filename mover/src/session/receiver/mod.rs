@@ -8,6 +8,7 @@
 
 mod driver;
 mod effects;
+mod refetch;
 pub mod state;
 
 use std::path::PathBuf;
@@ -218,6 +219,9 @@ where
     }
     if cfg.keep.xattrs {
         supported |= caps::XATTRS;
+    }
+    if cfg.swarm.is_some() {
+        supported |= caps::REFETCH;
     }
     let fut = accept_hello(
         &mut reader,

@@ -108,6 +108,8 @@ pub enum SenderViolation {
     },
     #[error("{path}: block {index} was not requested or was sent twice")]
     NotRequested { path: String, index: u64 },
+    #[error("{path}: block {index} is not one the Refetch named, or not with its announced hash")]
+    NotRefetched { path: String, index: u64 },
     #[error("{path}: blocks arrive too scattered (more than {MAX_FILE_RANGES} gaps)")]
     Scattered { path: String },
     #[error("{frame} lists differ in length")]

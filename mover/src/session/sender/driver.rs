@@ -94,16 +94,16 @@ where
 {
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
-    // Dedup is always requested: a receiver offers it only when it has a block store.
-    // Dedup and xattrs are always requested: a receiver grants them only with a block store /
-    // when it keeps xattrs.
+    // Dedup, xattrs and refetch are always requested: a receiver grants them only with a block
+    // store / when it keeps xattrs / in a fan-out.
     let mut want_caps = caps::ZSTD
         | caps::LZ4
         | caps::VERIFY
         | caps::DEDUP
         | caps::RESUME
         | caps::PROGRESS
-        | caps::XATTRS;
+        | caps::XATTRS
+        | caps::REFETCH;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -288,6 +288,9 @@ where
         // The walk must have succeeded before we tell the receiver the tree is complete.
         let hardlinks = scanner.await??;
         let (reader, writer) = ends.first_mut().ok_or(SendError::Channel)?;
+        if negotiated & caps::REFETCH != 0 {
+            super::refetch::serve(cfg, &ctx, reader, writer).await?;
+        }
         let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
         let mut work = 0;
         let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
@@ -467,7 +470,7 @@ where
 /// The receiver's next reply on this stream, past Keepalive and Busy frames. Fails when the
 /// receiver makes no progress for `limit`: no reply, and no Busy frame whose work counter grew
 /// (keepalives and trickled bytes do not count).
-async fn next_reply<R: AsyncRead + Unpin>(
+pub(super) async fn next_reply<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     limit: Duration,
     last_work: &mut u64,

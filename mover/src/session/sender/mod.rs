@@ -7,6 +7,7 @@
 
 mod driver;
 mod effects;
+mod refetch;
 pub mod state;
 
 use std::path::PathBuf;
@@ -73,6 +74,12 @@ pub enum SendError {
     },
     #[error("source file {0} changed size during the transfer")]
     Changed(PathBuf),
+    #[error(
+        "the receiver asks again for block {index} of {path} as it was announced, and the source \
+         no longer holds that: it changed since (a rerun sends it as it is now), or the receiver \
+         named a block it was never announced"
+    )]
+    RefetchMismatch { path: PathBuf, index: u64 },
     #[error(transparent)]
     Digest(#[from] HashError),
     #[error(

@@ -39,6 +39,8 @@ pub enum ReceiverViolation {
     DataInDryRun(String),
     #[error("NeedBlocks for file id {got}, expected {expected}")]
     NeedBlocksFor { got: u64, expected: u64 },
+    #[error("refused a Refetch: {0}")]
+    BadRefetch(String),
 }
 
 /// What a Want asks of one offered file.

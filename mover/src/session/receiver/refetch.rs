@@ -1,0 +1,101 @@
+//! A fan-out's late blocks (refetch capability, docs/protocol.md): once every stream's data is
+//! in, stream 0 asks the sender for the blocks this receiver had left to a fellow destination
+//! that failed before delivering them, so the failure costs this destination no retry.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferry_proto::wire::v1 as pb;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::ReceiveError;
+use super::effects::{self, Session};
+use super::state::SenderViolation;
+use crate::kind::ErrorKind;
+use crate::node::swarm::Orphans;
+use crate::session::framed::{FrameReader, FrameWriter};
+use crate::wire::Message;
+
+/// Blocks per Refetch. The next is sent once these arrived, so a file's outstanding blocks stay
+/// far below the receiver's limit on a file's gaps however scattered the failed peer's share.
+pub(super) const REFETCH_BLOCKS: usize = 1024;
+
+/// Asks the sender for every orphaned block, a Refetch at a time, and writes each as it arrives;
+/// then sends the empty Refetch that lets the sender go on.
+pub(super) async fn ask_sender<R, W>(
+    shared: &Arc<Session>,
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+    orphans: Vec<Orphans>,
+) -> Result<(), ReceiveError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    for o in orphans {
+        let file_id = o.sink.file_id();
+        for chunk in o.blocks.chunks(REFETCH_BLOCKS) {
+            shared
+                .state()?
+                .need_again(file_id, chunk.iter().map(|b| b.index))?;
+            writer
+                .send(&Message::Refetch(pb::Refetch {
+                    file_id,
+                    path: o.sink.path().to_vec(),
+                    indexes: chunk.iter().map(|b| b.index).collect(),
+                    hashes: chunk.iter().map(|b| b.hash.as_bytes().to_vec()).collect(),
+                }))
+                .await?;
+            writer.flush().await?;
+            let mut left: HashMap<u64, [u8; 32]> = chunk
+                .iter()
+                .map(|b| (b.index, *b.hash.as_bytes()))
+                .collect();
+            while !left.is_empty() {
+                let msg = reader.expect().await?;
+                shared.saw(&msg);
+                match msg {
+                    Message::Block { header, data } => {
+                        // Only a block this Refetch named, with the hash announced for it.
+                        let asked = header.file_id == file_id
+                            && left
+                                .remove(&header.index)
+                                .is_some_and(|h| h.as_slice() == header.hash.as_slice());
+                        if !asked {
+                            return Err(SenderViolation::NotRefetched {
+                                path: String::from_utf8_lossy(o.sink.path()).into_owned(),
+                                index: header.index,
+                            }
+                            .into());
+                        }
+                        let sh = shared.clone();
+                        shared
+                            .blocking
+                            .run(move || effects::handle_block(&sh, &header, &data))
+                            .await??;
+                    }
+                    Message::Keepalive | Message::Busy(_) => {}
+                    Message::Error(e) => {
+                        return Err(ReceiveError::Remote {
+                            kind: ErrorKind::from_pb(e.kind),
+                            message: crate::session::escape_text(&e.message),
+                        });
+                    }
+                    other => {
+                        return Err(SenderViolation::OutOfOrder {
+                            stream: 0,
+                            kind: other.frame_type(),
+                            when: "while refetched blocks are owed",
+                        }
+                        .into());
+                    }
+                }
+            }
+        }
+    }
+    writer
+        .send(&Message::Refetch(pb::Refetch::default()))
+        .await?;
+    writer.flush().await?;
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! A fan-out's late blocks (refetch capability, docs/protocol.md): after stream 0's Done the
+//! receiver may ask for blocks it had left to a fellow destination that failed. Each is sent
+//! only if it is a full block of a file of this transfer (a path beneath the source root that
+//! the walk would have sent) and the source still hashes to what was announced for it, so a
+//! receiver learns nothing it was not sent already.
+
+use std::sync::Arc;
+
+use ferry_proto::wire::v1 as pb;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::effects::{Ctx, Opened, open_beneath, read_block};
+use super::state::ReceiverViolation;
+use super::{SendError, SenderConfig};
+use crate::kind::ErrorKind;
+use crate::session::framed::{FrameReader, FrameWriter};
+use crate::session::scan;
+use crate::tree::Filter;
+use crate::tree::peer_path::PeerPath;
+use crate::wire::{BLOCK_SIZE, Message};
+
+/// Most blocks one Refetch may name (what this receiver asks at once).
+pub(super) const MAX_REFETCH_BLOCKS: usize = 1024;
+
+/// The blocks one Refetch asks for, checked: `(index, announced hash)`.
+#[derive(Debug, PartialEq)]
+pub(super) struct Asked {
+    pub(super) path: PeerPath,
+    pub(super) blocks: Vec<(u64, [u8; 32])>,
+}
+
+/// Checks a Refetch without touching the source: lists of one length within the bound, a valid
+/// tree path the walk would have sent (`only` is the single file a file source sends).
+pub(super) fn check_refetch(
+    r: &pb::Refetch,
+    filter: &Filter,
+    only: Option<&[u8]>,
+) -> Result<Asked, ReceiverViolation> {
+    let bad = |why: &str| ReceiverViolation::BadRefetch(why.to_owned());
+    if r.hashes.len() != r.indexes.len() {
+        return Err(bad("its lists differ in length"));
+    }
+    if r.indexes.len() > MAX_REFETCH_BLOCKS {
+        return Err(bad("it names more than 1024 blocks"));
+    }
+    let path = PeerPath::parse(&r.path).map_err(|e| bad(&e.to_string()))?;
+    let bytes = path.as_bytes();
+    let left_out = match only {
+        Some(name) => bytes != name,
+        None => {
+            let dirs = bytes
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'/')
+                .any(|(i, _)| filter.excludes(&bytes[..i], true));
+            dirs || filter.excludes(bytes, false)
+        }
+    };
+    if left_out {
+        return Err(bad("its path is not one this transfer sends"));
+    }
+    let mut blocks = Vec::with_capacity(r.indexes.len());
+    for (&index, hash) in r.indexes.iter().zip(&r.hashes) {
+        let hash =
+            <[u8; 32]>::try_from(hash.as_slice()).map_err(|_| bad("a hash is not 32 bytes"))?;
+        blocks.push((index, hash));
+    }
+    Ok(Asked { path, blocks })
+}
+
+/// Answers the receiver's Refetch frames on stream 0 until the empty one.
+pub(super) async fn serve<R, W>(
+    cfg: &SenderConfig,
+    ctx: &Arc<Ctx>,
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+) -> Result<(), SendError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let only = crate::tree::split_source(&cfg.root).1;
+    let mut work = 0;
+    loop {
+        let r = match super::driver::next_reply(reader, ctx.progress_timeout, &mut work).await? {
+            Message::Refetch(r) => r,
+            Message::Error(e) => {
+                return Err(SendError::Remote {
+                    kind: ErrorKind::from_pb(e.kind),
+                    permanent: e.permanent,
+                    message: crate::session::escape_text(&e.message),
+                });
+            }
+            other => {
+                return Err(ReceiverViolation::Unexpected {
+                    stream: 0,
+                    kind: other.frame_type(),
+                    expected: "Refetch",
+                }
+                .into());
+            }
+        };
+        if r.indexes.is_empty() {
+            return Ok(());
+        }
+        let asked = check_refetch(&r, &cfg.filter, only.as_deref())?;
+        let path = Arc::new(scan::source_path(&ctx.root, asked.path.as_bytes()));
+        let read_err = |source| SendError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let (c, rel) = (ctx.clone(), r.path.clone());
+        let file = ctx
+            .blocking
+            .run(move || open_beneath(&c.src, &rel))
+            .await?
+            .map_err(read_err)?;
+        let size = file.metadata().map_err(read_err)?.len();
+        let src = Opened {
+            file: Arc::new(file),
+            path: path.clone(),
+            // These blocks' hashes are in the digest since their announce.
+            digest: None,
+        };
+        let mismatch = |index| SendError::RefetchMismatch {
+            path: path.to_path_buf(),
+            index,
+        };
+        for (index, hash) in asked.blocks {
+            // Only full blocks are announced, so only full blocks are owed.
+            let full = index
+                .checked_add(1)
+                .and_then(|n| n.checked_mul(BLOCK_SIZE as u64))
+                .is_some_and(|end| end <= size);
+            if !full {
+                return Err(mismatch(index));
+            }
+            let (c, job) = (ctx.clone(), src.job(r.file_id, index, BLOCK_SIZE as u64));
+            let msg = ctx.blocking.run(move || read_block(&c, job)).await??;
+            // What the receiver was promised: the source as announced, or nothing.
+            let Message::Block { header, .. } = &msg else {
+                return Err(SendError::Channel);
+            };
+            if header.hash.as_slice() != hash {
+                return Err(mismatch(index));
+            }
+            if let Some(l) = &ctx.limiter {
+                l.take(BLOCK_SIZE).await;
+            }
+            writer.send(&msg).await?;
+            ctx.progress
+                .add(&ctx.progress.bytes_done, BLOCK_SIZE as u64);
+        }
+        writer.flush().await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refetch(path: &[u8], n: usize) -> pb::Refetch {
+        pb::Refetch {
+            file_id: 7,
+            path: path.to_vec(),
+            indexes: (0..n as u64).collect(),
+            hashes: (0..n).map(|i| vec![i as u8; 32]).collect(),
+        }
+    }
+
+    #[test]
+    fn a_refetch_names_full_blocks_of_a_file_the_transfer_sends() {
+        let none = Filter::default();
+        let asked = check_refetch(&refetch(b"d/a.bin", 3), &none, None).unwrap();
+        assert_eq!(asked.path.as_bytes(), b"d/a.bin");
+        assert_eq!(asked.blocks[2], (2, [2u8; 32]));
+        assert_eq!(asked.blocks.len(), 3);
+        check_refetch(&refetch(b"d/a.bin", MAX_REFETCH_BLOCKS), &none, None).unwrap();
+    }
+
+    #[test]
+    fn a_refetch_cannot_reach_outside_the_tree_or_what_it_leaves_out() {
+        let none = Filter::default();
+        for path in [
+            &b"../etc/passwd"[..],
+            b"/etc/passwd",
+            b"a/../../b",
+            b"",
+            b"a//b",
+        ] {
+            let e = check_refetch(&refetch(path, 1), &none, None).unwrap_err();
+            assert!(
+                matches!(e, ReceiverViolation::BadRefetch(_)),
+                "{path:?}: {e}"
+            );
+        }
+        let rules = Filter::new([(false, "secret/"), (false, "*.key")]).unwrap();
+        for path in [&b"secret/model.bin"[..], b"d/secret/x", b"d/tls.key"] {
+            let e = check_refetch(&refetch(path, 1), &rules, None).unwrap_err();
+            assert!(e.to_string().contains("not one this transfer sends"), "{e}");
+        }
+        check_refetch(&refetch(b"d/model.bin", 1), &rules, None).unwrap();
+        // A single-file source sends that file only.
+        check_refetch(&refetch(b"one.bin", 1), &none, Some(b"one.bin")).unwrap();
+        assert!(check_refetch(&refetch(b"other.bin", 1), &none, Some(b"one.bin")).is_err());
+    }
+
+    #[test]
+    fn a_malformed_refetch_is_refused() {
+        let none = Filter::default();
+        let mut r = refetch(b"a", 2);
+        r.hashes.pop();
+        assert!(check_refetch(&r, &none, None).is_err());
+        let mut r = refetch(b"a", 1);
+        r.hashes[0] = vec![0; 31];
+        assert!(check_refetch(&r, &none, None).is_err());
+        assert!(check_refetch(&refetch(b"a", MAX_REFETCH_BLOCKS + 1), &none, None).is_err());
+    }
+}
