@@ -83,8 +83,6 @@ pub struct Context {
     pub acting_since: Timestamp,
     /// Reconciles that failed in a row, per Transfer UID (the error policy's backoff).
     pub failing: std::sync::Mutex<std::collections::HashMap<String, u32>>,
-    /// Asks for a reconcile of a Transfer (a fan-out whose child changed).
-    pub wake: mpsc::Sender<ObjectRef<Transfer>>,
 }
 
 /// Reconciles at once: paces the storm of a start (every Transfer is looked at once) so the
@@ -141,7 +139,20 @@ pub async fn run(
     caches.synced().await;
     tracing::info!("caches synced");
     let wake = futures::stream::poll_fn(move |cx| wake_rx.poll_recv(cx));
-    let controller = Controller::for_stream(triggers.transfers, caches.transfers.clone())
+    // A child's change wakes its fan-out once the cache holds it (the reflector stored the
+    // event before this sees it). A wake sent when the child's status was written would find
+    // the cache a version behind, and the fan-out would report the child only at its periodic
+    // look (RESYNC_RUNNING, 15 s), well after the child succeeded. A full queue only delays
+    // that to the periodic look.
+    let parent_wake = wake_tx.clone();
+    let transfer_events = triggers.transfers.inspect(move |event| {
+        if let Ok(t) = event
+            && let Some(parent) = crate::fan_out::parent_of(t)
+        {
+            let _ = parent_wake.try_send(parent);
+        }
+    });
+    let controller = Controller::for_stream(transfer_events, caches.transfers.clone())
         .owns_stream(triggers.pods)
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
         .reconcile_on(wake)
@@ -180,7 +191,6 @@ pub async fn run(
         own_writes: OwnWrites::default(),
         acting_since: Timestamp::now(),
         failing: Default::default(),
-        wake: wake_tx.clone(),
     });
     metrics.set_ready(true);
     controller
@@ -311,16 +321,7 @@ async fn reconcile_once(cached: Arc<Transfer>, ctx: &Arc<Context>) -> Result<Req
         }));
     }
     let deferred = match write_status(t, ctx, &plan.status).await? {
-        Written::Now => {
-            if t.status.as_ref() != Some(&plan.status)
-                && let Some(parent) = crate::fan_out::parent_of(t)
-            {
-                // The fan-out reports its children: a full queue only delays that to its
-                // periodic look.
-                let _ = ctx.wake.try_send(parent);
-            }
-            None
-        }
+        Written::Now => None,
         Written::Later(wait) => Some(wait),
         // Planned from a version that changed meanwhile: plan again once the cache has the
         // new one (its watch event wakes the reconcile), and announce nothing of a status

@@ -181,7 +181,6 @@ fn context(client: kube::Client, config: Config) -> Arc<Context> {
         own_writes: Default::default(),
         acting_since: k8s_openapi::jiff::Timestamp::now(),
         failing: Default::default(),
-        wake,
     })
 }
 

@@ -108,9 +108,10 @@ def make_dataset(root: Path) -> int:
     return per_file * FILES
 
 
-def reap(p: subprocess.Popen, timeout: float) -> tuple[str, str, int]:
-    """Waits for `p` (started with pipes) like `communicate`, and also returns its peak RSS in
-    KiB (`ip netns exec` execs the command, so the child is the mover itself)."""
+def reap(p: subprocess.Popen, timeout: float) -> tuple[str, str, os.struct_rusage]:
+    """Waits for `p` (started with pipes) like `communicate`, and also returns its resource
+    usage: peak RSS in KiB, CPU seconds (`ip netns exec` execs the command, so the child is the
+    mover itself)."""
     err: list[str] = []
     drain = threading.Thread(target=lambda: err.append(p.stderr.read() if p.stderr else ""))
     drain.start()
@@ -118,7 +119,7 @@ def reap(p: subprocess.Popen, timeout: float) -> tuple[str, str, int]:
     drain.join(timeout)
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
-    return out, "".join(err), usage.ru_maxrss
+    return out, "".join(err), usage
 
 
 def wait_port(node: str, port: int, timeout: float = 20) -> None:
@@ -153,7 +154,7 @@ class Nodes:
         for p in self.procs:
             p.terminate()
         for p in self.procs:
-            self.peak_rss_kib = max(self.peak_rss_kib, reap(p, 30)[2])
+            self.peak_rss_kib = max(self.peak_rss_kib, reap(p, 30)[2].ru_maxrss)
 
 
 def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
@@ -195,14 +196,18 @@ def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
               "--ca", str(certs / "ca.crt"), "--cert", str(certs / "sender.crt"),
               "--key", str(certs / "sender.key")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, _, addr in receivers]
+    # CPU the source node spent: every sender reads and hashes the whole source (its proofs of
+    # possession are keyed for its own receiver).
+    source_cpu = 0.0
     for s in senders:
-        out, err = s.communicate(timeout=3600)
+        out, err, usage = reap(s, 3600)
+        source_cpu += usage.ru_utime + usage.ru_stime
         if s.returncode != 0:
             raise SystemExit(f"sender failed ({s.returncode}): {err[-2000:]}")
     receiver_rss = 0
     for d, p, _ in receivers:
-        out, err, rss = reap(p, 600)
-        receiver_rss = max(receiver_rss, rss)
+        out, err, usage = reap(p, 600)
+        receiver_rss = max(receiver_rss, usage.ru_maxrss)
         if p.returncode != 0:
             raise SystemExit(f"receiver on {d} failed ({p.returncode}): {err[-2000:]}")
     seconds = time.monotonic() - started
@@ -217,7 +222,8 @@ def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
         if same.returncode != 0:
             raise SystemExit(f"{d} differs from the source: {same.stdout[-2000:]}")
     return {"seconds": seconds, "source_tx": moved["src"][0], "source_done": source_done,
-            "dest_max": max(max(moved[d]) for d in dests), "receiver_rss": receiver_rss}
+            "dest_max": max(max(moved[d]) for d in dests), "receiver_rss": receiver_rss,
+            "source_cpu": source_cpu}
 
 
 def fresh_stores(dests: list[str]) -> None:
@@ -271,13 +277,14 @@ def main() -> int:
                       f"{res['source_done']:.1f} s), source sent "
                       f"{res['source_tx'] / size:.2f}x the dataset, busiest destination link "
                       f"{res['dest_max'] / size:.3f}x, peak RSS receiver "
-                      f"{res['receiver_rss'] >> 10} MiB, node service {res['service_rss'] >> 10} MiB",
+                      f"{res['receiver_rss'] >> 10} MiB, node service {res['service_rss'] >> 10} MiB, "
+                      f"senders' CPU {res['source_cpu']:.1f} s",
                       flush=True)
         base = statistics.median(x["seconds"] for x in results[plan[0][0]])
         print(f"\n{MIB} MiB in {FILES} files, every link capped at {RATE_MBIT} Mbit/s each way, "
               f"{ROUNDS} rounds (medians)\n")
-        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link | peak RSS receiver / node service |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link | peak RSS receiver / node service | senders' CPU |")
+        print("|---|---|---|---|---|---|---|---|")
         for name, *_ in plan:
             xs = results[name]
             t = statistics.median(x["seconds"] for x in xs)
@@ -286,8 +293,9 @@ def main() -> int:
             done = statistics.median(x["source_done"] for x in xs)
             rss = max(x["receiver_rss"] for x in xs) >> 10
             srss = max(x["service_rss"] for x in xs) >> 10
+            cpu = statistics.median(x["source_cpu"] for x in xs)
             print(f"| {name} | {t:.1f} s | {t / base:.2f}x | {src:.2f}x the dataset | {done:.1f} s "
-                  f"| {dmax:.3f}x | {rss} / {srss} MiB |")
+                  f"| {dmax:.3f}x | {rss} / {srss} MiB | {cpu:.1f} s |")
         return 0
     finally:
         teardown()

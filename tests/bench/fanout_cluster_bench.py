@@ -14,13 +14,18 @@ any of it):
 
 Reported per scenario: the median apply-to-Succeeded time over ROUNDS, its ratio to the fan-out to
 1, the bytes that left the source node (its eth0 counters) and the most bytes any node's link
-carried (in plus out), both as multiples of the dataset.
+carried (in plus out), both as multiples of the dataset; for fan-outs also the attempts their
+destinations took beyond the first (all rounds) and, per round, when each destination succeeded,
+so an outlier round can be told from a retry.
 
-Knobs (environment): ROUNDS=3 RATE=200mbit MIB=1024 FILES=8. The cluster is started fresh with the
+Knobs (environment): ROUNDS=3 RATE=200mbit MIB=1024 FILES=8, ONLY=fan1,fan4 (a comma-separated
+subset of fan1 fan2 fan4 separate2 separate4; the repeat runs after fan4). The cluster is started fresh with the
 release build (FERRY_PROFILE=release) and stopped afterwards. Python 3 stdlib.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import statistics
 import subprocess
@@ -94,12 +99,31 @@ def run(kind: str, n: int, name: str, src: str) -> dict:
         ob.wait_succeeded(NS, t, timeout=1800)
     seconds = time.monotonic() - start
     after = {node: link_bytes(node) for node in LINKS}
+    destinations = destination_times(names[0]) if kind == "fan" else []
     moved = {node: (after[node][0] - before[node][0], after[node][1] - before[node][1]) for node in LINKS}
     ob.kubectl("delete", "transfer", "-n", NS, *names, "--wait=true")
     for node in nodes:
         subprocess.run(["rm", "-rf", str(ob.node_path(node, dst))], check=True)
     return {"seconds": seconds, "source_out": moved[SOURCE][0],
-            "most_on_a_link": max(tx + rx for tx, rx in moved.values())}
+            "most_on_a_link": max(tx + rx for tx, rx in moved.values()),
+            "destinations": destinations}
+
+
+def destination_times(name: str) -> list[dict]:
+    """Per destination of fan-out `name`: its node, attempts, and seconds from the fan-out's
+    creation to its child's completion (the API's one-second resolution)."""
+    def when(t: str) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(t.replace("Z", "+00:00"))
+
+    fan = json.loads(ob.kubectl("get", "transfer", "-n", NS, name, "-o", "json"))
+    created = when(fan["metadata"]["creationTimestamp"])
+    rows = []
+    for d in fan.get("status", {}).get("destinations", []):
+        child = json.loads(ob.kubectl("get", "transfer", "-n", NS, d["transfer"], "-o", "json"))
+        done = child.get("status", {}).get("completionTime")
+        rows.append({"node": d["node"], "attempts": d.get("attempts", 0),
+                     "seconds": (when(done) - created).total_seconds() if done else None})
+    return rows
 
 
 def node_service(registry: str, tag: str) -> None:
@@ -132,6 +156,8 @@ def main() -> None:
         for node in LINKS:
             ob.sh(str(ob.REPO / "tests/cluster/shape.sh"), node, RATE)
         scenarios = [("fan", 1), ("fan", 2), ("fan", 4), ("separate", 2), ("separate", 4)]
+        only = [x for x in (os.environ.get("ONLY") or "").split(",") if x]
+        scenarios = [(k, n) for k, n in scenarios if not only or f"{k}{n}" in only]
         for r in range(ROUNDS):
             # A different order each round, so no scenario always runs first or last.
             order = scenarios[r % len(scenarios):] + scenarios[:r % len(scenarios)]
@@ -159,8 +185,9 @@ def report(results: dict[str, list[dict]]) -> None:
               "again4": "fan-out to 4 again (stores hold it)"}
     print(f"{MIB} MiB in {FILES} files from {SOURCE}, every link capped at {RATE} each way, "
           f"median of {ROUNDS}, apply to Succeeded:")
-    print("| scenario | median time | vs fan-out to 1 | left the source node | busiest link, in + out |")
-    print("|---|---|---|---|---|")
+    print("| scenario | median time | vs fan-out to 1 | left the source node | busiest link, in + out "
+          "| retries |")
+    print("|---|---|---|---|---|---|")
     for key, label in labels.items():
         xs = results.get(key)
         if not xs:
@@ -168,7 +195,19 @@ def report(results: dict[str, list[dict]]) -> None:
         t = statistics.median(x["seconds"] for x in xs)
         out = statistics.median(x["source_out"] for x in xs) / dataset
         most = statistics.median(x["most_on_a_link"] for x in xs)
-        print(f"| {label} | {t:.1f} s | {t / one:.2f}x | {out:.2f}x the dataset | {most / dataset:.3f}x |")
+        retries = sum(max(d["attempts"] - 1, 0) for x in xs for d in x["destinations"])
+        extra = f"{retries}" if key.startswith(("fan", "again")) else "-"
+        print(f"| {label} | {t:.1f} s | {t / one:.2f}x | {out:.2f}x the dataset | {most / dataset:.3f}x "
+              f"| {extra} |")
+    print()
+    print("Per round, seconds from a fan-out's creation to each destination's success (attempts):")
+    for key, label in labels.items():
+        for r, x in enumerate(results.get(key) or []):
+            if x["destinations"]:
+                each = ", ".join(f"{d['node']} {d['seconds']:.0f} s ({d['attempts']})"
+                                 if d["seconds"] is not None else f"{d['node']} ? ({d['attempts']})"
+                                 for d in x["destinations"])
+                print(f"- {label}, round {r + 1}: {x['seconds']:.1f} s; {each}")
 
 
 if __name__ == "__main__":

@@ -634,6 +634,7 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         [(NODE_A, Phase::Succeeded), (NODE_B, Phase::Succeeded)]
     );
     let mut wire = 0;
+    let mut last_child_done = None;
     for d in &st.destinations {
         let child = api.get(&d.transfer).await?;
         assert_eq!(
@@ -647,8 +648,20 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
             d.node
         );
         wire += cs.wire.context("wire")?.bytes;
+        last_child_done = last_child_done.max(cs.completion_time.map(|t| t.0));
     }
     assert!(st.digest.is_some());
+    // The fan-out reports its last child's success when the cache holds it, not at its
+    // periodic look 15 s later.
+    let lag = st
+        .completion_time
+        .context("the fan-out's completionTime")?
+        .0
+        .duration_since(last_child_done.context("a child's completionTime")?);
+    assert!(
+        lag.as_secs() <= 8,
+        "the fan-out succeeded {lag:?} after its last child"
+    );
     let available = st
         .conditions
         .iter()
@@ -692,7 +705,8 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     let wire2 = st2.wire.context("wire")?.bytes;
     eprintln!(
         "fan-out to 2 nodes: {wire} bytes from the source ({:.2} copies of the 48 MiB), \
-         {from_peers} from the sibling's node service; the repeat: {wire2} bytes",
+         {from_peers} from the sibling's node service, Succeeded {lag:?} after its last child; \
+         the repeat: {wire2} bytes",
         wire as f64 / f64::from(48 << 20)
     );
     assert!(
