@@ -17,7 +17,6 @@ use super::{Accepted, ReceiveError, ReceiverConfig, failure_message, more_tellin
 use crate::cas::dedup::{BlockDedup, DedupReceiver};
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, HashPool, LinkList, SortedTree};
-use crate::kind::ErrorKind;
 use crate::node::client::NodeDedup;
 use crate::progress::{Phase, Progress};
 use crate::session::blocking::BlockingPool;
@@ -523,12 +522,7 @@ where
                 }
                 (Route::Finish, _) => return finish(shared, writer, busy, &work).await,
                 (Route::Alive, _) => {}
-                (Route::PeerError, Message::Error(e)) => {
-                    return Err(ReceiveError::Remote {
-                        kind: ErrorKind::from_pb(e.kind),
-                        message: crate::session::escape_text(&e.message),
-                    });
-                }
+                (Route::PeerError, Message::Error(e)) => return Err(ReceiveError::from_peer(e)),
                 _ => return Err(ReceiveError::Internal("a route for another frame type")),
             }
         }

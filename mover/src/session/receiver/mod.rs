@@ -142,6 +142,16 @@ pub fn failure_message(e: &ReceiveError, transfer_id: &str) -> String {
 
 /// Which of two failures of one session to report: the sender's own reason first, then a
 /// failure seen here, then a broken connection, and never "another stream failed".
+impl ReceiveError {
+    /// The sender's Error frame: it failed and said why.
+    fn from_peer(e: pb::Error) -> Self {
+        ReceiveError::Remote {
+            kind: ErrorKind::from_pb(e.kind),
+            message: super::escape_text(&e.message),
+        }
+    }
+}
+
 fn more_telling(a: ReceiveError, b: ReceiveError) -> ReceiveError {
     let rank = |e: &ReceiveError| match e {
         ReceiveError::Remote { .. } => 0,

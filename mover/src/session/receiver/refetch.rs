@@ -11,7 +11,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::ReceiveError;
 use super::effects::{self, Session};
 use super::state::SenderViolation;
-use crate::kind::ErrorKind;
 use crate::node::swarm::Orphans;
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::wire::Message;
@@ -75,12 +74,7 @@ where
                             .await??;
                     }
                     Message::Keepalive | Message::Busy(_) => {}
-                    Message::Error(e) => {
-                        return Err(ReceiveError::Remote {
-                            kind: ErrorKind::from_pb(e.kind),
-                            message: crate::session::escape_text(&e.message),
-                        });
-                    }
+                    Message::Error(e) => return Err(ReceiveError::from_peer(e)),
                     other => {
                         return Err(SenderViolation::OutOfOrder {
                             stream: 0,

@@ -12,7 +12,6 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::cas::dedup::DedupSender;
 use crate::digest::{self, DirList, Hash, HashPool, LinkList, TreeBuilder};
-use crate::kind::ErrorKind;
 use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::report::changes;
@@ -295,13 +294,7 @@ where
         let mut work = 0;
         let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
             Ok(Message::Summary(s)) => s,
-            Ok(Message::Error(e)) => {
-                return Err(SendError::Remote {
-                    kind: ErrorKind::from_pb(e.kind),
-                    permanent: e.permanent,
-                    message: crate::session::escape_text(&e.message),
-                });
-            }
+            Ok(Message::Error(e)) => return Err(SendError::from_peer(e)),
             Ok(other) => {
                 return Err(ReceiverViolation::Unexpected {
                     stream: 0,
@@ -508,11 +501,7 @@ async fn read_want<R: AsyncRead + Unpin>(
             replies.on_want(w)?;
             Ok(())
         }
-        Message::Error(e) => Err(SendError::Remote {
-            kind: ErrorKind::from_pb(e.kind),
-            permanent: e.permanent,
-            message: crate::session::escape_text(&e.message),
-        }),
+        Message::Error(e) => Err(SendError::from_peer(e)),
         other => Err(replies.unexpected(other.frame_type()).into()),
     }
 }
@@ -664,13 +653,7 @@ where
                 ctx.progress
                     .add(&ctx.progress.bytes_done, needed.taken_bytes);
             }
-            Message::Error(e) => {
-                return Err(SendError::Remote {
-                    kind: ErrorKind::from_pb(e.kind),
-                    permanent: e.permanent,
-                    message: crate::session::escape_text(&e.message),
-                });
-            }
+            Message::Error(e) => return Err(SendError::from_peer(e)),
             other => return Err(replies.unexpected(other.frame_type()).into()),
         }
     }

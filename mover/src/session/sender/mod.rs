@@ -109,6 +109,17 @@ pub enum SendError {
     Join(#[from] tokio::task::JoinError),
 }
 
+impl SendError {
+    /// The receiver's Error frame: it failed and said why.
+    pub(super) fn from_peer(e: ferry_proto::wire::v1::Error) -> Self {
+        SendError::Remote {
+            kind: ErrorKind::from_pb(e.kind),
+            permanent: e.permanent,
+            message: super::escape_text(&e.message),
+        }
+    }
+}
+
 /// Sender settings.
 #[derive(Debug, Clone)]
 pub struct SenderConfig {

@@ -12,7 +12,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::effects::{Ctx, Opened, open_beneath, read_block};
 use super::state::ReceiverViolation;
 use super::{SendError, SenderConfig};
-use crate::kind::ErrorKind;
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::session::scan;
 use crate::tree::Filter;
@@ -84,13 +83,7 @@ where
     loop {
         let r = match super::driver::next_reply(reader, ctx.progress_timeout, &mut work).await? {
             Message::Refetch(r) => r,
-            Message::Error(e) => {
-                return Err(SendError::Remote {
-                    kind: ErrorKind::from_pb(e.kind),
-                    permanent: e.permanent,
-                    message: crate::session::escape_text(&e.message),
-                });
-            }
+            Message::Error(e) => return Err(SendError::from_peer(e)),
             other => {
                 return Err(ReceiverViolation::Unexpected {
                     stream: 0,
