@@ -180,6 +180,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
             proof: proof.to_vec(),
         }],
         wait_ms: 0,
+        pieces: false,
     };
     let collect = |mut c: BlockStoreClient<_>, req| async move {
         let mut s = c.take(req).await.unwrap().into_inner();
@@ -218,6 +219,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
             node::MAX_TAKE + 1
         ],
         wait_ms: 0,
+        pieces: false,
     };
     assert_eq!(
         c.take(many).await.unwrap_err().code(),

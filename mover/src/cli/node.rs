@@ -74,6 +74,21 @@ fn return_block_buffers_to_the_system() {
     }
 }
 
+/// Binds, prints the bound address as the first line on stdout (as `receive` does, so a
+/// harness can listen on port 0), and serves until SIGTERM or SIGINT.
+async fn serve(cfg: NodeServiceConfig) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", cfg.listen))?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", listener.local_addr()?)?;
+        out.flush()?;
+    }
+    node::serve(cfg, listener, crate::session::Shutdown::on_signals()?).await
+}
+
 /// A cap as a Kubernetes quantity (`20Gi`) or plain bytes.
 fn parse_cap(s: &str) -> Result<u64, String> {
     crate::quantity::parse_quantity(s)
@@ -111,7 +126,7 @@ pub fn run(cmd: NodeCommand) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("failed to start the async runtime")?
-                .block_on(node::run(cfg))?;
+                .block_on(serve(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
     }

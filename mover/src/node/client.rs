@@ -117,6 +117,93 @@ pub(super) fn take_request(
             })
             .collect(),
         wait_ms: u32::try_from(wait.as_millis()).unwrap_or(u32::MAX),
+        pieces: true,
+    }
+}
+
+/// A Take's reply as whole blocks, put together from their pieces.
+pub(super) struct TakenBlocks {
+    stream: tonic::Streaming<pb::TakenBlock>,
+    pieces: Pieces,
+}
+
+impl TakenBlocks {
+    pub(super) fn new(stream: tonic::Streaming<pb::TakenBlock>) -> Self {
+        Self {
+            stream,
+            pieces: Pieces::default(),
+        }
+    }
+
+    /// The next whole block (not yet checked against its hash); a malformed reply is the
+    /// service's error (see [`Pieces`]).
+    pub(super) async fn next(&mut self) -> Result<Option<pb::TakenBlock>, tonic::Status> {
+        loop {
+            let Some(message) = self.stream.message().await? else {
+                self.pieces.finish().map_err(tonic::Status::data_loss)?;
+                return Ok(None);
+            };
+            if let Some(block) = self
+                .pieces
+                .push(message)
+                .map_err(tonic::Status::data_loss)?
+            {
+                return Ok(Some(block));
+            }
+        }
+    }
+}
+
+/// Puts each block of a reply together from its pieces. A piece of another block before the
+/// last one ended, a reply that ends inside a block, or a block longer than [`BLOCK_SIZE`] is
+/// refused.
+#[derive(Default)]
+pub(super) struct Pieces(Option<pb::TakenBlock>);
+
+impl Pieces {
+    /// Adds a message; returns the block once its last piece came.
+    pub(super) fn push(
+        &mut self,
+        piece: pb::TakenBlock,
+    ) -> Result<Option<pb::TakenBlock>, &'static str> {
+        let block = match self.0.take() {
+            None => {
+                let mut block = piece;
+                if block.more {
+                    block
+                        .data
+                        .reserve_exact(BLOCK_SIZE.saturating_sub(block.data.len()));
+                }
+                block
+            }
+            Some(mut block) => {
+                if piece.position != block.position {
+                    return Err("the pieces of two blocks interleave");
+                }
+                if block.data.len() + piece.data.len() > BLOCK_SIZE {
+                    return Err("a returned block is too long");
+                }
+                block.data.extend_from_slice(&piece.data);
+                block.more = piece.more;
+                block
+            }
+        };
+        if block.data.len() > BLOCK_SIZE {
+            return Err("a returned block is too long");
+        }
+        if block.more {
+            self.0 = Some(block);
+            return Ok(None);
+        }
+        Ok(Some(block))
+    }
+
+    /// The reply ended: right only between blocks.
+    pub(super) fn finish(&self) -> Result<(), &'static str> {
+        match self.0 {
+            Some(_) => Err("a reply ended inside a block"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -235,9 +322,9 @@ impl NodeDedup {
             let outcome = self.client.runtime.block_on(async {
                 let mut req = tonic::Request::new(request);
                 req.set_timeout(CALL_TIMEOUT);
-                let mut stream = client.take(req).await?.into_inner();
+                let mut stream = TakenBlocks::new(client.take(req).await?.into_inner());
                 // Written as they come: at most one block is held here.
-                while let Some(b) = stream.message().await? {
+                while let Some(b) = stream.next().await? {
                     let done = self.write_taken(dst, part, &b)?;
                     need[base + done] = false;
                 }
@@ -314,5 +401,64 @@ async fn put(client: &NodeStoreClient, counters: &Counters, hash: BlockHash, dat
         }
         Ok(_) => {}
         Err(status) => counters.failed(&client.addr, "put", "the block is not stored", &status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(position: u32, data: &[u8], more: bool) -> pb::TakenBlock {
+        pb::TakenBlock {
+            position,
+            data: data.to_vec(),
+            more,
+        }
+    }
+
+    #[test]
+    fn pieces_make_whole_blocks_and_a_whole_block_passes_as_is() {
+        let mut p = Pieces::default();
+        assert_eq!(p.push(piece(3, b"ab", true)), Ok(None));
+        assert_eq!(p.push(piece(3, b"cd", true)), Ok(None));
+        assert_eq!(
+            p.push(piece(3, b"e", false)),
+            Ok(Some(piece(3, b"abcde", false)))
+        );
+        assert_eq!(p.finish(), Ok(()));
+        // A server that predates pieces: one message per block.
+        assert_eq!(
+            p.push(piece(0, b"xyz", false)),
+            Ok(Some(piece(0, b"xyz", false)))
+        );
+        assert_eq!(p.finish(), Ok(()));
+    }
+
+    #[test]
+    fn malformed_pieces_are_the_services_error() {
+        let mut p = Pieces::default();
+        assert_eq!(p.push(piece(1, b"ab", true)), Ok(None));
+        assert_eq!(
+            p.push(piece(2, b"cd", false)),
+            Err("the pieces of two blocks interleave")
+        );
+
+        let mut p = Pieces::default();
+        assert_eq!(p.push(piece(1, b"ab", true)), Ok(None));
+        assert_eq!(p.finish(), Err("a reply ended inside a block"));
+
+        let mut p = Pieces::default();
+        let half = vec![0u8; BLOCK_SIZE / 2];
+        assert_eq!(p.push(piece(0, &half, true)), Ok(None));
+        assert_eq!(p.push(piece(0, &half, true)), Ok(None));
+        assert_eq!(
+            p.push(piece(0, b"1", false)),
+            Err("a returned block is too long")
+        );
+        let mut p = Pieces::default();
+        assert_eq!(
+            p.push(piece(0, &vec![0u8; BLOCK_SIZE + 1], false)),
+            Err("a returned block is too long")
+        );
     }
 }

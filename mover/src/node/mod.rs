@@ -16,7 +16,7 @@ mod run;
 pub mod service;
 pub mod swarm;
 
-pub use run::{NodeServiceConfig, run, serve};
+pub use run::{NodeServiceConfig, serve};
 
 /// Most blocks one `Take` may ask for: the receiver's own bound for one announce.
 pub const MAX_TAKE: usize = crate::cas::dedup::MAX_STORE_READS_PER_ANNOUNCE;

@@ -40,14 +40,6 @@ fn server_tls(cfg: &NodeServiceConfig) -> anyhow::Result<Arc<rustls::ServerConfi
     Ok(Arc::new(net::node_server_config(&files)?))
 }
 
-/// Serves on `cfg.listen` until SIGTERM or SIGINT.
-pub async fn run(cfg: NodeServiceConfig) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("failed to listen on {}", cfg.listen))?;
-    serve(cfg, listener, crate::session::Shutdown::on_signals()?).await
-}
-
 /// Serves on `listener` until `shutdown` fires.
 pub async fn serve(
     cfg: NodeServiceConfig,

@@ -57,10 +57,15 @@ pub const MAX_TAKE_WAIT: Duration = Duration::from_secs(120);
 pub const MAX_WAITING_TAKES: usize = 256;
 /// Blocks (4 MiB each) read for Takes that may be in the service's memory at once, in the
 /// streams' queues or being sent: 64 MiB whatever the number of clients. A block holds its
-/// place from its copy until the stream asks for the block after it, by when HTTP/2 has it
-/// on its way. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the
+/// place from its copy until the stream asks for the message after its last piece, by when
+/// HTTP/2 has it on its way; a stream between blocks keeps at most a [`TAKE_PIECE`]. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the
 /// pod's memory limit holds however many destinations take from this node.
 pub const MAX_OUTGOING_BLOCKS: usize = 16;
+
+/// The most a Take's reply carries per message when the client takes blocks in pieces: what
+/// a stream keeps in buffers between blocks (gRPC keeps each stream's encoding buffer, as
+/// large as its largest message, until the stream ends).
+pub const TAKE_PIECE: usize = 128 * 1024;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
 
@@ -72,10 +77,40 @@ struct StreamSink {
     runtime: tokio::runtime::Handle,
 }
 
-/// A block on its way to a client, holding its place among [`MAX_OUTGOING_BLOCKS`].
+/// A block on its way to a client, holding its place among [`MAX_OUTGOING_BLOCKS`] until
+/// its last piece went out.
 struct Outgoing {
-    block: pb::TakenBlock,
-    place: tokio::sync::OwnedSemaphorePermit,
+    position: u32,
+    data: Vec<u8>,
+    /// How much of `data` went out.
+    sent: usize,
+    _place: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Outgoing {
+    fn done(&self) -> bool {
+        self.sent >= self.data.len()
+    }
+
+    /// The next message: at most `piece` bytes, or the whole block (moved, not copied) when it
+    /// fits.
+    fn next_piece(&mut self, piece: usize) -> pb::TakenBlock {
+        let end = self.data.len().min(self.sent.saturating_add(piece));
+        let more = end < self.data.len();
+        let data = if self.sent == 0 && !more {
+            // Leaves `data` empty, so `done`.
+            std::mem::take(&mut self.data)
+        } else {
+            let d = self.data[self.sent..end].to_vec();
+            self.sent = end;
+            d
+        };
+        pb::TakenBlock {
+            position: self.position,
+            data,
+            more,
+        }
+    }
 }
 
 impl BlockSink for StreamSink {
@@ -89,11 +124,10 @@ impl BlockSink for StreamSink {
             .map_err(|_| broken())?;
         self.tx
             .blocking_send(Ok(Outgoing {
-                block: pb::TakenBlock {
-                    position,
-                    data: data.to_vec(),
-                },
-                place,
+                position,
+                data: data.to_vec(),
+                sent: 0,
+                _place: place,
             }))
             .map_err(|_| broken())
     }
@@ -239,6 +273,11 @@ impl BlockStore for BlockStoreService {
     ) -> Result<Response<Self::TakeStream>, Status> {
         let client = client_name(&req);
         let (key, announced, wait) = parse_take(req.get_ref())?;
+        let piece = if req.get_ref().pieces {
+            TAKE_PIECE
+        } else {
+            usize::MAX
+        };
         // One block queued per client; the service-wide bound is MAX_OUTGOING_BLOCKS.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let waiting =
@@ -281,15 +320,22 @@ impl BlockStore for BlockStoreService {
                 }
             }
         });
-        // The place of the block sent last is given back when the stream is asked for the next:
-        // by then HTTP/2 has taken it.
-        let placed: Option<tokio::sync::OwnedSemaphorePermit> = None;
-        let stream = futures::stream::unfold((rx, placed), |(mut rx, sent)| async move {
-            drop(sent);
-            match rx.recv().await? {
-                Ok(o) => Some((Ok(o.block), (rx, Some(o.place)))),
-                Err(status) => Some((Err(status), (rx, None))),
-            }
+        // A block's place is given back when the stream is asked for the message after its
+        // last piece: by then HTTP/2 has taken that piece.
+        let sending: Option<Outgoing> = None;
+        let stream = futures::stream::unfold((rx, sending), move |(mut rx, sending)| async move {
+            let mut o = match sending {
+                Some(o) if !o.done() => o,
+                sent => {
+                    drop(sent);
+                    match rx.recv().await? {
+                        Ok(o) => o,
+                        Err(status) => return Some((Err(status), (rx, None))),
+                    }
+                }
+            };
+            let message = o.next_piece(piece);
+            Some((Ok(message), (rx, Some(o))))
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -338,5 +384,42 @@ impl BlockStore for BlockStoreService {
             &stats,
             &self.counters,
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outgoing(data: Vec<u8>) -> Outgoing {
+        let places = Arc::new(tokio::sync::Semaphore::new(1));
+        Outgoing {
+            position: 7,
+            data,
+            sent: 0,
+            _place: places
+                .try_acquire_owned()
+                .unwrap_or_else(|_| unreachable!()),
+        }
+    }
+
+    #[test]
+    fn a_block_goes_out_in_pieces_in_order_and_whole_when_it_fits() {
+        let data: Vec<u8> = (0..10u8).collect();
+        let mut o = outgoing(data.clone());
+        let mut got = Vec::new();
+        while !o.done() {
+            let p = o.next_piece(4);
+            assert_eq!(p.position, 7);
+            assert!(p.data.len() <= 4);
+            got.extend_from_slice(&p.data);
+            assert_eq!(p.more, !o.done());
+        }
+        assert_eq!(got, data);
+
+        let mut o = outgoing(data.clone());
+        let whole = o.next_piece(usize::MAX);
+        assert_eq!((whole.data, whole.more), (data, false));
+        assert!(o.done());
     }
 }

@@ -423,14 +423,15 @@ impl Fetches {
                 |s: tonic::Status| FetchError::Peer(format!("{:?}: {}", s.code(), s.message()));
             let late = || FetchError::Peer(format!("no answer within {} s", patience.as_secs()));
             let mut c = client.grpc();
-            let mut stream = rt
-                .block_on(tokio::time::timeout(patience, c.take(request)))
-                .map_err(|_| late())?
-                .map_err(status)?
-                .into_inner();
+            let mut stream = super::client::TakenBlocks::new(
+                rt.block_on(tokio::time::timeout(patience, c.take(request)))
+                    .map_err(|_| late())?
+                    .map_err(status)?
+                    .into_inner(),
+            );
             loop {
                 let next = rt
-                    .block_on(tokio::time::timeout(patience, stream.message()))
+                    .block_on(tokio::time::timeout(patience, stream.next()))
                     .map_err(|_| late())?
                     .map_err(status)?;
                 let Some(b) = next else { break };
