@@ -58,8 +58,9 @@ pub const MAX_WAITING_TAKES: usize = 256;
 /// Blocks (4 MiB each) read for Takes that may be in the service's memory at once, in the
 /// streams' queues or being sent: 64 MiB whatever the number of clients. A block holds its
 /// place from its copy until the stream asks for the message after its last piece, by when
-/// HTTP/2 has it on its way; a stream between blocks keeps at most a [`TAKE_PIECE`]. With [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the
-/// pod's memory limit holds however many destinations take from this node.
+/// HTTP/2 has it on its way; a stream between blocks keeps at most a [`TAKE_PIECE`]. With
+/// [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the pod's memory limit
+/// holds however many destinations take from this node.
 pub const MAX_OUTGOING_BLOCKS: usize = 16;
 
 /// The most a Take's reply carries per message when the client takes blocks in pieces: what
