@@ -45,16 +45,8 @@ fn spawn_receiver(pki: &Pki, dst: &Path) -> Receiver {
 
 /// `VmHWM` (peak resident set) and `VmRSS` of a process, in KiB.
 fn memory_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap()
-    };
-    (field("VmHWM:"), field("VmRSS:"))
+    let field = |name| proc_status_kib(pid, name).unwrap();
+    (field("VmHWM"), field("VmRSS"))
 }
 
 fn count_files(dir: &Path) -> usize {

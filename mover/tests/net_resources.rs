@@ -14,18 +14,12 @@ use common::*;
 
 const BOUND_KIB: u64 = 192 * 1024;
 
-fn vm_hwm_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn watch(pid: u32, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<()>, Arc<AtomicU64>) {
     let peak = Arc::new(AtomicU64::new(0));
     let p = peak.clone();
     let h = std::thread::spawn(move || {
         while !stop.load(Ordering::Relaxed) {
-            if let Some(v) = vm_hwm_kib(pid) {
+            if let Some(v) = proc_status_kib(pid, "VmHWM") {
                 p.fetch_max(v, Ordering::Relaxed);
             }
             // The memory sampler's interval (what is measured), not synchronization.

@@ -54,24 +54,13 @@ fn spawn_service(dir: &Path) -> Service {
     Service { child, addr }
 }
 
-/// `VmRSS` of a process, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 /// The resident set once it stopped moving: the largest of several samples after the last
 /// block went out (the service frees what it will within this time, or never).
 async fn settled_rss_kib(pid: u32) -> u64 {
     let mut samples = Vec::new();
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        samples.push(rss_kib(pid));
+        samples.push(proc_status_kib(pid, "VmRSS").unwrap());
     }
     samples.into_iter().max().unwrap()
 }

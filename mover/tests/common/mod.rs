@@ -509,6 +509,17 @@ pub fn run_sender(pki: &Pki, src: &Path, addr: &str, flags: &[&str]) -> std::pro
         .expect("run the sender")
 }
 
+/// A memory figure of a process from `/proc/<pid>/status` (`VmHWM`, `VmRSS`, ...), in KiB;
+/// None once the process is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| {
+        l.strip_prefix(field)
+            .is_some_and(|rest| rest.starts_with(':'))
+    })?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 pub fn bound_addr(
     child: &mut std::process::Child,
 ) -> (String, std::io::BufReader<std::process::ChildStdout>) {
