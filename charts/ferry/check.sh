@@ -134,6 +134,12 @@ expect_images "imageRegistry=$registry" "$work/img.yaml" \
 render "$work/img-slash.yaml" --set "imageRegistry=$registry/,image.tag=1.2.3,moverImage.tag=1.2.4"
 expect_images "imageRegistry with a trailing '/', tags set" "$work/img-slash.yaml" \
   "$registry/ferry-mover:1.2.4 $registry/ferry-mover:1.2.4 $registry/ferry-operator:1.2.3 $registry/ferry-operator:1.2.3 mover $registry/ferry-mover:1.2.4"
+# Content-hash tags can be all digits; callers pass them with --set-string, and the chart keeps
+# them verbatim (a leading zero included) rather than as numbers.
+render "$work/img-digits.yaml" --set-string "image.tag=0776261033,moverImage.tag=0123456789"
+expect_images "all-digit tags given as strings" "$work/img-digits.yaml" \
+  "$registry/ferry-mover:0123456789 $registry/ferry-mover:0123456789 $registry/ferry-operator:0776261033 $registry/ferry-operator:0776261033 mover $registry/ferry-mover:0123456789"
+expect_reject "a numeric image.tag" "/image/tag.*string" --set image.tag=7762610332812818
 noreg render "$work/img-full.yaml" --set image.repository=10.0.0.6/x/op,moverImage.repository=10.0.0.6/x/mv
 expect_images "no imageRegistry, both repositories full references" "$work/img-full.yaml" \
   "10.0.0.6/x/mv:0.1.0 10.0.0.6/x/mv:0.1.0 10.0.0.6/x/op:0.1.0 10.0.0.6/x/op:0.1.0 mover 10.0.0.6/x/mv:0.1.0"

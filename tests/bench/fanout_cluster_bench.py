@@ -130,8 +130,8 @@ def node_service(registry: str, tag: str) -> None:
     helm = ob.KUBECTL.parent / "helm"
     manifest = ob.sh(str(helm), "template", "ferry", str(ob.REPO / "charts/ferry"),
                      "--namespace", "ferry-system", "--show-only", "templates/node-service.yaml",
-                     "--set", f"imageRegistry={registry}", "--set", f"moverImage.tag={tag}",
-                     "--set", f"image.tag={tag}", "--set", "nodeService.capacity=3Gi")
+                     "--set-string", f"imageRegistry={registry}",
+                     "--set-string", f"moverImage.tag={tag}", "--set-string", f"image.tag={tag}", "--set", "nodeService.capacity=3Gi")
     r = subprocess.run([str(ob.KUBECTL), "apply", "--server-side", "-f", "-"], input=manifest,
                        capture_output=True, text=True, env={**os.environ, "KUBECONFIG": str(ob.KUBECONFIG)})
     if r.returncode != 0:

@@ -36,9 +36,9 @@ done
 helm upgrade --install ferry "oci://$registry/charts/ferry" --version "$chart_version" --plain-http \
   --namespace ferry-system --create-namespace \
   -f "$repo_root/charts/ferry/ci/local-values.yaml" \
-  --set "imageRegistry=$registry" \
-  --set "image.tag=$(tag_of "$FERRY_IMAGE_FERRY_OPERATOR")" \
-  --set "moverImage.tag=$(tag_of "$FERRY_IMAGE_FERRY_MOVER")" \
+  --set-string "imageRegistry=$registry" \
+  --set-string "image.tag=$(tag_of "$FERRY_IMAGE_FERRY_OPERATOR")" \
+  --set-string "moverImage.tag=$(tag_of "$FERRY_IMAGE_FERRY_MOVER")" \
   --take-ownership --wait --timeout 3m "$@"
 kubectl -n ferry-system rollout status deployment/ferry-operator --timeout=120s
 kubectl wait --for=condition=Established crd/transfers.ferry.dev --timeout=60s >/dev/null

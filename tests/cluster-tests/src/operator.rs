@@ -115,9 +115,9 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
         .args(["template", "ferry", &repo_file("charts/ferry")])
         .args(["--namespace", "ferry-system"])
         .args(["--show-only", "templates/node-service.yaml"])
-        .args(["--set", &format!("imageRegistry={registry}")])
-        .args(["--set", &format!("moverImage.tag={tag}")])
-        .args(["--set", &format!("image.tag={tag}")])
+        .args(["--set-string", &format!("imageRegistry={registry}")])
+        .args(["--set-string", &format!("moverImage.tag={tag}")])
+        .args(["--set-string", &format!("image.tag={tag}")])
         .args(["--set", "nodeService.capacity=4Gi"])
         // Each store on a volume of its own from the cluster's default class (local-path), so
         // the tests cover the claim path; the chart's default (hostPath) runs in the install test.
