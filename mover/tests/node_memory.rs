@@ -68,7 +68,7 @@ async fn settled_rss_kib(pid: u32) -> u64 {
 /// The next block of a reply, from its pieces (each at most the service's piece size).
 async fn whole_block(s: &mut tonic::Streaming<pb::TakenBlock>) -> Option<(u32, Vec<u8>)> {
     let first = s.message().await.unwrap()?;
-    let (position, mut data, mut more) = (first.position, first.data, first.more);
+    let (position, mut data, mut more) = (first.position, first.data.to_vec(), first.more);
     while more {
         let piece = s.message().await.unwrap().expect("the rest of the block");
         assert_eq!(piece.position, position);
@@ -138,7 +138,7 @@ async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     let mut c = clients[0].grpc();
     c.put(pb::PutRequest {
         hash: BlockHash::of(&held).as_bytes().to_vec(),
-        data: held.clone(),
+        data: held.clone().into(),
     })
     .await
     .unwrap();
@@ -166,7 +166,7 @@ async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     // Still served: the missing block, once put, reaches every waiting stream.
     c.put(pb::PutRequest {
         hash: BlockHash::of(&missing).as_bytes().to_vec(),
-        data: missing.clone(),
+        data: missing.clone().into(),
     })
     .await
     .unwrap();

@@ -158,7 +158,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
     let wrong = c
         .put(pb::PutRequest {
             hash: BlockHash::of(b"other").as_bytes().to_vec(),
-            data: block.clone(),
+            data: block.clone().into(),
         })
         .await
         .unwrap_err();
@@ -166,7 +166,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
     let put = c
         .put(pb::PutRequest {
             hash: hash.as_bytes().to_vec(),
-            data: block.clone(),
+            data: block.clone().into(),
         })
         .await
         .unwrap();
@@ -241,7 +241,7 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
     // ...whenever it comes: the put may land before the Take is read or after.
     c.put(pb::PutRequest {
         hash: later_hash.as_bytes().to_vec(),
-        data: later.clone(),
+        data: later.clone().into(),
     })
     .await
     .unwrap();
@@ -282,7 +282,7 @@ async fn the_store_stays_under_its_cap() {
         let block = random_bytes(BLOCK_SIZE, 100 + seed);
         c.put(pb::PutRequest {
             hash: BlockHash::of(&block).as_bytes().to_vec(),
-            data: block,
+            data: block.into(),
         })
         .await
         .unwrap();

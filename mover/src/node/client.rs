@@ -158,7 +158,7 @@ impl TakenBlocks {
 /// last one ended, a reply that ends inside a block, or a block longer than [`BLOCK_SIZE`] is
 /// refused.
 #[derive(Default)]
-pub(super) struct Pieces(Option<pb::TakenBlock>);
+pub(super) struct Pieces(Option<(u32, bytes::BytesMut)>);
 
 impl Pieces {
     /// Adds a message; returns the block once its last piece came.
@@ -166,36 +166,35 @@ impl Pieces {
         &mut self,
         piece: pb::TakenBlock,
     ) -> Result<Option<pb::TakenBlock>, &'static str> {
-        let block = match self.0.take() {
-            None => {
-                let mut block = piece;
-                if block.more {
-                    block
-                        .data
-                        .reserve_exact(BLOCK_SIZE.saturating_sub(block.data.len()));
-                }
-                block
-            }
-            Some(mut block) => {
-                if piece.position != block.position {
-                    return Err("the pieces of two blocks interleave");
-                }
-                if block.data.len() + piece.data.len() > BLOCK_SIZE {
+        let (position, mut block) = match self.0.take() {
+            // A whole block passes as it came.
+            None if !piece.more => {
+                if piece.data.len() > BLOCK_SIZE {
                     return Err("a returned block is too long");
                 }
-                block.data.extend_from_slice(&piece.data);
-                block.more = piece.more;
-                block
+                return Ok(Some(piece));
+            }
+            None => (piece.position, bytes::BytesMut::with_capacity(BLOCK_SIZE)),
+            Some((position, block)) => {
+                if piece.position != position {
+                    return Err("the pieces of two blocks interleave");
+                }
+                (position, block)
             }
         };
-        if block.data.len() > BLOCK_SIZE {
+        if block.len() + piece.data.len() > BLOCK_SIZE {
             return Err("a returned block is too long");
         }
-        if block.more {
-            self.0 = Some(block);
+        block.extend_from_slice(&piece.data);
+        if piece.more {
+            self.0 = Some((position, block));
             return Ok(None);
         }
-        Ok(Some(block))
+        Ok(Some(pb::TakenBlock {
+            position,
+            data: block.freeze(),
+            more: false,
+        }))
     }
 
     /// The reply ended: right only between blocks.
@@ -392,7 +391,7 @@ async fn put(client: &NodeStoreClient, counters: &Counters, hash: BlockHash, dat
     let mut c = client.client.clone();
     let mut req = tonic::Request::new(pb::PutRequest {
         hash: hash.as_bytes().to_vec(),
-        data,
+        data: data.into(),
     });
     req.set_timeout(CALL_TIMEOUT);
     match c.put(req).await {
@@ -411,7 +410,7 @@ mod tests {
     fn piece(position: u32, data: &[u8], more: bool) -> pb::TakenBlock {
         pb::TakenBlock {
             position,
-            data: data.to_vec(),
+            data: bytes::Bytes::copy_from_slice(data),
             more,
         }
     }

@@ -82,7 +82,7 @@ struct StreamSink {
 /// its last piece went out.
 struct Outgoing {
     position: u32,
-    data: Vec<u8>,
+    data: bytes::Bytes,
     /// How much of `data` went out.
     sent: usize,
     _place: tokio::sync::OwnedSemaphorePermit,
@@ -93,19 +93,12 @@ impl Outgoing {
         self.sent >= self.data.len()
     }
 
-    /// The next message: at most `piece` bytes, or the whole block (moved, not copied) when it
-    /// fits.
+    /// The next message: at most `piece` bytes of the block, a slice of it (not a copy).
     fn next_piece(&mut self, piece: usize) -> pb::TakenBlock {
         let end = self.data.len().min(self.sent.saturating_add(piece));
         let more = end < self.data.len();
-        let data = if self.sent == 0 && !more {
-            // Leaves `data` empty, so `done`.
-            std::mem::take(&mut self.data)
-        } else {
-            let d = self.data[self.sent..end].to_vec();
-            self.sent = end;
-            d
-        };
+        let data = self.data.slice(self.sent..end);
+        self.sent = end;
         pb::TakenBlock {
             position: self.position,
             data,
@@ -126,7 +119,7 @@ impl BlockSink for StreamSink {
         self.tx
             .blocking_send(Ok(Outgoing {
                 position,
-                data: data.to_vec(),
+                data: bytes::Bytes::copy_from_slice(data),
                 sent: 0,
                 _place: place,
             }))
@@ -393,6 +386,7 @@ mod tests {
     use super::*;
 
     fn outgoing(data: Vec<u8>) -> Outgoing {
+        let data = data.into();
         let places = Arc::new(tokio::sync::Semaphore::new(1));
         Outgoing {
             position: 7,
@@ -420,7 +414,7 @@ mod tests {
 
         let mut o = outgoing(data.clone());
         let whole = o.next_piece(usize::MAX);
-        assert_eq!((whole.data, whole.more), (data, false));
+        assert_eq!((&whole.data[..], whole.more), (&data[..], false));
         assert!(o.done());
     }
 }
