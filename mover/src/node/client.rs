@@ -166,14 +166,13 @@ impl Pieces {
         &mut self,
         piece: pb::TakenBlock,
     ) -> Result<Option<pb::TakenBlock>, &'static str> {
+        let so_far = self.0.as_ref().map_or(0, |(_, block)| block.len());
+        if so_far + piece.data.len() > BLOCK_SIZE {
+            return Err("a returned block is too long");
+        }
         let (position, mut block) = match self.0.take() {
             // A whole block passes as it came.
-            None if !piece.more => {
-                if piece.data.len() > BLOCK_SIZE {
-                    return Err("a returned block is too long");
-                }
-                return Ok(Some(piece));
-            }
+            None if !piece.more => return Ok(Some(piece)),
             None => (piece.position, bytes::BytesMut::with_capacity(BLOCK_SIZE)),
             Some((position, block)) => {
                 if piece.position != position {
@@ -182,9 +181,6 @@ impl Pieces {
                 (position, block)
             }
         };
-        if block.len() + piece.data.len() > BLOCK_SIZE {
-            return Err("a returned block is too long");
-        }
         block.extend_from_slice(&piece.data);
         if piece.more {
             self.0 = Some((position, block));
