@@ -146,6 +146,47 @@ async fn receivers_of_two_transfers_share_the_node_store_through_the_service() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_keeps_full_blocks_and_tails_of_at_least_1_mib_only() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let svc = start_node_service(&ca, 1 << 30).await;
+    let pki = Pki::scoped(&ca, CLUSTER, "tails-1", 1);
+    let mut c = raw_client(&pki, Role::Receiver, &svc).await.unwrap();
+    let put = |data: Vec<u8>| pb::PutRequest {
+        hash: BlockHash::of(&data).as_bytes().to_vec(),
+        data: data.into(),
+    };
+    for (len, seed) in [(1 << 20, 50), (3 << 20, 51)] {
+        let kept = c.put(put(random_bytes(len, seed))).await.unwrap();
+        assert!(kept.get_ref().inserted, "a {len}-byte block");
+    }
+    for (len, seed) in [((1 << 20) - 1, 52), (BLOCK_SIZE + 1, 53), (0, 54)] {
+        let refused = c.put(put(random_bytes(len, seed))).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{len}: {refused:?}"
+        );
+    }
+    // A tail goes out whole against its proof, as a full block does.
+    let tail = random_bytes(3 << 20, 51);
+    let key = PopKey::derive(&Nonce([7; 32]));
+    let req = pb::TakeRequest {
+        pop_key: key.to_bytes().to_vec(),
+        blocks: vec![pb::AnnouncedBlock {
+            hash: BlockHash::of(&tail).as_bytes().to_vec(),
+            proof: key.prove(&tail).0.to_vec(),
+        }],
+        wait_ms: 0,
+        pieces: false,
+    };
+    let mut taken = c.take(req).await.unwrap().into_inner();
+    let b = taken.message().await.unwrap().expect("the tail");
+    assert!(b.data == tail, "the tail as stored");
+    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(stats.blocks, 2, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_name() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
     let svc = start_node_service(&ca, 1 << 30).await;
@@ -489,6 +530,61 @@ async fn a_fan_out_to_four_destinations_sends_each_block_from_the_source_once() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fan_out_a_tail_of_at_least_1_mib_leaves_the_source_once_too() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let mib = 1 << 20;
+    // Blocks a store keeps: a.bin's two full blocks and 2 MiB tail, b.bin's one 3 MiB block,
+    // c.bin's full block; c.bin's 512 KiB tail and the small file travel to each destination.
+    let files = [
+        ("a.bin", 2 * BLOCK_SIZE + 2 * mib),
+        ("d/b.bin", 3 * mib),
+        ("d/c.bin", BLOCK_SIZE + mib / 2),
+    ];
+    for (i, (name, size)) in files.iter().enumerate() {
+        write(&src.path().join(name), &random_bytes(*size, 300 + i as u64));
+    }
+    write(&src.path().join("small.txt"), b"small");
+    let (kept_blocks, kept_bytes) = (5, 2 * BLOCK_SIZE + 2 * mib + 3 * mib + BLOCK_SIZE);
+    let travels = mib / 2 + 5;
+    let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for (i, dst) in dsts.iter().enumerate() {
+        let (pki, addr, recv) =
+            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(60)).await;
+        let (src, o) = (src.path().to_owned(), o.clone());
+        runs.push(tokio::spawn(async move {
+            let sent = send(&pki, &src, addr, &o).await.expect("send");
+            (sent, recv.await.unwrap().expect("receive"))
+        }));
+    }
+    let (mut wire, mut from_stores) = (0, 0);
+    for r in runs {
+        let (sent, received) = r.await.unwrap();
+        wire += sent.wire_bytes;
+        from_stores += received.dedup_blocks;
+    }
+    for dst in &dsts {
+        assert_same_tree(src.path(), dst.path());
+    }
+    assert_eq!(
+        from_stores,
+        2 * kept_blocks,
+        "blocks (tails included) taken from a fellow destination"
+    );
+    let once = (kept_bytes + 3 * travels) as u64;
+    assert!(
+        wire >= once && wire < once + 3 * 256 * 1024,
+        "the source sent {wire} bytes; one copy of the kept blocks and three of the rest is {once}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_never_receives_costs_the_others_no_retry() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
     // Destination 2's node service runs, but its receiver never does: the blocks it owns never
@@ -539,6 +635,58 @@ async fn a_destination_that_never_receives_costs_the_others_no_retry() {
     );
     // The silent peer costs its --swarm-wait (10 s) once, not once per block.
     assert!(took < Duration::from_secs(60), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tails_left_to_a_destination_that_never_receives_come_from_the_source() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // As above, destination 2's receiver never runs; every file is one 2 MiB block (a tail the
+    // store keeps), so about a third of them are left to it and must be sent again.
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let (files, len) = (12, 2 << 20);
+    for i in 0..files {
+        write(
+            &src.path().join(format!("t{i}.bin")),
+            &random_bytes(len, 400 + i),
+        );
+    }
+    let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for (i, dst) in dsts.iter().enumerate() {
+        let (pki, addr, recv) =
+            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(5)).await;
+        let (src, o) = (src.path().to_owned(), o.clone());
+        runs.push(tokio::spawn(async move {
+            let sent = send(&pki, &src, addr, &o).await.expect("send");
+            (sent, recv.await.unwrap().expect("receive"))
+        }));
+    }
+    let (mut wire, mut from_stores) = (0, 0);
+    for r in runs {
+        let (sent, received) = r.await.unwrap();
+        wire += sent.wire_bytes;
+        from_stores += received.dedup_blocks;
+    }
+    for dst in &dsts {
+        assert_same_tree(src.path(), dst.path());
+    }
+    // Each live destination took the other's share from its store; the silent one's share
+    // came from the source to both.
+    let silent = files - from_stores;
+    assert!(
+        silent > 0 && silent < files,
+        "{from_stores} tails from the fellow"
+    );
+    let from_source = (files + silent) * len as u64;
+    assert!(
+        wire >= from_source && wire < from_source + 2 * 256 * 1024,
+        "the source sent {wire} bytes; {from_source} bytes of tails were not in a store"
+    );
 }
 
 /// Not a test: times one 512 MiB file received without a store, through the node service and

@@ -256,7 +256,7 @@ impl Sender {
                             entry,
                             need,
                         } => {
-                            let plan = plan_large(entry.size, &need, false);
+                            let plan = plan_large(entry.size, &need, false, false);
                             for index in plan.send.iter() {
                                 out.push(self.block(file_id, &entry, index));
                             }

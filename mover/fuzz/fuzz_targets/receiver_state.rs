@@ -171,7 +171,7 @@ fuzz_target!(|data: &[u8]| {
                         proofs: vec![vec![2u8; 32]; hashes.len()],
                         hashes,
                     };
-                    st.claim_announce(&a).ok().map(|(c, blocks)| {
+                    st.claim_announce(&a, op % 3 == 0).ok().map(|(c, blocks)| {
                         assert_eq!(c.len, BLOCK);
                         blocks.iter().map(|b| b.index).collect()
                     })

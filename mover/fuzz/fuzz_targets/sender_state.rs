@@ -14,6 +14,7 @@
 
 use std::collections::VecDeque;
 
+use ferry_mover::cas::storable;
 use ferry_mover::session::SMALL_FILE_MAX;
 use ferry_mover::session::sender::state::{Announced, Replies, Wanted, plan_large};
 use ferry_mover::wire::{BLOCK_SIZE, block_count, block_len};
@@ -151,27 +152,31 @@ fuzz_target!(|data: &[u8]| {
                                 need.ranges().all(|(_, end)| end <= count),
                                 "a block past the file"
                             );
-                            let plain = plan_large(entry.size, need, false);
-                            assert_eq!(&plain.send, need);
-                            assert!(plain.announce.is_empty());
-                            assert_eq!(plain.held, need.complement(count));
-                            let dedup = plan_large(entry.size, need, true);
-                            let last = count - 1;
-                            let short_last = block_len(entry.size, last) < BLOCK_SIZE as u64;
-                            assert!(
-                                !(short_last && dedup.announce.contains(last)),
-                                "a short block announced"
-                            );
-                            assert!(
-                                dedup.send.iter().all(|i| i == last && short_last),
-                                "a full block sent past the store"
-                            );
-                            let mut both = dedup.announce.clone();
-                            for i in dedup.send.iter() {
-                                assert!(both.insert(i), "block {i} both sent and announced");
+                            for tails in [false, true] {
+                                let plain = plan_large(entry.size, need, false, tails);
+                                assert_eq!(&plain.send, need);
+                                assert!(plain.announce.is_empty());
+                                assert_eq!(plain.held, need.complement(count));
+                                let dedup = plan_large(entry.size, need, true, tails);
+                                let last = count - 1;
+                                let last_len = block_len(entry.size, last);
+                                let short_last = last_len < BLOCK_SIZE as u64;
+                                let long_tail = tails && storable(last_len as usize);
+                                assert!(
+                                    !(short_last && !long_tail && dedup.announce.contains(last)),
+                                    "a short block announced"
+                                );
+                                assert!(
+                                    dedup.send.iter().all(|i| i == last && short_last && !long_tail),
+                                    "a block the store keeps sent past it"
+                                );
+                                let mut both = dedup.announce.clone();
+                                for i in dedup.send.iter() {
+                                    assert!(both.insert(i), "block {i} both sent and announced");
+                                }
+                                assert_eq!(&both, need, "the plan lost or added a needed block");
+                                assert_eq!(dedup.held, need.complement(count));
                             }
-                            assert_eq!(&both, need, "the plan lost or added a needed block");
-                            assert_eq!(dedup.held, need.complement(count));
                         }
                     }
                 }

@@ -217,9 +217,9 @@ impl DedupReceiver {
     }
 
     /// Adds a block that arrived over the wire and that the caller has verified against `hash`.
-    /// Only full blocks are stored: only they are ever announced.
+    /// Only blocks that can be announced are stored (full ones, long tails).
     pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> Result<()> {
-        if bytes.len() != BLOCK_SIZE {
+        if !super::storable(bytes.len()) {
             return Ok(());
         }
         if self.store.insert(hash, bytes)? == super::InsertOutcome::Inserted {

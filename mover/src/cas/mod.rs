@@ -36,3 +36,12 @@ pub use verify::{StoreStats, VerifyReport};
 /// The largest block the store holds, and the block size of the network protocol: files with at
 /// least one full block of this size take part in dedup.
 pub const BLOCK_SIZE: usize = 4 << 20;
+/// The shortest block the store holds: a file's last block of at least this size is kept and
+/// announced in a fan-out (capability `tails`). Shorter tails travel from the source, which
+/// costs little, and bound the store's entries to its cap over this size.
+pub const MIN_STORED_BLOCK: usize = 1 << 20;
+
+/// Whether a block of `len` bytes may be kept in a store: a full block, or a long tail.
+pub fn storable(len: usize) -> bool {
+    (MIN_STORED_BLOCK..=BLOCK_SIZE).contains(&len)
+}

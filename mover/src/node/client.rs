@@ -357,9 +357,10 @@ impl NodeDedup {
     }
 
     /// Queues a block that arrived over the wire and was verified against `hash` for the store
-    /// (waiting while the queue is full). Only full blocks are kept (only they are announced).
+    /// (waiting while the queue is full). Only blocks that can be announced are kept (full
+    /// ones, long tails).
     pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> crate::cas::Result<()> {
-        if bytes.len() != BLOCK_SIZE {
+        if !crate::cas::storable(bytes.len()) {
             return Ok(());
         }
         let queue = self.puts.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -172,12 +172,14 @@ pub fn parse_take(
     Ok((key, announced, wait))
 }
 
-/// A `Put`'s hash, when the request is well formed (a full block; the content is checked
-/// against the hash when it is kept).
+/// A `Put`'s hash, when the request is well formed (a full block, or a file's last block of at
+/// least 1 MiB; the content is checked against the hash when it is kept).
 pub fn parse_put(req: &pb::PutRequest) -> Result<BlockHash, Status> {
     let hash = BlockHash::from(fixed32(&req.hash, "hash")?);
-    if req.data.len() != BLOCK_SIZE {
-        return Err(Status::invalid_argument("only full 4 MiB blocks are kept"));
+    if !crate::cas::storable(req.data.len()) {
+        return Err(Status::invalid_argument(
+            "only blocks of 1 MiB to 4 MiB are kept (full blocks and long tails)",
+        ));
     }
     Ok(hash)
 }

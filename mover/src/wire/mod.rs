@@ -57,6 +57,10 @@ pub mod caps {
     /// blocks they name, until an empty one. A receiver grants it only in a fan-out, so a
     /// fellow destination that fails costs its siblings no retry.
     pub const REFETCH: u64 = 1 << 12;
+    /// Fan-out: a large file's last block of at least 1 MiB (`cas::MIN_STORED_BLOCK`) is
+    /// announced like a full block, so one destination takes it from the source and the others
+    /// from its node service. A receiver grants it only in a fan-out.
+    pub const TAILS: u64 = 1 << 13;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
     pub const SUPPORTED: u64 =

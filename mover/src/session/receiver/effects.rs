@@ -945,8 +945,11 @@ pub(super) fn handle_block(
             index: h.index,
         });
     }
+    // Stored: every full block, and in a fan-out a long tail (its siblings take it from here).
+    let stored = buf.len() == BLOCK_SIZE || sh.caps & caps::TAILS != 0;
     if let Some(d) = &sh.dedup
         && codec != codec::ZERO
+        && stored
         && let Err(e) = d.insert_received(&BlockHash::from(hash), buf)
     {
         // The store is a cache: failing to add to it never fails the transfer.
@@ -996,8 +999,9 @@ pub(super) fn handle_announce(
     if let Some(msg) = sh.fetches.as_ref().and_then(|f| f.failure()) {
         return Err(ReceiveError::PeerBlocks(msg));
     }
-    let (claimed, announced) = sh.state()?.claim_announce(&a)?;
-    let lf = claimed.file;
+    let tails = sh.caps & caps::TAILS != 0;
+    let (claimed, announced) = sh.state()?.claim_announce(&a, tails)?;
+    let (lf, size) = (claimed.file, claimed.size);
     // Reads, verifies and writes without holding the state's lock.
     let needed = dedup.materialize_announced(key, &lf.staging, &announced)?;
     for (b, _) in announced.iter().zip(&needed).filter(|(_, need)| !**need) {
@@ -1010,6 +1014,12 @@ pub(super) fn handle_announce(
             })?;
     }
     let taken_blocks = needed.iter().filter(|n| !**n).count() as u64;
+    let taken: u64 = announced
+        .iter()
+        .zip(&needed)
+        .filter(|(_, need)| !**need)
+        .map(|(b, _)| block_len(size, b.index))
+        .sum();
     // Of the blocks still needed, those a fellow destination owns come from it.
     let mut from_wire = needed;
     let mut from_peers = Vec::new();
@@ -1027,8 +1037,6 @@ pub(super) fn handle_announce(
     }
     let indexes: Vec<u64> = announced.iter().map(|b| b.index).collect();
     let (answer, _) = answer_needed(sh, a.file_id, &indexes, &from_wire)?;
-    // Only full blocks are announced.
-    let taken = taken_blocks * BLOCK_SIZE as u64;
     sh.progress.add(&sh.progress.bytes_done, taken);
     // Reported live, so the operator can show block-store hits while the transfer runs.
     sh.progress.add(&sh.progress.dedup_blocks, taken_blocks);

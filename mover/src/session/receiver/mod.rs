@@ -231,7 +231,7 @@ where
         supported |= caps::XATTRS;
     }
     if cfg.swarm.is_some() {
-        supported |= caps::REFETCH;
+        supported |= caps::REFETCH | caps::TAILS;
     }
     let fut = accept_hello(
         &mut reader,

@@ -14,9 +14,9 @@ use std::collections::{HashMap, HashSet};
 
 use ferry_proto::wire::v1 as pb;
 
-use crate::cas::BlockHash;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::Proof;
+use crate::cas::{BlockHash, storable};
 use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
@@ -116,8 +116,11 @@ pub enum SenderViolation {
     ListLengths { frame: &'static str },
     #[error("{frame} lists {count} blocks (max {MAX_ANNOUNCE_BLOCKS})")]
     TooManyBlocks { frame: &'static str, count: usize },
-    #[error("{path}: announced block {index} is not a full block of the file")]
-    NotFullBlock { path: String, index: u64 },
+    #[error(
+        "{path}: announced block {index} is not a block a store keeps (a full block, or in a \
+         fan-out a last block of at least 1 MiB)"
+    )]
+    NotAnnounceable { path: String, index: u64 },
     #[error("{path}: announced block {index} has a malformed hash or proof")]
     MalformedAnnounce { path: String, index: u64 },
     #[error("{path}: ResumeCheck names block {index}, which is not held or was checked")]
@@ -541,11 +544,13 @@ impl<S, L: Clone> ReceiverState<S, L> {
         })
     }
 
-    /// A BlockAnnounce: full blocks of a large file in flight, each requested and not claimed,
-    /// with a 32-byte hash and proof each. Claims them all (as Block frames would).
+    /// A BlockAnnounce: full blocks of a large file in flight (and with `tails` its last block
+    /// when the store may keep it), each requested and not claimed, with a 32-byte hash and
+    /// proof each. Claims them all (as Block frames would).
     pub fn claim_announce(
         &mut self,
         a: &pb::BlockAnnounce,
+        tails: bool,
     ) -> Result<(ClaimedBlock<L>, Vec<AnnouncedBlock>), SenderViolation> {
         let frame = "BlockAnnounce";
         let n = a.indexes.len();
@@ -559,8 +564,10 @@ impl<S, L: Clone> ReceiverState<S, L> {
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
             let index = a.indexes[i];
-            if index >= b.count || block_len(size, index) != BLOCK_SIZE as u64 {
-                return Err(SenderViolation::NotFullBlock {
+            let len = block_len(size, index) as usize;
+            let announceable = len == BLOCK_SIZE || (tails && storable(len));
+            if index >= b.count || !announceable {
+                return Err(SenderViolation::NotAnnounceable {
                     path: path.to_string(),
                     index,
                 });

@@ -102,7 +102,8 @@ where
         | caps::RESUME
         | caps::PROGRESS
         | caps::XATTRS
-        | caps::REFETCH;
+        | caps::REFETCH
+        | caps::TAILS;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -191,6 +192,7 @@ where
         pool,
         content_in_scan: checksum,
         resume_check: negotiated & caps::RESUME != 0,
+        tails: negotiated & caps::TAILS != 0,
         busy: negotiated & caps::PROGRESS != 0,
         progress_timeout: cfg.timeouts.progress,
         dry_run: cfg.dry_run,
@@ -709,7 +711,7 @@ async fn handle_want(
             path,
             digest: (!ctx.content_in_scan).then(|| FileDigest::new(&e)),
         };
-        let plan = plan_large(e.size, &need, dedup.is_some());
+        let plan = plan_large(e.size, &need, dedup.is_some(), ctx.tails);
         for index in plan.send.iter() {
             let job = src.job(file_id, index, block_len(e.size, index));
             block_tx.send(job).await.map_err(|_| SendError::Channel)?;
@@ -765,6 +767,7 @@ async fn handle_want(
                     dedup.clone(),
                     chunk.to_vec(),
                 );
+                let size = e.size;
                 let AnnounceChunk {
                     msg,
                     indexes,
@@ -772,7 +775,7 @@ async fn handle_want(
                     hashes,
                 } = ctx
                     .blocking
-                    .run(move || build_announce(&f, &p, &d, file_id, c))
+                    .run(move || build_announce(&f, &p, &d, (file_id, size), c))
                     .await??;
                 if let Some(fd) = &src.digest {
                     for (index, hash) in hashes {
@@ -781,7 +784,7 @@ async fn handle_want(
                 }
                 // All-zero blocks cost nothing on the wire: send them, do not announce them.
                 for index in zeros {
-                    let job = src.job(file_id, index, BLOCK_SIZE as u64);
+                    let job = src.job(file_id, index, block_len(e.size, index));
                     block_tx.send(job).await.map_err(|_| SendError::Channel)?;
                 }
                 if let Some(msg) = msg {

@@ -108,6 +108,8 @@ pub(super) struct Ctx {
     pub(super) content_in_scan: bool,
     /// The receiver resumes only blocks this sender confirms (ResumeCheck).
     pub(super) resume_check: bool,
+    /// A large file's last block of at least 1 MiB is announced too (tails capability).
+    pub(super) tails: bool,
     /// Busy frames instead of keepalives (progress capability).
     pub(super) busy: bool,
     /// How long the receiver may make no progress while this end waits for it.
@@ -146,7 +148,7 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// One chunk of a file's full blocks, read and hashed for announcing.
+/// One chunk of a file's announced blocks (full blocks and a long tail), read and hashed.
 pub(super) struct AnnounceChunk {
     /// None if every block was all zeros.
     pub(super) msg: Option<Message>,
@@ -157,13 +159,13 @@ pub(super) struct AnnounceChunk {
     pub(super) hashes: Vec<(u64, Hash)>,
 }
 
-/// Reads the given full blocks and builds their BlockAnnounce (hash and proof of possession
-/// each).
+/// Reads the given blocks of a file of `size` bytes and builds their BlockAnnounce (hash and
+/// proof of possession each).
 pub(super) fn build_announce(
     f: &std::fs::File,
     path: &Path,
     dedup: &DedupSender,
-    file_id: u64,
+    (file_id, size): (u64, u64),
     indexes: Vec<u64>,
 ) -> Result<AnnounceChunk, SendError> {
     let rerr = |source| SendError::Read {
@@ -172,14 +174,16 @@ pub(super) fn build_announce(
     };
     // Read, hash and prove on every core: None marks an all-zero block.
     let parts = crate::cas::dedup::par_chunks(&indexes, |part| {
-        let mut buf = vec![0u8; BLOCK_SIZE];
+        let mut block = vec![0u8; BLOCK_SIZE];
         let mut out = Vec::with_capacity(part.len());
         for &index in part {
-            if digest::is_hole(f, index * BLOCK_SIZE as u64, BLOCK_SIZE as u64) {
+            let len = block_len(size, index);
+            if digest::is_hole(f, index * BLOCK_SIZE as u64, len) {
                 out.push((index, None));
                 continue;
             }
-            f.read_exact_at(&mut buf, index * BLOCK_SIZE as u64)
+            let buf = &mut block[..len as usize];
+            f.read_exact_at(buf, index * BLOCK_SIZE as u64)
                 .map_err(|e| {
                     if e.kind() == std::io::ErrorKind::UnexpectedEof {
                         SendError::Changed(path.to_owned())
@@ -189,7 +193,7 @@ pub(super) fn build_announce(
                 })?;
             out.push((
                 index,
-                (!crate::tree::data::is_zero(&buf)).then(|| dedup.announce(index, &buf)),
+                (!crate::tree::data::is_zero(buf)).then(|| dedup.announce(index, buf)),
             ));
         }
         Ok::<_, SendError>(out)

@@ -1,8 +1,9 @@
 //! A fan-out's late blocks (refetch capability, docs/protocol.md): after stream 0's Done the
 //! receiver may ask for blocks it had left to a fellow destination that failed. Each is sent
-//! only if it is a full block of a file of this transfer (a path beneath the source root that
-//! the walk would have sent) and the source still hashes to what was announced for it, so a
-//! receiver learns nothing it was not sent already.
+//! only if it is a block that can be announced (a full one, or a tail of at least 1 MiB) of a
+//! file of this transfer (a path beneath the source root that the walk would have sent) and
+//! the source still hashes to what was announced for it, so a receiver learns nothing it was
+//! not sent already.
 
 use std::sync::Arc;
 
@@ -12,11 +13,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use super::effects::{Ctx, Opened, open_beneath, read_block};
 use super::state::ReceiverViolation;
 use super::{SendError, SenderConfig};
+use crate::cas::storable;
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::session::scan;
 use crate::tree::Filter;
 use crate::tree::peer_path::PeerPath;
-use crate::wire::{BLOCK_SIZE, Message};
+use crate::wire::{Message, block_len};
 
 /// Most blocks one Refetch may name (what this receiver asks at once).
 pub(super) const MAX_REFETCH_BLOCKS: usize = 1024;
@@ -120,15 +122,12 @@ where
             index,
         };
         for (index, hash) in asked.blocks {
-            // Only full blocks are announced, so only full blocks are owed.
-            let full = index
-                .checked_add(1)
-                .and_then(|n| n.checked_mul(BLOCK_SIZE as u64))
-                .is_some_and(|end| end <= size);
-            if !full {
+            // Only storable blocks (full ones, long tails) are announced, so only they are owed.
+            let len = block_len(size, index);
+            if !storable(len as usize) {
                 return Err(mismatch(index));
             }
-            let (c, job) = (ctx.clone(), src.job(r.file_id, index, BLOCK_SIZE as u64));
+            let (c, job) = (ctx.clone(), src.job(r.file_id, index, len));
             let msg = ctx.blocking.run(move || read_block(&c, job)).await??;
             // What the receiver was promised: the source as announced, or nothing.
             let Message::Block { header, .. } = &msg else {
@@ -138,11 +137,10 @@ where
                 return Err(mismatch(index));
             }
             if let Some(l) = &ctx.limiter {
-                l.take(BLOCK_SIZE).await;
+                l.take(len as usize).await;
             }
             writer.send(&msg).await?;
-            ctx.progress
-                .add(&ctx.progress.bytes_done, BLOCK_SIZE as u64);
+            ctx.progress.add(&ctx.progress.bytes_done, len);
         }
         writer.flush().await?;
     }

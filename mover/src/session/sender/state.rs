@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 
 use ferry_proto::wire::v1 as pb;
 
+use crate::cas::storable;
 use crate::session::SMALL_FILE_MAX;
 use crate::wire::{BLOCK_SIZE, Bitmap, BlockSet, BlockSetError, FrameType, block_count, block_len};
 
@@ -218,7 +219,8 @@ impl<A> Replies<A> {
 pub struct LargePlan {
     /// Read and sent as Block frames.
     pub send: BlockSet,
-    /// Full blocks announced to the receiver's block store first (hash and proof each).
+    /// Blocks announced to the receiver's block store first (hash and proof each): full blocks,
+    /// and with `tails` a last block the store may keep.
     pub announce: BlockSet,
     /// Blocks the receiver holds from an earlier run: confirmed by a ResumeCheck when it
     /// resumes, otherwise only read for the digest.
@@ -226,14 +228,17 @@ pub struct LargePlan {
 }
 
 /// Splits a large file's blocks: what the receiver needs goes over the wire, or, with its block
-/// store (`dedup`), every full block is announced first; the rest it holds.
-pub fn plan_large(size: u64, need: &BlockSet, dedup: bool) -> LargePlan {
+/// store (`dedup`), every full block is announced first, and with `tails` a last block of at
+/// least [`MIN_STORED_BLOCK`](crate::cas::MIN_STORED_BLOCK) as well; the rest it holds.
+pub fn plan_large(size: u64, need: &BlockSet, dedup: bool, tails: bool) -> LargePlan {
     let count = block_count(size);
     let (send, announce) = if dedup {
-        // Only full blocks are in a store; a short last block always travels.
+        // Only storable blocks are announced; another last block always travels.
         let (mut announce, mut send) = (need.clone(), BlockSet::new());
         let last = count.saturating_sub(1);
-        if block_len(size, last) < BLOCK_SIZE as u64 && announce.remove(last) {
+        let len = block_len(size, last);
+        let announced = len == BLOCK_SIZE as u64 || (tails && storable(len as usize));
+        if !announced && announce.remove(last) {
             send.insert(last);
         }
         (send, announce)

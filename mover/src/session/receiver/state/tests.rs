@@ -309,27 +309,27 @@ fn announced_blocks_are_full_requested_and_well_formed() {
     let (mut st, id) = with_large(3);
     // The 1-byte tail is not a full block: it cannot come from the store.
     assert!(matches!(
-        st.claim_announce(&announce(id, &[3])).unwrap_err(),
-        SenderViolation::NotFullBlock { index: 3, .. }
+        st.claim_announce(&announce(id, &[3]), false).unwrap_err(),
+        SenderViolation::NotAnnounceable { index: 3, .. }
     ));
     let mut short = announce(id, &[0]);
     short.proofs[0].pop();
     assert!(matches!(
-        st.claim_announce(&short).unwrap_err(),
+        st.claim_announce(&short, false).unwrap_err(),
         SenderViolation::MalformedAnnounce { index: 0, .. }
     ));
     let mut uneven = announce(id, &[0, 1]);
     uneven.hashes.pop();
     assert!(matches!(
-        st.claim_announce(&uneven).unwrap_err(),
+        st.claim_announce(&uneven, false).unwrap_err(),
         SenderViolation::ListLengths { .. }
     ));
-    let (claimed, blocks) = st.claim_announce(&announce(id, &[0, 1])).unwrap();
+    let (claimed, blocks) = st.claim_announce(&announce(id, &[0, 1]), false).unwrap();
     assert_eq!((claimed.file, claimed.len), ("big", BLOCK));
     assert_eq!(blocks.iter().map(|b| b.index).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(blocks[0].proof.0, [2; 32]);
     // Announced blocks are claimed: not again, and not as Block frames.
-    assert!(st.claim_announce(&announce(id, &[1])).is_err());
+    assert!(st.claim_announce(&announce(id, &[1]), false).is_err());
     assert!(st.claim_block(&block(id, 0, BLOCK)).is_err());
     // The store lacked block 1: requested again, it may come as a Block.
     st.need_again(id, [1]).unwrap();
@@ -337,11 +337,38 @@ fn announced_blocks_are_full_requested_and_well_formed() {
 }
 
 #[test]
+fn in_a_fan_out_a_tail_of_at_least_1_mib_may_be_announced() {
+    let mib = 1 << 20;
+    let mut st = St::default();
+    let (long, _) = st
+        .want_large(p("long"), 2 * BLOCK + mib, BlockSet::new(), "long")
+        .unwrap();
+    let (short, _) = st
+        .want_large(p("short"), 2 * BLOCK + mib - 1, BlockSet::new(), "short")
+        .unwrap();
+    // Without the capability a tail is never announced.
+    assert!(matches!(
+        st.claim_announce(&announce(long, &[2]), false).unwrap_err(),
+        SenderViolation::NotAnnounceable { index: 2, .. }
+    ));
+    // With it, a tail under 1 MiB still is not (it travels), and a long one is.
+    assert!(matches!(
+        st.claim_announce(&announce(short, &[2]), true).unwrap_err(),
+        SenderViolation::NotAnnounceable { index: 2, .. }
+    ));
+    let (claimed, blocks) = st.claim_announce(&announce(long, &[1, 2]), true).unwrap();
+    assert_eq!(claimed.file, "long");
+    assert_eq!(blocks.iter().map(|b| b.index).collect::<Vec<_>>(), [1, 2]);
+    // Past the end is refused whatever the capability.
+    assert!(st.claim_announce(&announce(long, &[3]), true).is_err());
+}
+
+#[test]
 fn an_announce_lists_a_bounded_number_of_blocks() {
     let (mut st, id) = with_large(1);
     let many: Vec<u64> = (0..MAX_ANNOUNCE_BLOCKS as u64 + 1).collect();
     assert!(matches!(
-        st.claim_announce(&announce(id, &many)).unwrap_err(),
+        st.claim_announce(&announce(id, &many), false).unwrap_err(),
         SenderViolation::TooManyBlocks { .. }
     ));
 }

@@ -232,7 +232,7 @@ fn blocks_not_needed_count_as_taken() {
 
 #[test]
 fn without_a_block_store_needed_blocks_go_over_the_wire() {
-    let p = plan_large(4 * BLOCK, &set(&[1, 2]), false);
+    let p = plan_large(4 * BLOCK, &set(&[1, 2]), false, false);
     assert_eq!(p.send, set(&[1, 2]));
     assert!(p.announce.is_empty());
     assert_eq!(p.held, set(&[0, 3]));
@@ -240,19 +240,36 @@ fn without_a_block_store_needed_blocks_go_over_the_wire() {
 
 #[test]
 fn with_a_block_store_full_blocks_are_announced_and_a_short_tail_travels() {
-    let p = plan_large(3 * BLOCK + 1, &set(&[0, 1, 3]), true);
+    let p = plan_large(3 * BLOCK + 1, &set(&[0, 1, 3]), true, false);
     assert_eq!(p.announce, set(&[0, 1]));
     assert_eq!(p.send, set(&[3]));
     assert_eq!(p.held, set(&[2]));
     // A file of full blocks announces every needed one.
-    let p = plan_large(2 * BLOCK, &set(&[0, 1]), true);
+    let p = plan_large(2 * BLOCK, &set(&[0, 1]), true, false);
     assert_eq!((p.announce, p.send), (set(&[0, 1]), BlockSet::new()));
     // A tail the receiver holds is not sent.
-    let p = plan_large(BLOCK + 1, &set(&[0]), true);
+    let p = plan_large(BLOCK + 1, &set(&[0]), true, false);
     assert_eq!(
         (p.announce, p.send, p.held),
         (set(&[0]), BlockSet::new(), set(&[1]))
     );
+}
+
+#[test]
+fn in_a_fan_out_a_tail_of_at_least_1_mib_is_announced_and_a_shorter_one_travels() {
+    let mib = 1 << 20;
+    // A long tail is announced like a full block.
+    let p = plan_large(2 * BLOCK + mib, &set(&[0, 1, 2]), true, true);
+    assert_eq!((p.announce, p.send), (set(&[0, 1, 2]), BlockSet::new()));
+    // A file of one short block (over the small-file limit) is announced whole.
+    let p = plan_large(3 * mib, &set(&[0]), true, true);
+    assert_eq!((p.announce, p.send), (set(&[0]), BlockSet::new()));
+    // A tail one byte short of 1 MiB still travels.
+    let p = plan_large(BLOCK + mib - 1, &set(&[0, 1]), true, true);
+    assert_eq!((p.announce, p.send), (set(&[0]), set(&[1])));
+    // Without a store nothing is announced, tails or not.
+    let p = plan_large(BLOCK + mib, &set(&[0, 1]), false, true);
+    assert_eq!((p.announce, p.send), (BlockSet::new(), set(&[0, 1])));
 }
 
 #[test]
