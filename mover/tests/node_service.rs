@@ -470,6 +470,41 @@ async fn fan_out_receiver(
     (pki, addr, recv)
 }
 
+/// Runs a sender and a receiver for each of `dsts` (destinations `0..dsts.len()` of `f`), all at
+/// once as a fan-out's pods do, and checks every destination against `src`. Returns the bytes
+/// the source sent in all and the blocks the destinations took from stores.
+async fn run_fan_out(
+    ca: &net::Ca,
+    f: &FanOut,
+    src: &Path,
+    dsts: &[tempfile::TempDir],
+    wait: Duration,
+) -> (u64, u64) {
+    let o = SendOpts {
+        compress: Compress::None,
+        ..Default::default()
+    };
+    let mut runs = Vec::new();
+    for (i, dst) in dsts.iter().enumerate() {
+        let (pki, addr, recv) = fan_out_receiver(ca, f, i, dst.path(), wait).await;
+        let (src, o) = (src.to_owned(), o.clone());
+        runs.push(tokio::spawn(async move {
+            let sent = send(&pki, &src, addr, &o).await.expect("send");
+            (sent, recv.await.unwrap().expect("receive"))
+        }));
+    }
+    let (mut wire, mut from_stores) = (0, 0);
+    for r in runs {
+        let (sent, received) = r.await.unwrap();
+        wire += sent.wire_bytes;
+        from_stores += received.dedup_blocks;
+    }
+    for dst in dsts {
+        assert_same_tree(src, dst.path());
+    }
+    (wire, from_stores)
+}
+
 fn fan_out_dataset(root: &Path) -> u64 {
     // 18 full blocks over three files (each with a tail), and a small file.
     for (i, name) in ["a.bin", "d/b.bin", "d/e/c.bin"].iter().enumerate() {
@@ -489,31 +524,8 @@ async fn a_fan_out_to_four_destinations_sends_each_block_from_the_source_once() 
     let src = tempfile::tempdir().unwrap();
     let blocks = fan_out_dataset(src.path());
     let dsts: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
-    let o = SendOpts {
-        compress: Compress::None,
-        ..Default::default()
-    };
-    let mut runs = Vec::new();
-    for (i, dst) in dsts.iter().enumerate() {
-        let (pki, addr, recv) =
-            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(60)).await;
-        let (src, o) = (src.path().to_owned(), o.clone());
-        // Every pair runs at once, as a fan-out's pods do.
-        runs.push(tokio::spawn(async move {
-            let sent = send(&pki, &src, addr, &o).await.expect("send");
-            (sent, recv.await.unwrap().expect("receive"))
-        }));
-    }
-    let mut wire = 0;
-    let mut from_stores = 0;
-    for r in runs {
-        let (sent, received) = r.await.unwrap();
-        wire += sent.wire_bytes;
-        from_stores += received.dedup_blocks;
-    }
-    for dst in &dsts {
-        assert_same_tree(src.path(), dst.path());
-    }
+    let (wire, from_stores) =
+        run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(60)).await;
     // Each full block crossed from the source once, to its owner; the three other destinations
     // took it from the owner's store.
     assert_eq!(
@@ -549,29 +561,8 @@ async fn in_a_fan_out_a_tail_of_at_least_1_mib_leaves_the_source_once_too() {
     let (kept_blocks, kept_bytes) = (5, 2 * BLOCK_SIZE + 2 * mib + 3 * mib + BLOCK_SIZE);
     let travels = mib / 2 + 5;
     let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let o = SendOpts {
-        compress: Compress::None,
-        ..Default::default()
-    };
-    let mut runs = Vec::new();
-    for (i, dst) in dsts.iter().enumerate() {
-        let (pki, addr, recv) =
-            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(60)).await;
-        let (src, o) = (src.path().to_owned(), o.clone());
-        runs.push(tokio::spawn(async move {
-            let sent = send(&pki, &src, addr, &o).await.expect("send");
-            (sent, recv.await.unwrap().expect("receive"))
-        }));
-    }
-    let (mut wire, mut from_stores) = (0, 0);
-    for r in runs {
-        let (sent, received) = r.await.unwrap();
-        wire += sent.wire_bytes;
-        from_stores += received.dedup_blocks;
-    }
-    for dst in &dsts {
-        assert_same_tree(src.path(), dst.path());
-    }
+    let (wire, from_stores) =
+        run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(60)).await;
     assert_eq!(
         from_stores,
         2 * kept_blocks,
@@ -593,34 +584,13 @@ async fn a_destination_that_never_receives_costs_the_others_no_retry() {
     let src = tempfile::tempdir().unwrap();
     let blocks = fan_out_dataset(src.path());
     let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let o = SendOpts {
-        compress: Compress::None,
-        ..Default::default()
-    };
     let started = std::time::Instant::now();
-    let mut runs = Vec::new();
-    for (i, dst) in dsts.iter().enumerate() {
-        let (pki, addr, recv) =
-            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(10)).await;
-        let (src, o) = (src.path().to_owned(), o.clone());
-        runs.push(tokio::spawn(async move {
-            // One session each: the blocks left to destination 2 come from the sender at the
-            // end (Refetch), so no retry is needed.
-            let sent = send(&pki, &src, addr, &o).await.expect("send");
-            (sent, recv.await.unwrap().expect("receive"))
-        }));
-    }
-    let (mut wire, mut from_stores) = (0, 0);
-    for r in runs {
-        let (sent, received) = r.await.unwrap();
-        wire += sent.wire_bytes;
-        from_stores += received.dedup_blocks;
-    }
+    // One session each (`run_fan_out` fails otherwise): the blocks left to destination 2 come
+    // from the sender at the end (Refetch), so no retry is needed.
+    let (wire, from_stores) =
+        run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(10)).await;
     let took = started.elapsed();
     eprintln!("{from_stores} blocks from the fellow, {wire} bytes from the source, {took:?}");
-    for dst in &dsts {
-        assert_same_tree(src.path(), dst.path());
-    }
     // Every full block each destination holds came from its fellow's store or from the
     // source; destination 2's share (a third) came from the source to both.
     assert!(
@@ -652,29 +622,7 @@ async fn tails_left_to_a_destination_that_never_receives_come_from_the_source() 
         );
     }
     let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let o = SendOpts {
-        compress: Compress::None,
-        ..Default::default()
-    };
-    let mut runs = Vec::new();
-    for (i, dst) in dsts.iter().enumerate() {
-        let (pki, addr, recv) =
-            fan_out_receiver(&ca, &f, i, dst.path(), Duration::from_secs(5)).await;
-        let (src, o) = (src.path().to_owned(), o.clone());
-        runs.push(tokio::spawn(async move {
-            let sent = send(&pki, &src, addr, &o).await.expect("send");
-            (sent, recv.await.unwrap().expect("receive"))
-        }));
-    }
-    let (mut wire, mut from_stores) = (0, 0);
-    for r in runs {
-        let (sent, received) = r.await.unwrap();
-        wire += sent.wire_bytes;
-        from_stores += received.dedup_blocks;
-    }
-    for dst in &dsts {
-        assert_same_tree(src.path(), dst.path());
-    }
+    let (wire, from_stores) = run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(5)).await;
     // Each live destination took the other's share from its store; the silent one's share
     // came from the source to both.
     let silent = files - from_stores;
