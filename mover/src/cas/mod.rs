@@ -45,3 +45,9 @@ pub const MIN_STORED_BLOCK: usize = 1 << 20;
 pub fn storable(len: usize) -> bool {
     (MIN_STORED_BLOCK..=BLOCK_SIZE).contains(&len)
 }
+
+/// Whether a block of `len` bytes is announced (the sender) and may be (the receiver): a full
+/// block always, a long tail only with the `tails` capability.
+pub fn announceable(len: u64, tails: bool) -> bool {
+    len == BLOCK_SIZE as u64 || (tails && storable(len as usize))
+}

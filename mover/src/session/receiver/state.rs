@@ -16,7 +16,7 @@ use ferry_proto::wire::v1 as pb;
 
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::Proof;
-use crate::cas::{BlockHash, storable};
+use crate::cas::{BlockHash, announceable};
 use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
@@ -564,9 +564,7 @@ impl<S, L: Clone> ReceiverState<S, L> {
         let mut announced = Vec::with_capacity(n);
         for i in 0..n {
             let index = a.indexes[i];
-            let len = block_len(size, index) as usize;
-            let announceable = len == BLOCK_SIZE || (tails && storable(len));
-            if index >= b.count || !announceable {
+            if index >= b.count || !announceable(block_len(size, index), tails) {
                 return Err(SenderViolation::NotAnnounceable {
                     path: path.to_string(),
                     index,

@@ -8,9 +8,9 @@ use std::collections::VecDeque;
 
 use ferry_proto::wire::v1 as pb;
 
-use crate::cas::storable;
+use crate::cas::announceable;
 use crate::session::SMALL_FILE_MAX;
-use crate::wire::{BLOCK_SIZE, Bitmap, BlockSet, BlockSetError, FrameType, block_count, block_len};
+use crate::wire::{Bitmap, BlockSet, BlockSetError, FrameType, block_count, block_len};
 
 /// How the receiver broke the protocol, as this sender saw it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,9 +236,7 @@ pub fn plan_large(size: u64, need: &BlockSet, dedup: bool, tails: bool) -> Large
         // Only storable blocks are announced; another last block always travels.
         let (mut announce, mut send) = (need.clone(), BlockSet::new());
         let last = count.saturating_sub(1);
-        let len = block_len(size, last);
-        let announced = len == BLOCK_SIZE as u64 || (tails && storable(len as usize));
-        if !announced && announce.remove(last) {
+        if !announceable(block_len(size, last), tails) && announce.remove(last) {
             send.insert(last);
         }
         (send, announce)

@@ -1,6 +1,7 @@
 //! One test per rule of the sender's state, in memory.
 
 use super::*;
+use crate::wire::BLOCK_SIZE;
 
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
