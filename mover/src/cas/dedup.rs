@@ -259,10 +259,11 @@ impl BlockDedup {
         }
     }
 
-    /// See [`DedupReceiver::insert_received`].
-    pub fn insert_received(&self, hash: &BlockHash, bytes: &[u8]) -> Result<()> {
+    /// See [`DedupReceiver::insert_received`]; a node service's queue keeps `bytes` (a handle,
+    /// not a copy) until the block is put.
+    pub fn insert_received(&self, hash: &BlockHash, bytes: bytes::Bytes) -> Result<()> {
         match self {
-            Self::Local(d) => d.insert_received(hash, bytes),
+            Self::Local(d) => d.insert_received(hash, &bytes),
             Self::Node(d) => d.insert_received(hash, bytes),
         }
     }

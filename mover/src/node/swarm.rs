@@ -137,7 +137,7 @@ impl SwarmPeers {
 /// Where a fetched block goes: written at its offset and recorded (a large file's staging).
 pub trait FetchSink: Send + Sync + 'static {
     /// `block` was verified against `announced.hash`.
-    fn deliver(&self, announced: &AnnouncedBlock, block: &[u8]) -> Result<(), String>;
+    fn deliver(&self, announced: &AnnouncedBlock, block: bytes::Bytes) -> Result<(), String>;
     /// The session's id of the file the blocks belong to.
     fn file_id(&self) -> u64;
     /// Its path in the tree, as the sender offered it.
@@ -438,10 +438,11 @@ impl Fetches {
                 let (pos, a) = super::client::checked_block(part, &b)
                     .map_err(|e| FetchError::Peer(e.to_owned()))?;
                 if !delivered[base + pos] {
-                    sink.deliver(a, &b.data).map_err(FetchError::Local)?;
+                    let len = b.data.len() as u64;
+                    sink.deliver(a, b.data).map_err(FetchError::Local)?;
                     delivered[base + pos] = true;
                     self.blocks.fetch_add(1, Ordering::Relaxed);
-                    self.bytes.fetch_add(b.data.len() as u64, Ordering::Relaxed);
+                    self.bytes.fetch_add(len, Ordering::Relaxed);
                 }
             }
         }

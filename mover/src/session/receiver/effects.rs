@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use ferry_proto::wire::v1 as pb;
 
 use super::state::{self, ClaimedSmall, ReceiverState, SenderViolation};
@@ -909,22 +910,21 @@ fn write_small(
 pub(super) fn handle_block(
     sh: &Session,
     h: &pb::BlockHeader,
-    data: &[u8],
+    data: &Bytes,
 ) -> Result<(), ReceiveError> {
     let claimed = sh.state()?.claim_block(h)?;
     let (lf, expected) = (claimed.file, claimed.len);
     let codec = h.codec;
-    let mut decoded = Vec::new();
     // A full zero block (a hole of a sparse file) hashes to a constant: no 4 MiB of zeros is
     // decoded and hashed for it.
     let full_zero = codec == codec::ZERO && data.is_empty() && expected == BLOCK_SIZE as u64;
-    // Raw blocks are hashed and written straight from the frame: no copy.
-    let buf: &[u8] = if codec == codec::RAW && data.len() as u64 == expected {
-        data
+    // Raw blocks are hashed, stored and written straight from the frame: no copy.
+    let buf: Bytes = if codec == codec::RAW && data.len() as u64 == expected {
+        data.clone()
     } else if full_zero {
-        &[]
+        Bytes::new()
     } else {
-        decoded.reserve_exact(expected as usize);
+        let mut decoded = Vec::with_capacity(expected as usize);
         compress::decode(codec, data, expected as usize, sh.caps, &mut decoded).map_err(
             |source| ReceiveError::Codec {
                 path: claimed.path.to_string(),
@@ -932,12 +932,12 @@ pub(super) fn handle_block(
                 source,
             },
         )?;
-        &decoded
+        decoded.into()
     };
     let hash = if full_zero {
         blake3::Hash::from_bytes(crate::wire::zero_block_hash())
     } else {
-        blake3::hash(buf)
+        blake3::hash(&buf)
     };
     if hash.as_bytes().as_slice() != h.hash.as_slice() {
         return Err(ReceiveError::HashMismatch {
@@ -950,7 +950,7 @@ pub(super) fn handle_block(
     if let Some(d) = &sh.dedup
         && codec != codec::ZERO
         && stored
-        && let Err(e) = d.insert_received(&BlockHash::from(hash), buf)
+        && let Err(e) = d.insert_received(&BlockHash::from(hash), buf.clone())
     {
         // The store is a cache: failing to add to it never fails the transfer.
         tracing::warn!(error = %e, "could not add a received block to the block store");
@@ -966,7 +966,7 @@ pub(super) fn handle_block(
     if codec == codec::ZERO {
         lf.staging.write_zeros(off, expected).map_err(werr)?;
     } else {
-        lf.staging.write_block(off, buf).map_err(werr)?;
+        lf.staging.write_block(off, &buf).map_err(werr)?;
     }
     lf.staging.record(h.index, hash.as_bytes()).map_err(werr)?;
     sh.progress.add(&sh.progress.bytes_done, expected);
@@ -1065,21 +1065,21 @@ struct PeerBlockSink {
 }
 
 impl crate::node::swarm::FetchSink for PeerBlockSink {
-    fn deliver(&self, b: &AnnouncedBlock, block: &[u8]) -> Result<(), String> {
+    fn deliver(&self, b: &AnnouncedBlock, block: Bytes) -> Result<(), String> {
         let (sh, lf) = (&self.sh, &self.file);
         let fail = |e: &dyn std::error::Error| {
             format!("{}: {}", lf.meta.path, crate::session::anyhow_chain(e))
         };
         lf.staging
-            .write_block(b.index * BLOCK_SIZE as u64, block)
+            .write_block(b.index * BLOCK_SIZE as u64, &block)
             .and_then(|()| lf.staging.record(b.index, b.hash.as_bytes()))
             .map_err(|e| fail(&e))?;
+        let len = block.len() as u64;
         if let Some(d) = &sh.dedup
             && let Err(e) = d.insert_received(&b.hash, block)
         {
             tracing::warn!(error = %e, "could not add a fan-out block to the block store");
         }
-        let len = block.len() as u64;
         sh.progress.add(&sh.progress.bytes_done, len);
         sh.progress.add(&sh.progress.dedup_blocks, 1);
         sh.progress.add(&sh.progress.dedup_bytes, len);
