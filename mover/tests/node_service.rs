@@ -608,6 +608,36 @@ async fn a_destination_that_never_receives_costs_the_others_no_retry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_listed_empty_owns_nothing_and_is_not_waited_for() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // Three destinations; the third is listed empty (the operator's word for a sibling that
+    // waits in its queue): the two that run ask the source for its share from the start.
+    let mut f = fan_out(&ca, 2).await;
+    f.addrs.push(String::new());
+    let src = tempfile::tempdir().unwrap();
+    let blocks = fan_out_dataset(src.path());
+    let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let wait = Duration::from_secs(90);
+    let started = std::time::Instant::now();
+    let (wire, from_stores) = run_fan_out(&ca, &f, src.path(), &dsts, wait).await;
+    let took = started.elapsed();
+    eprintln!("{from_stores} blocks from the fellow, {wire} bytes from the source, {took:?}");
+    // Its share was never waited for: a wait would take --swarm-wait (90 s) before the blocks
+    // came from the source at the end.
+    assert!(took < wait / 3, "{took:?}");
+    assert!(
+        from_stores > 0 && from_stores <= 2 * blocks / 3,
+        "{from_stores} blocks taken from the live fellow"
+    );
+    let from_source = (2 * blocks - from_stores) * BLOCK_SIZE as u64;
+    let extra = 2 * (3 * 777 + 5 + 256 * 1024);
+    assert!(
+        wire >= from_source && wire < from_source + extra,
+        "the source sent {wire} bytes; {from_source} bytes of full blocks were not in a store"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tails_left_to_a_destination_that_never_receives_come_from_the_source() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
     // As above, destination 2's receiver never runs; every file is one 2 MiB block (a tail the

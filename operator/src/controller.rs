@@ -722,12 +722,26 @@ fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
     if limits == limits::Limits::default() {
         return Ok(());
     }
-    // A retry (its last attempt failed or stalled) lets Transfers queued for their first start
-    // go first, so a stuck Transfer cannot take its slot back before them again and again.
-    let waiting_of = |o: &Transfer| limits::Waiting::of(o, transfer_nodes(o));
-    let mut active = Vec::new();
-    let mut waiting = vec![waiting_of(t)];
-    for o in ctx.store.state() {
+    let (active, mut waiting) = slots_besides(t, &ctx.store.state());
+    waiting.insert(0, waiting_of(t));
+    limits::admission(limits, &waiting[0], &transfer_nodes(t), &active, &waiting)
+}
+
+/// `t` as the limits' queue sees it. A retry (its last attempt failed or stalled) lets
+/// Transfers queued for their first start go first, so a stuck Transfer cannot take its slot
+/// back before them again and again.
+fn waiting_of(t: &Transfer) -> limits::Waiting {
+    limits::Waiting::of(t, transfer_nodes(t))
+}
+
+/// Every Transfer but `t` that holds a slot, and every one that waits for one (queued, or not
+/// looked at yet).
+fn slots_besides(
+    t: &Transfer,
+    all: &[Arc<Transfer>],
+) -> (Vec<limits::Active>, Vec<limits::Waiting>) {
+    let (mut active, mut waiting) = (Vec::new(), Vec::new());
+    for o in all {
         // A fan-out runs no movers itself; its children are counted.
         if o.uid() == t.uid() || o.metadata.deletion_timestamp.is_some() || o.is_fan_out() {
             continue;
@@ -735,15 +749,54 @@ fn admission(t: &Transfer, ctx: &Context) -> Result<(), limits::Queued> {
         match &o.status {
             Some(s) if limits::holds_a_slot(s) => active.push(limits::Active {
                 namespace: o.namespace().unwrap_or_default(),
-                nodes: transfer_nodes(&o),
+                nodes: transfer_nodes(o),
             }),
-            // Queued, or not looked at yet.
-            Some(s) if limits::queued(s) => waiting.push(waiting_of(&o)),
-            None => waiting.push(waiting_of(&o)),
+            Some(s) if limits::queued(s) => waiting.push(waiting_of(o)),
+            None => waiting.push(waiting_of(o)),
             Some(_) => {}
         }
     }
-    limits::admission(limits, &waiting[0], &transfer_nodes(t), &active, &waiting)
+    (active, waiting)
+}
+
+/// The destination nodes of a fan-out child's siblings that will not receive while it does:
+/// failed or suspended ones, and, under concurrency limits, those that stay queued once `t`
+/// holds its slot. Their receivers' shares are asked of the source from the start, instead of
+/// being waited for (`--swarm-wait`) and then asked for anyway. A sibling that already
+/// succeeded holds its share, and one that runs or starts now will.
+fn idle_siblings(t: &Transfer, all: &[Arc<Transfer>], limits: limits::Limits) -> BTreeSet<String> {
+    let Some(parent) = t.labels().get(names::LABEL_FAN_OUT_OF) else {
+        return BTreeSet::new();
+    };
+    let admitted = (limits != limits::Limits::default()).then(|| {
+        let (mut active, waiting) = slots_besides(t, all);
+        active.push(limits::Active {
+            namespace: t.namespace().unwrap_or_default(),
+            nodes: transfer_nodes(t),
+        });
+        limits::admitted(limits, &active, &waiting)
+    });
+    let siblings = all.iter().filter(|o| {
+        o.uid() != t.uid()
+            && o.namespace() == t.namespace()
+            && o.labels().get(names::LABEL_FAN_OUT_OF) == Some(parent)
+    });
+    siblings
+        .filter(|o| {
+            let queued = admitted.as_ref().is_some_and(|a| {
+                o.status.as_ref().is_none_or(|s| !limits::holds_a_slot(s))
+                    && !a.contains(&o.uid().unwrap_or_default())
+            });
+            crate::fan_out::sibling_idle(o.status.as_ref(), queued)
+        })
+        .filter_map(|o| {
+            o.spec
+                .destination
+                .host_path
+                .as_ref()
+                .map(|hp| hp.node.clone())
+        })
+        .collect()
 }
 
 fn side_facts(t: &Transfer, side: Side, caches: &Caches, ns: &str) -> SideFacts {
@@ -931,7 +984,9 @@ async fn apply(
                 // retry asks the source for all it lacks (a sibling may be what failed).
                 let swarm = match (&dst.node, &ctx.config.block_service) {
                     (Some(node), Some(service)) if use_block_store && plan.status.failures == 0 => {
-                        crate::fan_out::swarm_of(t, node, &ctx.caches, service)
+                        let limits = limits_of(&ctx.config);
+                        let idle = idle_siblings(t, &ctx.store.state(), limits);
+                        crate::fan_out::swarm_of(t, node, &ctx.caches, service, &idle)
                     }
                     _ => None,
                 };
@@ -1130,8 +1185,88 @@ pub(crate) async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Error, retry_after};
+    use super::{Error, idle_siblings, limits, retry_after};
+    use crate::api::{Phase, Transfer, TransferStatus};
+    use crate::names::LABEL_FAN_OUT_OF;
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
     use std::time::Duration;
+
+    /// Child `i` of fan-out "imagenet" from node "src" to node `d{i}`, created at second `i`.
+    fn child(i: i64, phase: Option<Phase>) -> Arc<Transfer> {
+        let mut t = crate::plan::tests::transfer();
+        t.metadata.name = Some(format!("imagenet-d{i}"));
+        t.metadata.uid = Some(format!("uid-{i}"));
+        t.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + i).unwrap(),
+        ));
+        t.metadata.labels = Some(BTreeMap::from([(
+            LABEL_FAN_OUT_OF.to_owned(),
+            "imagenet".to_owned(),
+        )]));
+        let (src, dst) = (
+            t.spec.source.host_path.as_mut().unwrap(),
+            t.spec.destination.host_path.as_mut().unwrap(),
+        );
+        src.node = "src".into();
+        dst.node = format!("d{i}");
+        t.status = phase.map(|phase| TransferStatus {
+            phase,
+            ..TransferStatus::default()
+        });
+        Arc::new(t)
+    }
+
+    fn set(nodes: &[&str]) -> BTreeSet<String> {
+        nodes.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn siblings_the_limits_keep_queued_beside_a_starting_child_are_idle() {
+        // d1 starts; the others have not been looked at yet (no status), as when a fan-out's
+        // children are all created at once.
+        let all: Vec<_> = (1..=5).map(|i| child(i, None)).collect();
+        let per_node = |n| limits::Limits {
+            per_node: n,
+            ..limits::Limits::default()
+        };
+        // Every child's sender runs on "src": with one slot per node, none starts beside d1.
+        assert_eq!(
+            idle_siblings(&all[0], &all, per_node(1)),
+            set(&["d2", "d3", "d4", "d5"])
+        );
+        // With three, the next two in line start beside it; the last two wait.
+        assert_eq!(
+            idle_siblings(&all[0], &all, per_node(3)),
+            set(&["d4", "d5"])
+        );
+        // Without limits every sibling receives (or starts to).
+        assert!(idle_siblings(&all[0], &all, limits::Limits::default()).is_empty());
+    }
+
+    #[test]
+    fn a_succeeded_sibling_holds_its_share_and_a_failed_one_never_will() {
+        let all = vec![
+            child(1, Some(Phase::Succeeded)),
+            child(2, None),
+            child(3, Some(Phase::Failed)),
+            child(4, Some(Phase::Suspended)),
+            child(5, Some(Phase::Running)),
+        ];
+        assert_eq!(
+            idle_siblings(&all[1], &all, limits::Limits::default()),
+            set(&["d3", "d4"])
+        );
+        // d5 runs (it holds a slot, though the limit says one per node); d1 is done.
+        let one = limits::Limits {
+            per_node: 1,
+            ..limits::Limits::default()
+        };
+        assert_eq!(idle_siblings(&all[1], &all, one), set(&["d3", "d4"]));
+        // Not a fan-out's child: no siblings.
+        let lone = Arc::new(crate::plan::tests::transfer());
+        assert!(idle_siblings(&lone, &all, one).is_empty());
+    }
 
     #[test]
     fn failed_reconciles_back_off_by_category() {

@@ -191,6 +191,39 @@ pub fn fair_order(active: &[Active], waiting: &[Waiting]) -> Vec<String> {
     keyed.into_iter().map(|(_, w)| w.uid.clone()).collect()
 }
 
+/// Gives a Transfer of `namespace` bound for `nodes` a slot next to `taken` (and adds it there),
+/// or says which limit holds it back.
+fn take_slot(
+    limits: Limits,
+    namespace: &str,
+    nodes: &BTreeSet<String>,
+    taken: &mut Vec<Active>,
+) -> Option<Limit> {
+    let limit = limit_reached(limits, namespace, nodes, taken);
+    if limit.is_none() {
+        taken.push(Active {
+            namespace: namespace.to_owned(),
+            nodes: nodes.clone(),
+        });
+    }
+    limit
+}
+
+/// The waiting Transfers (by uid) that get a slot now next to `active`: the same hand-out in the
+/// fair order as [`admission`], for all of them at once.
+pub fn admitted(limits: Limits, active: &[Active], waiting: &[Waiting]) -> BTreeSet<String> {
+    let mut taken = active.to_vec();
+    fair_order(active, waiting)
+        .into_iter()
+        .filter(|uid| {
+            waiting
+                .iter()
+                .find(|w| w.uid == *uid)
+                .is_some_and(|w| take_slot(limits, &w.namespace, &w.nodes, &mut taken).is_none())
+        })
+        .collect()
+}
+
 /// A Transfer held back: its 1-based place in the fair order among those waiting, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Queued {
@@ -224,23 +257,17 @@ pub fn admission(
                 None => continue,
             }
         };
-        if let Some(limit) = limit_reached(limits, namespace, nodes, &taken) {
-            if *uid == me.uid {
-                return Err(Queued {
+        let held = take_slot(limits, namespace, nodes, &mut taken);
+        if *uid == me.uid {
+            return match held {
+                Some(limit) => Err(Queued {
                     place,
                     waiting: order.len(),
                     limit,
-                });
-            }
-            continue;
+                }),
+                None => Ok(()),
+            };
         }
-        if *uid == me.uid {
-            return Ok(());
-        }
-        taken.push(Active {
-            namespace: namespace.clone(),
-            nodes: nodes.clone(),
-        });
     }
     // Not in the order (it was not among the waiting): its own limits decide.
     match limit_reached(limits, &me.namespace, mine, active) {
@@ -363,6 +390,49 @@ mod tests {
             admission(l, &retry, &none, &[], &q).map_err(|e| (e.place, e.limit)),
             Err((2, Limit::Namespace))
         );
+    }
+
+    #[test]
+    fn the_slots_a_fan_out_child_leaves_go_to_its_siblings_in_order_and_no_further() {
+        // Four children of one fan-out from node "src" to "d1".."d4", at most 2 per node: the
+        // one that starts holds a slot on "src", so one sibling may start beside it, the first
+        // in line, whatever each one's own status says.
+        let child = |i: i64| Waiting {
+            nodes: nodes(&["src", &format!("d{i}")]),
+            ..waiting(&format!("c{i}"), "ml", i)
+        };
+        let starting = Active {
+            namespace: "ml".into(),
+            nodes: child(1).nodes,
+        };
+        let siblings = [child(2), child(3), child(4)];
+        let l = Limits {
+            per_node: 2,
+            ..Limits::default()
+        };
+        let active = std::slice::from_ref(&starting);
+        assert_eq!(admitted(l, active, &siblings), nodes(&["c2"]));
+        // The same answer each one gets from `admission` on its own.
+        for w in &siblings {
+            let own = admission(l, w, &w.nodes, active, &siblings);
+            assert_eq!(own.is_ok(), w.uid == "c2", "{}", w.uid);
+        }
+        // Without a per-node limit all start; with one slot each, none beside the first.
+        assert_eq!(admitted(Limits { total: 9, ..l }, &[], &siblings).len(), 2);
+        assert_eq!(
+            admitted(
+                Limits {
+                    per_node: 0,
+                    total: 9,
+                    per_namespace: 0
+                },
+                active,
+                &siblings
+            )
+            .len(),
+            3
+        );
+        assert!(admitted(Limits { per_node: 1, ..l }, active, &siblings).is_empty());
     }
 
     #[test]

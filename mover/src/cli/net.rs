@@ -197,7 +197,8 @@ pub struct ReceiveArgs {
     /// Fan-out: the node services of every destination of the Transfer, in the same order on
     /// each (this receiver's own included, at --swarm-self). Each full block is asked of the
     /// sender by one destination only (chosen by its hash) and taken by the others from that
-    /// destination's node service.
+    /// destination's node service. An empty entry is a destination that does not receive now:
+    /// it owns nothing, and its blocks come from the sender.
     #[arg(long, requires_all = ["block_service", "swarm_self"], value_delimiter = ',',
           value_name = "HOST:PORT,...")]
     pub swarm_peers: Vec<String>,

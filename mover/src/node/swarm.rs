@@ -72,6 +72,8 @@ pub enum SwarmError {
 impl SwarmPeers {
     /// Connects to every peer's node service but this receiver's own (`addrs[me]`). A peer that
     /// cannot be reached is logged and left out: the blocks it would own come from the source.
+    /// So is an empty entry, a destination that does not receive now (the operator's word for
+    /// a sibling that failed or waits in its queue), without a warning.
     pub async fn connect(
         addrs: &[String],
         me: usize,
@@ -86,6 +88,14 @@ impl SwarmPeers {
         }
         let connects = addrs.iter().enumerate().map(|(i, addr)| async move {
             if i == me {
+                return None;
+            }
+            if addr.is_empty() {
+                tracing::info!(
+                    destination = i,
+                    "fan-out destination not receiving now: the blocks it would own come from \
+                     the source"
+                );
                 return None;
             }
             match NodeStoreClient::connect(addr, files).await {

@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -16,7 +16,7 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use crate::api::{Reason, Transfer};
+use crate::api::{Phase, Reason, Transfer, TransferStatus};
 use crate::cache::Caches;
 use crate::controller::{Context, Error, Written, ignore_not_found, record, ssa, write_status};
 use crate::movers::owner_ref;
@@ -176,7 +176,17 @@ pub fn parent_of(child: &Transfer) -> Option<ObjectRef<Transfer>> {
 /// among them. None for a Transfer that is not a fan-out's child, or whose node is not in its
 /// list. Read from the cache of node-service pods, so a fan-out to N nodes costs no API call
 /// per receiver.
-pub fn swarm_of(t: &Transfer, node: &str, caches: &Caches, block_service: &str) -> Option<Swarm> {
+///
+/// A sibling in `idle` (see [`sibling_idle`]) is left empty too: it owns no blocks, so the receiver asks the source for its share at once rather
+/// than waiting for it to arrive there. The list keeps every destination in its place, so the
+/// blocks of those that do receive have the same owner on every receiver.
+pub fn swarm_of(
+    t: &Transfer,
+    node: &str,
+    caches: &Caches,
+    block_service: &str,
+    idle: &BTreeSet<String>,
+) -> Option<Swarm> {
     let list = t.annotations().get(ANNOTATION_FAN_OUT_NODES)?;
     t.labels().get(LABEL_FAN_OUT_OF)?;
     let (_, port) = block_service.rsplit_once(':')?;
@@ -188,12 +198,24 @@ pub fn swarm_of(t: &Transfer, node: &str, caches: &Caches, block_service: &str) 
             .iter()
             .map(|n| {
                 ips.get(*n)
+                    .filter(|_| !idle.contains(*n))
                     .map(|ip| socket_address(ip, port))
                     .unwrap_or_default()
             })
             .collect(),
         me,
     })
+}
+
+/// Whether a sibling will not receive while a child starts: it failed or is suspended, or it
+/// is `queued` behind the concurrency limits. One that succeeded holds its blocks; any other
+/// runs, or starts now.
+pub fn sibling_idle(status: Option<&TransferStatus>, queued: bool) -> bool {
+    match status.map(|s| &s.phase) {
+        Some(Phase::Failed | Phase::Suspended) => true,
+        Some(Phase::Succeeded) => false,
+        _ => queued,
+    }
 }
 
 fn socket_address(ip: &str, port: &str) -> String {
@@ -317,17 +339,48 @@ mod tests {
             ],
         );
         let t = child("node-a,node-b,node-c,node-d,node-e");
-        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443").unwrap();
+        let none = BTreeSet::new();
+        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443", &none).unwrap();
         assert_eq!(swarm.me, 1);
         assert_eq!(
             swarm.peers,
             ["10.0.0.1:7443", "10.0.0.2:7443", "", "[fd00::5]:7443", ""]
         );
-        assert_eq!(swarm_of(&t, "node-z", &caches, "0.0.0.0:7443"), None);
-        assert_eq!(swarm_of(&t, "node-b", &caches, "no-port"), None);
+        assert_eq!(swarm_of(&t, "node-z", &caches, "0.0.0.0:7443", &none), None);
+        assert_eq!(swarm_of(&t, "node-b", &caches, "no-port", &none), None);
         let mut lone = t.clone();
         lone.metadata.labels = None;
-        assert_eq!(swarm_of(&lone, "node-b", &caches, "0.0.0.0:7443"), None);
+        assert_eq!(
+            swarm_of(&lone, "node-b", &caches, "0.0.0.0:7443", &none),
+            None
+        );
+
+        // A sibling that will not receive alongside is left out in its place; the others keep
+        // theirs, so every receiver still agrees on who owns what.
+        let idle = BTreeSet::from(["node-a".to_owned()]);
+        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443", &idle).unwrap();
+        assert_eq!(swarm.me, 1);
+        assert_eq!(swarm.peers, ["", "10.0.0.2:7443", "", "[fd00::5]:7443", ""]);
+    }
+
+    #[test]
+    fn a_sibling_is_idle_when_it_failed_is_suspended_or_stays_queued() {
+        let status = |phase: Phase| TransferStatus {
+            phase,
+            ..TransferStatus::default()
+        };
+        for phase in [Phase::Failed, Phase::Suspended] {
+            assert!(sibling_idle(Some(&status(phase)), false), "{phase:?}");
+        }
+        // Its store holds its share, queued or not.
+        assert!(!sibling_idle(Some(&status(Phase::Succeeded)), true));
+        for phase in [Phase::Pending, Phase::Running, Phase::Retrying] {
+            assert!(!sibling_idle(Some(&status(phase)), false), "{phase:?}");
+            assert!(sibling_idle(Some(&status(phase)), true), "{phase:?}");
+        }
+        // Not looked at yet: the limits' hand-out decides.
+        assert!(!sibling_idle(None, false));
+        assert!(sibling_idle(None, true));
     }
 
     #[test]
