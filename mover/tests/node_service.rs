@@ -436,6 +436,8 @@ async fn certs_for_a_cluster_run_a_node_service_by_hand() {
 struct FanOut {
     services: Vec<NodeService>,
     addrs: Vec<String>,
+    /// Destinations that already hold the whole tree (`--swarm-complete`).
+    complete: Vec<usize>,
 }
 
 async fn fan_out(ca: &net::Ca, n: usize) -> FanOut {
@@ -444,7 +446,11 @@ async fn fan_out(ca: &net::Ca, n: usize) -> FanOut {
         services.push(start_node_service(ca, 1 << 30).await);
     }
     let addrs = services.iter().map(|s| s.addr.to_string()).collect();
-    FanOut { services, addrs }
+    FanOut {
+        services,
+        addrs,
+        complete: Vec::new(),
+    }
 }
 
 /// Destination `i` of `f` (its own transfer id and certificate, as each destination's attempt
@@ -462,7 +468,7 @@ async fn fan_out_receiver(
 ) {
     let pki = Pki::scoped(ca, CLUSTER, &format!("fan-d{i}-1"), 1);
     let files = pki.files(Role::Receiver);
-    let swarm = node::swarm::SwarmPeers::connect(&f.addrs, i, &files, wait)
+    let swarm = node::swarm::SwarmPeers::connect(&f.addrs, i, &f.complete, &files, wait)
         .await
         .unwrap();
     let own = client_for(&pki, &f.services[i]).await;
@@ -480,13 +486,25 @@ async fn run_fan_out(
     dsts: &[tempfile::TempDir],
     wait: Duration,
 ) -> (u64, u64) {
+    let at: Vec<(usize, &Path)> = dsts.iter().map(|d| d.path()).enumerate().collect();
+    run_destinations(ca, f, src, &at, wait).await
+}
+
+/// As [`run_fan_out`], for the destinations `at` (each its index in `f` and its directory).
+async fn run_destinations(
+    ca: &net::Ca,
+    f: &FanOut,
+    src: &Path,
+    at: &[(usize, &Path)],
+    wait: Duration,
+) -> (u64, u64) {
     let o = SendOpts {
         compress: Compress::None,
         ..Default::default()
     };
     let mut runs = Vec::new();
-    for (i, dst) in dsts.iter().enumerate() {
-        let (pki, addr, recv) = fan_out_receiver(ca, f, i, dst.path(), wait).await;
+    for &(i, dst) in at {
+        let (pki, addr, recv) = fan_out_receiver(ca, f, i, dst, wait).await;
         let (src, o) = (src.to_owned(), o.clone());
         runs.push(tokio::spawn(async move {
             let sent = send(&pki, &src, addr, &o).await.expect("send");
@@ -499,8 +517,8 @@ async fn run_fan_out(
         wire += sent.wire_bytes;
         from_stores += received.dedup_blocks;
     }
-    for dst in dsts {
-        assert_same_tree(src, dst.path());
+    for (_, dst) in at {
+        assert_same_tree(src, dst);
     }
     (wire, from_stores)
 }
@@ -634,6 +652,39 @@ async fn a_destination_listed_empty_owns_nothing_and_is_not_waited_for() {
     assert!(
         wire >= from_source && wire < from_source + extra,
         "the source sent {wire} bytes; {from_source} bytes of full blocks were not in a store"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destinations_that_start_after_one_finished_take_every_block_from_it() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // A fan-out to three run one node at a time, as under a per-node limit: destination 0
+    // first, the others listed empty; then 1 and 2 together, 0 listed as holding the tree.
+    let mut f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let blocks = fan_out_dataset(src.path());
+    let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let addrs = f.addrs.clone();
+    f.addrs = vec![addrs[0].clone(), String::new(), String::new()];
+    let wait = Duration::from_secs(60);
+    let (first, taken) = run_destinations(&ca, &f, src.path(), &[(0, dsts[0].path())], wait).await;
+    assert_eq!(taken, 0);
+    assert!(first >= blocks * BLOCK_SIZE as u64, "{first}");
+
+    f.addrs = addrs;
+    f.complete = vec![0];
+    let later = [(1, dsts[1].path()), (2, dsts[2].path())];
+    let (wire, from_stores) = run_destinations(&ca, &f, src.path(), &later, wait).await;
+    eprintln!(
+        "first {first} bytes; then {wire} bytes from the source, {from_stores} blocks from stores"
+    );
+    // Every full block came from a store (the finished destination's, or, for a block the
+    // other one owns, possibly that one's); the source sent only what no store keeps (the
+    // small file and the 777-byte tails) and the sessions' own frames.
+    assert_eq!(from_stores, 2 * blocks, "blocks taken from stores");
+    assert!(
+        wire < 2 * (3 * 777 + 5 + 256 * 1024),
+        "the source sent {wire} bytes"
     );
 }
 

@@ -1,7 +1,7 @@
 //! Wiring: observe -> plan -> apply -> status for each Transfer, the controller loop, the error
 //! policy by category, and shutdown.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use crate::cache::{self, Caches, OwnWrites, SecretBook};
 use crate::census;
 use crate::cleanup::{self, CleanupAction};
 use crate::config::Config;
+use crate::fan_out::SiblingRole;
 use crate::limits;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput, RemoteMover};
@@ -759,14 +760,19 @@ fn slots_besides(
     (active, waiting)
 }
 
-/// The destination nodes of a fan-out child's siblings that will not receive while it does:
-/// failed or suspended ones, and, under concurrency limits, those that stay queued once `t`
-/// holds its slot. Their receivers' shares are asked of the source from the start, instead of
-/// being waited for (`--swarm-wait`) and then asked for anyway. A sibling that already
-/// succeeded holds its share, and one that runs or starts now will.
-fn idle_siblings(t: &Transfer, all: &[Arc<Transfer>], limits: limits::Limits) -> BTreeSet<String> {
+/// What each of a fan-out child's siblings (by destination node) does while `t` receives: it
+/// holds the whole tree when it succeeded in this run; it is idle when it failed or is
+/// suspended, or when, under concurrency limits, it stays queued once `t` holds its slot (the
+/// limits' hand-out in the fair order, run for all the siblings at once); otherwise it receives.
+/// An idle sibling's share is asked of the source from the start instead of being waited for
+/// (`--swarm-wait`) and then asked for anyway; a holder's is taken from its store.
+fn sibling_roles(
+    t: &Transfer,
+    all: &[Arc<Transfer>],
+    limits: limits::Limits,
+) -> BTreeMap<String, SiblingRole> {
     let Some(parent) = t.labels().get(names::LABEL_FAN_OUT_OF) else {
-        return BTreeSet::new();
+        return BTreeMap::new();
     };
     let admitted = (limits != limits::Limits::default()).then(|| {
         let (mut active, waiting) = slots_besides(t, all);
@@ -782,19 +788,17 @@ fn idle_siblings(t: &Transfer, all: &[Arc<Transfer>], limits: limits::Limits) ->
             && o.labels().get(names::LABEL_FAN_OUT_OF) == Some(parent)
     });
     siblings
-        .filter(|o| {
+        .filter_map(|o| {
+            let node = o.spec.destination.host_path.as_ref()?.node.clone();
+            // A status of an earlier run (a new one is starting) says nothing of this one.
+            let status = o.status.as_ref().filter(|s| {
+                o.spec.trigger == t.spec.trigger && s.observed_trigger == o.spec.trigger
+            });
             let queued = admitted.as_ref().is_some_and(|a| {
-                o.status.as_ref().is_none_or(|s| !limits::holds_a_slot(s))
+                status.is_none_or(|s| !limits::holds_a_slot(s))
                     && !a.contains(&o.uid().unwrap_or_default())
             });
-            crate::fan_out::sibling_idle(o.status.as_ref(), queued)
-        })
-        .filter_map(|o| {
-            o.spec
-                .destination
-                .host_path
-                .as_ref()
-                .map(|hp| hp.node.clone())
+            Some((node, crate::fan_out::sibling_role(status, queued)))
         })
         .collect()
 }
@@ -985,8 +989,8 @@ async fn apply(
                 let swarm = match (&dst.node, &ctx.config.block_service) {
                     (Some(node), Some(service)) if use_block_store && plan.status.failures == 0 => {
                         let limits = limits_of(&ctx.config);
-                        let idle = idle_siblings(t, &ctx.store.state(), limits);
-                        crate::fan_out::swarm_of(t, node, &ctx.caches, service, &idle)
+                        let roles = sibling_roles(t, &ctx.store.state(), limits);
+                        crate::fan_out::swarm_of(t, node, &ctx.caches, service, &roles)
                     }
                     _ => None,
                 };
@@ -1185,7 +1189,7 @@ pub(crate) async fn record(t: &Transfer, ctx: &Context, notes: &[plan::Note]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Error, idle_siblings, limits, retry_after};
+    use super::{Error, SiblingRole, limits, retry_after, sibling_roles};
     use crate::api::{Phase, Transfer, TransferStatus};
     use crate::names::LABEL_FAN_OUT_OF;
     use std::collections::{BTreeMap, BTreeSet};
@@ -1221,6 +1225,15 @@ mod tests {
         nodes.iter().map(|n| (*n).to_owned()).collect()
     }
 
+    /// The siblings of `roles` with `role`.
+    fn with(roles: &BTreeMap<String, SiblingRole>, role: SiblingRole) -> BTreeSet<String> {
+        roles
+            .iter()
+            .filter(|(_, r)| **r == role)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     #[test]
     fn siblings_the_limits_keep_queued_beside_a_starting_child_are_idle() {
         // d1 starts; the others have not been looked at yet (no status), as when a fan-out's
@@ -1230,22 +1243,18 @@ mod tests {
             per_node: n,
             ..limits::Limits::default()
         };
+        let idle = |l| with(&sibling_roles(&all[0], &all, l), SiblingRole::Idle);
         // Every child's sender runs on "src": with one slot per node, none starts beside d1.
-        assert_eq!(
-            idle_siblings(&all[0], &all, per_node(1)),
-            set(&["d2", "d3", "d4", "d5"])
-        );
+        assert_eq!(idle(per_node(1)), set(&["d2", "d3", "d4", "d5"]));
         // With three, the next two in line start beside it; the last two wait.
-        assert_eq!(
-            idle_siblings(&all[0], &all, per_node(3)),
-            set(&["d4", "d5"])
-        );
+        assert_eq!(idle(per_node(3)), set(&["d4", "d5"]));
         // Without limits every sibling receives (or starts to).
-        assert!(idle_siblings(&all[0], &all, limits::Limits::default()).is_empty());
+        let free = sibling_roles(&all[0], &all, limits::Limits::default());
+        assert_eq!(with(&free, SiblingRole::Receives).len(), 4);
     }
 
     #[test]
-    fn a_succeeded_sibling_holds_its_share_and_a_failed_one_never_will() {
+    fn a_succeeded_sibling_holds_the_tree_and_a_failed_one_never_will() {
         let all = vec![
             child(1, Some(Phase::Succeeded)),
             child(2, None),
@@ -1253,19 +1262,30 @@ mod tests {
             child(4, Some(Phase::Suspended)),
             child(5, Some(Phase::Running)),
         ];
-        assert_eq!(
-            idle_siblings(&all[1], &all, limits::Limits::default()),
-            set(&["d3", "d4"])
-        );
-        // d5 runs (it holds a slot, though the limit says one per node); d1 is done.
         let one = limits::Limits {
             per_node: 1,
             ..limits::Limits::default()
         };
-        assert_eq!(idle_siblings(&all[1], &all, one), set(&["d3", "d4"]));
+        for l in [limits::Limits::default(), one] {
+            // d5 runs (it holds its slot, though the limit says one per node); d1 is done.
+            let roles = sibling_roles(&all[1], &all, l);
+            assert_eq!(with(&roles, SiblingRole::Idle), set(&["d3", "d4"]));
+            assert_eq!(with(&roles, SiblingRole::Holds), set(&["d1"]));
+            assert_eq!(with(&roles, SiblingRole::Receives), set(&["d5"]));
+        }
+        // A status of an earlier run counts for nothing: d1 (succeeded then) is looked at as
+        // new, and waits behind the limit.
+        let mut rerun: Vec<_> = all.iter().map(|c| (**c).clone()).collect();
+        for c in &mut rerun {
+            c.spec.trigger = Some("run-2".into());
+        }
+        let rerun: Vec<_> = rerun.into_iter().map(Arc::new).collect();
+        let roles = sibling_roles(&rerun[1], &rerun, one);
+        assert_eq!(with(&roles, SiblingRole::Holds), BTreeSet::new());
+        assert_eq!(roles["d1"], SiblingRole::Idle);
         // Not a fan-out's child: no siblings.
         let lone = Arc::new(crate::plan::tests::transfer());
-        assert!(idle_siblings(&lone, &all, one).is_empty());
+        assert!(sibling_roles(&lone, &all, one).is_empty());
     }
 
     #[test]

@@ -128,6 +128,12 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
                     push(&swarm.peers.join(","));
                     push("--swarm-self");
                     push(&swarm.me.to_string());
+                    if !swarm.complete.is_empty() {
+                        push("--swarm-complete");
+                        let complete: Vec<String> =
+                            swarm.complete.iter().map(|i| i.to_string()).collect();
+                        push(&complete.join(","));
+                    }
                 }
             }
         }
@@ -812,6 +818,51 @@ mod tests {
             pod.metadata.owner_references.as_ref().expect("owner")[0].kind,
             "Transfer"
         );
+    }
+
+    #[test]
+    fn a_fan_out_receiver_names_its_siblings_and_those_holding_the_tree() {
+        let t = transfer();
+        let cfg = Config::default();
+        let placement = SidePlacement {
+            volume: VolumeRef::HostPath {
+                path: "/data/dst".into(),
+            },
+            sub_path: String::new(),
+            node: Some("node-b".into()),
+        };
+        let receiver = |swarm: &crate::fan_out::Swarm| {
+            args_of(&mover_pod(&MoverPodInput {
+                swarm: Some(swarm),
+                transfer: &t,
+                config: &cfg,
+                role: MoverRole::Receiver,
+                run: 1,
+                attempt: 1,
+                placement: &placement,
+                receiver_ip: None,
+                use_block_store: true,
+                remote: None,
+            }))
+            .join(" ")
+        };
+        let mut swarm = crate::fan_out::Swarm {
+            peers: vec![
+                "10.0.0.1:7443".into(),
+                "10.0.0.2:7443".into(),
+                String::new(),
+            ],
+            me: 1,
+            complete: vec![],
+        };
+        let args = receiver(&swarm);
+        assert!(
+            args.contains("--swarm-peers 10.0.0.1:7443,10.0.0.2:7443, --swarm-self 1"),
+            "{args}"
+        );
+        assert!(!args.contains("--swarm-complete"), "{args}");
+        swarm.complete = vec![0, 2];
+        assert!(receiver(&swarm).contains("--swarm-complete 0,2"));
     }
 
     #[test]

@@ -205,6 +205,16 @@ pub struct ReceiveArgs {
     /// This receiver's position in --swarm-peers.
     #[arg(long, requires = "swarm_peers")]
     pub swarm_self: Option<usize>,
+    /// Positions in --swarm-peers of destinations that already hold the whole tree (they
+    /// finished): blocks this receiver owns, and those of destinations listed empty, are taken
+    /// from them instead of the sender.
+    #[arg(
+        long,
+        requires = "swarm_peers",
+        value_delimiter = ',',
+        value_name = "I,..."
+    )]
+    pub swarm_complete: Vec<usize>,
     /// Seconds a fan-out peer may take to hand over a block it owns (it may still be receiving
     /// it) before this session fails; a retry resumes.
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=120))]
@@ -665,9 +675,14 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
         match args.swarm_self {
             Some(me) if cfg.block_service.is_some() => {
                 let wait = Duration::from_secs(args.swarm_wait);
-                let peers =
-                    crate::node::swarm::SwarmPeers::connect(&args.swarm_peers, me, &files, wait)
-                        .await?;
+                let peers = crate::node::swarm::SwarmPeers::connect(
+                    &args.swarm_peers,
+                    me,
+                    &args.swarm_complete,
+                    &files,
+                    wait,
+                )
+                .await?;
                 cfg.swarm = Some(Arc::new(peers));
             }
             Some(_) => tracing::warn!(

@@ -27,6 +27,8 @@ use crate::net::TlsFiles;
 
 /// Fetch threads per session (each holds at most one block here).
 const MAX_FETCHES: usize = 32;
+/// How long a Take waits on a destination that holds the whole tree ([`SwarmPeers::wait_for`]).
+const HOLDER_WAIT: Duration = Duration::from_secs(2);
 /// Fetch threads taking from one peer at once, at least and at most: see [`fetches_per_peer`].
 const MIN_FETCHES_PER_PEER: usize = 4;
 const MAX_FETCHES_PER_PEER: usize = 10;
@@ -57,14 +59,47 @@ pub struct SwarmPeers {
     me: usize,
     /// How long a fetch waits for the owner to receive a block before this session fails.
     wait: Duration,
+    /// Reachable destinations that already hold the whole tree in their stores (they finished):
+    /// the blocks whose owner is this receiver or does not receive are taken from them.
+    holders: Vec<usize>,
     /// The runtime the connections were made on (fetch threads wait on it).
     runtime: tokio::runtime::Handle,
+}
+
+/// Where consecutive blocks of the file at `path` start among the destinations.
+fn path_start(path: &[u8]) -> u64 {
+    let h = blake3::hash(path);
+    let b = h.as_bytes();
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// Whom destination `me` takes a block from, given its owner `owner` (`receives`: the owner is
+/// reachable and receives). The owner, when it is another destination that receives; else one
+/// of the `holders` (destinations that finished and hold the whole tree), picked by `spread` so
+/// they share the load; else nobody, and the sender sends it. So a destination that starts
+/// after others finished (a fan-out run one node at a time under the operator's limits) takes
+/// from them what the source would otherwise send again.
+fn take_from(
+    owner: usize,
+    me: usize,
+    receives: bool,
+    holders: &[usize],
+    spread: u64,
+) -> Option<usize> {
+    if owner != me && receives {
+        return Some(owner);
+    }
+    (!holders.is_empty()).then(|| holders[(spread % holders.len() as u64) as usize])
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SwarmError {
     #[error("--swarm-self {me} is not an index into the {n} --swarm-peers")]
     SelfOutOfRange { me: usize, n: usize },
+    #[error(
+        "--swarm-complete {c} is not another destination's index into the {n} --swarm-peers (this one is {me})"
+    )]
+    CompleteOutOfRange { c: usize, me: usize, n: usize },
     #[error("--swarm-wait must be between 1 s and 120 s")]
     Wait,
 }
@@ -73,15 +108,24 @@ impl SwarmPeers {
     /// Connects to every peer's node service but this receiver's own (`addrs[me]`). A peer that
     /// cannot be reached is logged and left out: the blocks it would own come from the source.
     /// So is an empty entry, a destination that does not receive now (the operator's word for
-    /// a sibling that failed or waits in its queue), without a warning.
+    /// a sibling that failed or waits in its queue), without a warning. `complete` are the
+    /// destinations that already hold the whole tree (see [`Self::owner`]).
     pub async fn connect(
         addrs: &[String],
         me: usize,
+        complete: &[usize],
         files: &TlsFiles,
         wait: Duration,
     ) -> Result<Self, SwarmError> {
         if me >= addrs.len() {
             return Err(SwarmError::SelfOutOfRange { me, n: addrs.len() });
+        }
+        if let Some(&c) = complete.iter().find(|&&c| c >= addrs.len() || c == me) {
+            return Err(SwarmError::CompleteOutOfRange {
+                c,
+                me,
+                n: addrs.len(),
+            });
         }
         if wait < Duration::from_secs(1) || wait > super::service::MAX_TAKE_WAIT {
             return Err(SwarmError::Wait);
@@ -109,11 +153,19 @@ impl SwarmPeers {
                 }
             }
         });
-        let peers = futures::future::join_all(connects).await;
+        let peers: Vec<_> = futures::future::join_all(connects).await;
+        let mut holders: Vec<usize> = complete
+            .iter()
+            .copied()
+            .filter(|&c| peers[c].is_some())
+            .collect();
+        holders.sort_unstable();
+        holders.dedup();
         Ok(Self {
             peers,
             me,
             wait,
+            holders,
             runtime: tokio::runtime::Handle::current(),
         })
     }
@@ -125,18 +177,27 @@ impl SwarmPeers {
     /// `sqrt(blocks / N)` blocks, and the destination with the largest share is the last to get
     /// its blocks from the source and must then pass them on to all the others alone.
     fn owner_index(&self, path: &[u8], index: u64) -> usize {
-        let h = blake3::hash(path);
-        let b = h.as_bytes();
-        let start = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
         let n = self.peers.len() as u64;
-        ((start % n + index % n) % n) as usize
+        ((path_start(path) % n + index % n) % n) as usize
     }
 
     /// The peer to take block `index` of `path` from, or `None` when this receiver asks the
-    /// sender for it (it owns the block, or its owner is out of reach).
+    /// sender for it: see [`take_from`].
     pub fn owner(&self, path: &[u8], index: u64) -> Option<usize> {
         let i = self.owner_index(path, index);
-        (i != self.me && self.peers[i].is_some()).then_some(i)
+        let spread = path_start(path).wrapping_add(index);
+        take_from(i, self.me, self.peers[i].is_some(), &self.holders, spread)
+    }
+
+    /// How long a Take from `peer` waits for a block it does not hold yet: a destination that
+    /// holds the whole tree has every block or never will (its store evicted one), so it is
+    /// not waited for.
+    fn wait_for(&self, peer: usize) -> Duration {
+        if self.holders.contains(&peer) {
+            HOLDER_WAIT
+        } else {
+            self.wait
+        }
     }
 
     pub fn destinations(&self) -> usize {
@@ -330,7 +391,13 @@ impl Fetches {
                     Err((FetchError::Peer(String::new()), job.blocks.clone()))
                 }
                 Some((addr, client)) => self
-                    .fetch(client, &job.key, &job.blocks, job.sink.as_ref())
+                    .fetch(
+                        client,
+                        self.peers.wait_for(job.owner),
+                        &job.key,
+                        &job.blocks,
+                        job.sink.as_ref(),
+                    )
                     .map_err(|(e, undelivered)| match e {
                         FetchError::Peer(msg) => (
                             FetchError::Peer(format!("fan-out peer {addr}: {msg}")),
@@ -376,17 +443,18 @@ impl Fetches {
         }
     }
 
-    /// Takes `blocks` from the owner's service, waiting for those it does not hold yet. On
-    /// failure, also the blocks that did not arrive.
+    /// Takes `blocks` from the owner's service, waiting up to `wait` for those it does not hold
+    /// yet. On failure, also the blocks that did not arrive.
     fn fetch(
         &self,
         client: &NodeStoreClient,
+        wait: Duration,
         key: &PopKey,
         blocks: &[AnnouncedBlock],
         sink: &dyn FetchSink,
     ) -> Result<(), (FetchError, Vec<AnnouncedBlock>)> {
         let mut delivered = vec![false; blocks.len()];
-        let r = self.take_all(client, key, blocks, sink, &mut delivered);
+        let r = self.take_all(client, wait, key, blocks, sink, &mut delivered);
         let undelivered = || {
             blocks
                 .iter()
@@ -406,7 +474,7 @@ impl Fetches {
                     "{} of {} blocks did not arrive within {} s",
                     missing.len(),
                     blocks.len(),
-                    self.peers.wait.as_secs()
+                    wait.as_secs()
                 );
                 Err((FetchError::Peer(msg), missing))
             }
@@ -417,6 +485,7 @@ impl Fetches {
     fn take_all(
         &self,
         client: &NodeStoreClient,
+        wait: Duration,
         key: &PopKey,
         blocks: &[AnnouncedBlock],
         sink: &dyn FetchSink,
@@ -424,11 +493,11 @@ impl Fetches {
     ) -> Result<(), FetchError> {
         for (part_no, part) in blocks.chunks(super::MAX_TAKE).enumerate() {
             let base = part_no * super::MAX_TAKE;
-            let request = super::client::take_request(key, part, self.peers.wait);
+            let request = super::client::take_request(key, part, wait);
             // Each reply is awaited on the client's runtime and handled here, on this blocking
             // thread (the sink writes files and may wait on the put queue).
             let rt = client.runtime();
-            let patience = self.peers.wait + Duration::from_secs(10);
+            let patience = wait + Duration::from_secs(10);
             let status =
                 |s: tonic::Status| FetchError::Peer(format!("{:?}: {}", s.code(), s.message()));
             let late = || FetchError::Peer(format!("no answer within {} s", patience.as_secs()));
@@ -491,6 +560,7 @@ mod tests {
             peers: (0..n).map(|_| None).collect(),
             me,
             wait: Duration::from_secs(1),
+            holders: Vec::new(),
             runtime: rt.handle().clone(),
         };
         (0..blocks)
@@ -513,6 +583,26 @@ mod tests {
                 assert!(got.windows(2).all(|w| w[0] != w[1]), "{n}: {got:?}");
             }
         }
+    }
+
+    #[test]
+    fn blocks_no_receiving_destination_owns_come_from_the_holders_of_the_whole_tree() {
+        // Destination 1 of 4; 0 receives, 2 finished (holds the whole tree), 3 does not receive.
+        let holders = [2];
+        // A receiving owner is asked, holder or not.
+        assert_eq!(take_from(0, 1, true, &holders, 7), Some(0));
+        assert_eq!(take_from(2, 1, true, &holders, 7), Some(2));
+        // Its own blocks and those of one that does not receive: from the holder.
+        assert_eq!(take_from(1, 1, true, &holders, 7), Some(2));
+        assert_eq!(take_from(3, 1, false, &holders, 7), Some(2));
+        // Without holders, the sender sends them.
+        assert_eq!(take_from(1, 1, true, &[], 7), None);
+        assert_eq!(take_from(3, 1, false, &[], 7), None);
+        // Several holders share the load block by block.
+        let picked: Vec<_> = (0..6)
+            .map(|i| take_from(1, 1, true, &[0, 2, 3], i).unwrap())
+            .collect();
+        assert_eq!(picked, [0, 2, 3, 0, 2, 3]);
     }
 
     #[test]
@@ -549,6 +639,7 @@ mod tests {
             peers: (0..3).map(|_| None).collect(),
             me: 1,
             wait: Duration::from_secs(1),
+            holders: Vec::new(),
             runtime: rt.handle().clone(),
         };
         // No peer is reachable here, so every block comes from the source.

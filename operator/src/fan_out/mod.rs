@@ -4,7 +4,7 @@
 
 pub mod plan;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -177,15 +177,17 @@ pub fn parent_of(child: &Transfer) -> Option<ObjectRef<Transfer>> {
 /// list. Read from the cache of node-service pods, so a fan-out to N nodes costs no API call
 /// per receiver.
 ///
-/// A sibling in `idle` (see [`sibling_idle`]) is left empty too: it owns no blocks, so the receiver asks the source for its share at once rather
-/// than waiting for it to arrive there. The list keeps every destination in its place, so the
-/// blocks of those that do receive have the same owner on every receiver.
+/// `roles` say what the siblings do meanwhile ([`sibling_role`]; a node not in it receives).
+/// An idle one is listed empty too, so the receiver asks for its share at once rather than
+/// waiting for it to arrive there; the list keeps every destination in its place, so the blocks
+/// of those that do receive have the same owner on every receiver. One that holds the whole
+/// tree is listed as complete: its share, and the receiver's own, are taken from it.
 pub fn swarm_of(
     t: &Transfer,
     node: &str,
     caches: &Caches,
     block_service: &str,
-    idle: &BTreeSet<String>,
+    roles: &BTreeMap<String, SiblingRole>,
 ) -> Option<Swarm> {
     let list = t.annotations().get(ANNOTATION_FAN_OUT_NODES)?;
     t.labels().get(LABEL_FAN_OUT_OF)?;
@@ -193,28 +195,45 @@ pub fn swarm_of(
     let nodes: Vec<&str> = list.split(',').filter(|n| !n.is_empty()).collect();
     let me = nodes.iter().position(|n| *n == node)?;
     let ips = caches.node_service_ips();
+    let role = |n: &str| roles.get(n).copied().unwrap_or(SiblingRole::Receives);
+    let peers: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            ips.get(*n)
+                .filter(|_| role(n) != SiblingRole::Idle)
+                .map(|ip| socket_address(ip, port))
+                .unwrap_or_default()
+        })
+        .collect();
+    let complete = (0..nodes.len())
+        .filter(|&i| i != me && role(nodes[i]) == SiblingRole::Holds && !peers[i].is_empty())
+        .collect();
     Some(Swarm {
-        peers: nodes
-            .iter()
-            .map(|n| {
-                ips.get(*n)
-                    .filter(|_| !idle.contains(*n))
-                    .map(|ip| socket_address(ip, port))
-                    .unwrap_or_default()
-            })
-            .collect(),
+        peers,
         me,
+        complete,
     })
 }
 
-/// Whether a sibling will not receive while a child starts: it failed or is suspended, or it
-/// is `queued` behind the concurrency limits. One that succeeded holds its blocks; any other
-/// runs, or starts now.
-pub fn sibling_idle(status: Option<&TransferStatus>, queued: bool) -> bool {
+/// What a fan-out child's sibling does while the child receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiblingRole {
+    /// It runs, or starts now: it receives its share from the source and passes it on.
+    Receives,
+    /// It succeeded in this run: its node's store holds the whole tree.
+    Holds,
+    /// It will not receive meanwhile: it failed, is suspended, or waits in the operator's queue.
+    Idle,
+}
+
+/// The role of a sibling whose status (of the current run; `None` when it has none yet) is
+/// `status`, and that the concurrency limits keep `queued` beside the child.
+pub fn sibling_role(status: Option<&TransferStatus>, queued: bool) -> SiblingRole {
     match status.map(|s| &s.phase) {
-        Some(Phase::Failed | Phase::Suspended) => true,
-        Some(Phase::Succeeded) => false,
-        _ => queued,
+        Some(Phase::Failed | Phase::Suspended) => SiblingRole::Idle,
+        Some(Phase::Succeeded) => SiblingRole::Holds,
+        _ if queued => SiblingRole::Idle,
+        _ => SiblingRole::Receives,
     }
 }
 
@@ -231,6 +250,8 @@ fn socket_address(ip: &str, port: &str) -> String {
 pub struct Swarm {
     pub peers: Vec<String>,
     pub me: usize,
+    /// Positions of the destinations that hold the whole tree (`--swarm-complete`).
+    pub complete: Vec<usize>,
 }
 
 #[cfg(test)]
@@ -339,7 +360,7 @@ mod tests {
             ],
         );
         let t = child("node-a,node-b,node-c,node-d,node-e");
-        let none = BTreeSet::new();
+        let none = BTreeMap::new();
         let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443", &none).unwrap();
         assert_eq!(swarm.me, 1);
         assert_eq!(
@@ -356,31 +377,41 @@ mod tests {
         );
 
         // A sibling that will not receive alongside is left out in its place; the others keep
-        // theirs, so every receiver still agrees on who owns what.
-        let idle = BTreeSet::from(["node-a".to_owned()]);
-        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443", &idle).unwrap();
+        // theirs, so every receiver still agrees on who owns what. One that finished is
+        // listed as holding the tree, unless its service is not ready.
+        let roles = BTreeMap::from([
+            ("node-a".to_owned(), SiblingRole::Idle),
+            ("node-c".to_owned(), SiblingRole::Holds),
+            ("node-d".to_owned(), SiblingRole::Holds),
+        ]);
+        let swarm = swarm_of(&t, "node-b", &caches, "0.0.0.0:7443", &roles).unwrap();
         assert_eq!(swarm.me, 1);
         assert_eq!(swarm.peers, ["", "10.0.0.2:7443", "", "[fd00::5]:7443", ""]);
+        assert_eq!(swarm.complete, [3]);
     }
 
     #[test]
-    fn a_sibling_is_idle_when_it_failed_is_suspended_or_stays_queued() {
+    fn a_siblings_role_follows_its_phase_and_the_queue() {
         let status = |phase: Phase| TransferStatus {
             phase,
             ..TransferStatus::default()
         };
         for phase in [Phase::Failed, Phase::Suspended] {
-            assert!(sibling_idle(Some(&status(phase)), false), "{phase:?}");
+            assert_eq!(sibling_role(Some(&status(phase)), false), SiblingRole::Idle);
         }
-        // Its store holds its share, queued or not.
-        assert!(!sibling_idle(Some(&status(Phase::Succeeded)), true));
+        // Its store holds the tree, queued or not.
+        assert_eq!(
+            sibling_role(Some(&status(Phase::Succeeded)), true),
+            SiblingRole::Holds
+        );
         for phase in [Phase::Pending, Phase::Running, Phase::Retrying] {
-            assert!(!sibling_idle(Some(&status(phase)), false), "{phase:?}");
-            assert!(sibling_idle(Some(&status(phase)), true), "{phase:?}");
+            let role = |queued| sibling_role(Some(&status(phase)), queued);
+            assert_eq!(role(false), SiblingRole::Receives, "{phase:?}");
+            assert_eq!(role(true), SiblingRole::Idle, "{phase:?}");
         }
         // Not looked at yet: the limits' hand-out decides.
-        assert!(!sibling_idle(None, false));
-        assert!(sibling_idle(None, true));
+        assert_eq!(sibling_role(None, false), SiblingRole::Receives);
+        assert_eq!(sibling_role(None, true), SiblingRole::Idle);
     }
 
     #[test]
