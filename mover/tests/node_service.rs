@@ -593,6 +593,22 @@ async fn in_a_fan_out_a_tail_of_at_least_1_mib_leaves_the_source_once_too() {
     );
 }
 
+/// Two of three destinations of [`fan_out_dataset`] (`blocks` full blocks) received: each took
+/// the other's share from its store, and the third one's share (about a third) came from the
+/// source to both, with the small file and the short tails.
+fn assert_third_came_from_the_source(blocks: u64, wire: u64, from_stores: u64) {
+    assert!(
+        from_stores > 0 && from_stores <= 2 * blocks / 3,
+        "{from_stores} blocks taken from the live fellow"
+    );
+    let from_source = (2 * blocks - from_stores) * BLOCK_SIZE as u64;
+    let extra = 2 * (3 * 777 + 5 + 256 * 1024);
+    assert!(
+        wire >= from_source && wire < from_source + extra,
+        "the source sent {wire} bytes; {from_source} bytes of full blocks were not in a store"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destination_that_never_receives_costs_the_others_no_retry() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
@@ -609,18 +625,7 @@ async fn a_destination_that_never_receives_costs_the_others_no_retry() {
         run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(10)).await;
     let took = started.elapsed();
     eprintln!("{from_stores} blocks from the fellow, {wire} bytes from the source, {took:?}");
-    // Every full block each destination holds came from its fellow's store or from the
-    // source; destination 2's share (a third) came from the source to both.
-    assert!(
-        from_stores > 0 && from_stores <= 2 * blocks / 3,
-        "{from_stores} blocks taken from the live fellow"
-    );
-    let from_source = (2 * blocks - from_stores) * BLOCK_SIZE as u64;
-    let extra = 2 * (3 * 777 + 5 + 256 * 1024);
-    assert!(
-        wire >= from_source && wire < from_source + extra,
-        "the source sent {wire} bytes; {from_source} bytes of full blocks were not in a store"
-    );
+    assert_third_came_from_the_source(blocks, wire, from_stores);
     // The silent peer costs its --swarm-wait (10 s) once, not once per block.
     assert!(took < Duration::from_secs(60), "{took:?}");
 }
@@ -643,16 +648,7 @@ async fn a_destination_listed_empty_owns_nothing_and_is_not_waited_for() {
     // Its share was never waited for: a wait would take --swarm-wait (90 s) before the blocks
     // came from the source at the end.
     assert!(took < wait / 3, "{took:?}");
-    assert!(
-        from_stores > 0 && from_stores <= 2 * blocks / 3,
-        "{from_stores} blocks taken from the live fellow"
-    );
-    let from_source = (2 * blocks - from_stores) * BLOCK_SIZE as u64;
-    let extra = 2 * (3 * 777 + 5 + 256 * 1024);
-    assert!(
-        wire >= from_source && wire < from_source + extra,
-        "the source sent {wire} bytes; {from_source} bytes of full blocks were not in a store"
-    );
+    assert_third_came_from_the_source(blocks, wire, from_stores);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

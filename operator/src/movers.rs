@@ -563,6 +563,15 @@ mod tests {
     use super::*;
     use crate::plan::tests::transfer;
 
+    /// A side on a hostPath `path` of `node`.
+    fn host_path_on(node: &str, path: &str) -> SidePlacement {
+        SidePlacement {
+            volume: VolumeRef::HostPath { path: path.into() },
+            sub_path: String::new(),
+            node: Some(node.into()),
+        }
+    }
+
     fn args_of(p: &Pod) -> Vec<String> {
         p.spec.as_ref().expect("spec").containers[0]
             .args
@@ -593,13 +602,7 @@ mod tests {
             default_tolerations: vec![toleration("ferry.dev/movers", "Exists")],
             ..Config::default()
         };
-        let placement = SidePlacement {
-            volume: VolumeRef::HostPath {
-                path: "/data".into(),
-            },
-            sub_path: String::new(),
-            node: Some("a".into()),
-        };
+        let placement = host_path_on("a", "/data");
         let pod = mover_pod(&MoverPodInput {
             swarm: None,
             transfer: &t,
@@ -761,13 +764,7 @@ mod tests {
     fn receiver_pod_is_locked_down_and_pinned_to_its_node() {
         let t = transfer();
         let cfg = Config::default();
-        let placement = SidePlacement {
-            volume: VolumeRef::HostPath {
-                path: "/data/dst".into(),
-            },
-            sub_path: String::new(),
-            node: Some("node-b".into()),
-        };
+        let placement = host_path_on("node-b", "/data/dst");
         let pod = mover_pod(&MoverPodInput {
             swarm: None,
             transfer: &t,
@@ -824,13 +821,7 @@ mod tests {
     fn a_fan_out_receiver_names_its_siblings_and_those_holding_the_tree() {
         let t = transfer();
         let cfg = Config::default();
-        let placement = SidePlacement {
-            volume: VolumeRef::HostPath {
-                path: "/data/dst".into(),
-            },
-            sub_path: String::new(),
-            node: Some("node-b".into()),
-        };
+        let placement = host_path_on("node-b", "/data/dst");
         let receiver = |swarm: &crate::fan_out::Swarm| {
             args_of(&mover_pod(&MoverPodInput {
                 swarm: Some(swarm),
