@@ -212,13 +212,14 @@ fn take_slot(
 /// The waiting Transfers (by uid) that get a slot now next to `active`: the same hand-out in the
 /// fair order as [`admission`], for all of them at once.
 pub fn admitted(limits: Limits, active: &[Active], waiting: &[Waiting]) -> BTreeSet<String> {
+    let by_uid: std::collections::BTreeMap<&str, &Waiting> =
+        waiting.iter().map(|w| (w.uid.as_str(), w)).collect();
     let mut taken = active.to_vec();
     fair_order(active, waiting)
         .into_iter()
         .filter(|uid| {
-            waiting
-                .iter()
-                .find(|w| w.uid == *uid)
+            by_uid
+                .get(uid.as_str())
                 .is_some_and(|w| take_slot(limits, &w.namespace, &w.nodes, &mut taken).is_none())
         })
         .collect()
