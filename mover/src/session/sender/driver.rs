@@ -275,8 +275,14 @@ where
         }
     }
     if let Some(mut e) = failure {
-        // Every stream stopped because another end of the session failed: the walk did.
-        if matches!(e, SendError::Aborted)
+        // Every stream stopped because another end of the session failed: the walk did. So
+        // did a stream that lost its connection while the session's first failure was a local
+        // one no stream reported: the receiver, told why by another stream, closed them all.
+        let walk_failed_first = ctx
+            .abort
+            .reason()
+            .is_some_and(|r| !r.from_peer && !r.failure.kind.is_transport());
+        if (matches!(e, SendError::Aborted) || (e.kind().is_transport() && walk_failed_first))
             && let Ok(Ok(Err(walk))) = tokio::time::timeout(PEER_GRACE, &mut scanner).await
         {
             e = walk.into();
