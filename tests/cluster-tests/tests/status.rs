@@ -91,18 +91,27 @@ async fn start(
     Ok((ns, api))
 }
 
+/// Whether a Warning Event about `name` with `reason` appears within 30 s: the operator records
+/// it just after the status that names the reason, so it may not be there yet when the status is.
 async fn has_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Result<bool> {
     let events: Api<Event> = ns.api();
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .any(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        }))
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+            });
+        if found || tokio::time::Instant::now() >= deadline {
+            return Ok(found);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test]
