@@ -170,22 +170,23 @@ impl SwarmPeers {
         })
     }
 
-    /// The destination that owns block `index` of the file at `path`: the same answer on every
-    /// destination. Consecutive blocks of a file go to consecutive destinations (from a start
-    /// the path's hash picks), so every destination owns an equal share of a large file, give or
-    /// take one block. A share chosen by each block's hash instead varies by about
+    /// The destination that owns block `index` of the file whose [`path_start`] is `start`: the
+    /// same answer on every destination. Consecutive blocks of a file go to consecutive
+    /// destinations (from the start the path's hash picks), so every destination owns an equal
+    /// share of a large file, give or take one block. A share chosen by each block's hash instead varies by about
     /// `sqrt(blocks / N)` blocks, and the destination with the largest share is the last to get
     /// its blocks from the source and must then pass them on to all the others alone.
-    fn owner_index(&self, path: &[u8], index: u64) -> usize {
+    fn owner_index(&self, start: u64, index: u64) -> usize {
         let n = self.peers.len() as u64;
-        ((path_start(path) % n + index % n) % n) as usize
+        ((start % n + index % n) % n) as usize
     }
 
     /// The peer to take block `index` of `path` from, or `None` when this receiver asks the
     /// sender for it: see [`take_from`].
     pub fn owner(&self, path: &[u8], index: u64) -> Option<usize> {
-        let i = self.owner_index(path, index);
-        let spread = path_start(path).wrapping_add(index);
+        let start = path_start(path);
+        let i = self.owner_index(start, index);
+        let spread = start.wrapping_add(index);
         take_from(i, self.me, self.peers[i].is_some(), &self.holders, spread)
     }
 
@@ -564,7 +565,7 @@ mod tests {
             runtime: rt.handle().clone(),
         };
         (0..blocks)
-            .map(|i| Some(swarm.owner_index(path, i)))
+            .map(|i| Some(swarm.owner_index(path_start(path), i)))
             .collect()
     }
 
