@@ -782,6 +782,7 @@ async fn send_failing(
         dry_run: false,
         on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
+        shared: None,
     };
     let progress = Arc::new(Progress::new(transfer_id, "sender"));
     let r = tokio::time::timeout(

@@ -8,6 +8,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -16,6 +17,7 @@ use ferry_mover::cas::{BLOCK_SIZE, BlockHash};
 use ferry_mover::net::{self, Identity, Role};
 use ferry_mover::node::client::NodeStoreClient;
 use ferry_mover::node::{self, NodeServiceConfig};
+use ferry_mover::session::sender::shared::SharedReads;
 use ferry_mover::session::{Compress, Shutdown};
 use ferry_proto::blockstore::v1 as pb;
 use ferry_proto::blockstore::v1::block_store_client::BlockStoreClient;
@@ -502,6 +504,18 @@ async fn run_destinations(
         compress: Compress::None,
         ..Default::default()
     };
+    run_destinations_with(ca, f, src, at, wait, &o).await
+}
+
+/// As [`run_destinations`], each sender with the options `o`.
+async fn run_destinations_with(
+    ca: &net::Ca,
+    f: &FanOut,
+    src: &Path,
+    at: &[(usize, &Path)],
+    wait: Duration,
+    o: &SendOpts,
+) -> (u64, u64) {
     let mut runs = Vec::new();
     for &(i, dst) in at {
         let (pki, addr, recv) = fan_out_receiver(ca, f, i, dst, wait).await;
@@ -556,6 +570,47 @@ async fn a_fan_out_to_four_destinations_sends_each_block_from_the_source_once() 
     assert!(
         wire >= full && wire < full + 4 * per_copy_extra,
         "the source sent {wire} bytes for {full} bytes of full blocks to 4 destinations"
+    );
+}
+
+/// The sessions of one sender (one source, three destinations) share their reads: each full
+/// block is read and hashed once, where three senders read it three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sender_to_three_destinations_reads_each_block_of_the_source_once() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let blocks = fan_out_dataset(src.path());
+    let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let shared = Arc::new(SharedReads::new(dsts.len()));
+    let o = SendOpts {
+        compress: Compress::None,
+        shared: Some(shared.clone()),
+        ..Default::default()
+    };
+    let at: Vec<(usize, &Path)> = dsts.iter().map(|d| d.path()).enumerate().collect();
+    let (wire, from_stores) =
+        run_destinations_with(&ca, &f, src.path(), &at, Duration::from_secs(60), &o).await;
+    assert_eq!(
+        from_stores,
+        2 * blocks,
+        "blocks taken from a fellow destination"
+    );
+    let full = blocks * BLOCK_SIZE as u64;
+    assert!(
+        wire >= full && wire < full + 3 * (3 * 777 + 5 + 256 * 1024),
+        "the source sent {wire} bytes for {full} bytes of full blocks"
+    );
+    let counts = shared.counts();
+    assert_eq!(
+        (counts.reads, counts.shared),
+        (blocks, 2 * blocks),
+        "blocks read from the source, and taken from another session's read"
+    );
+    assert_eq!(
+        shared.remembered(),
+        0,
+        "nothing is kept once every session ended"
     );
 }
 

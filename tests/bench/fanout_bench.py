@@ -9,6 +9,8 @@ runs one sender per destination. Scenarios, each on fresh destinations and store
 
   fan-out to 1, 2 and 4 nodes   receivers given --swarm-peers (every block leaves the source once)
   4 separate transfers          the naive baseline: the same pairs without --swarm-peers
+  fan-out to 4, one sender      as fan-out to 4, from one sender process (`--connect` repeated),
+                                which reads and hashes each block of the source once
   fan-out to 4 again            fresh destination directories, the stores kept from the fan-out
 
 Reported per scenario: the median wall time over ROUNDS, its ratio to fan-out to 1, the bytes
@@ -157,8 +159,9 @@ class Nodes:
             self.peak_rss_kib = max(self.peak_rss_kib, reap(p, 30)[2].ru_maxrss)
 
 
-def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
-    """One sender per destination, all at once; returns time and link byte counts."""
+def transfer(dests: list[str], certs: Path, swarm: bool, one_sender: bool) -> dict:
+    """One sender per destination, all at once (or one sender for all of them, `--connect`
+    repeated); returns time and link byte counts."""
     peers = ",".join(f"{ip_of(d)}:{SERVICE_PORT}" for d in dests)
     receivers = []
     for i, d in enumerate(dests):
@@ -190,14 +193,19 @@ def transfer(dests: list[str], certs: Path, swarm: bool) -> dict:
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    senders = [subprocess.Popen(
-        in_ns("src", str(BIN), "send", "--connect", addr, "--root", str(WORK / "src"),
-              "--streams", "4", "--compress", "none", "--json", "--no-progress",
-              "--ca", str(certs / "ca.crt"), "--cert", str(certs / "sender.crt"),
-              "--key", str(certs / "sender.key")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, _, addr in receivers]
+    def sender(addrs: list[str]) -> subprocess.Popen:
+        connects = [a for addr in addrs for a in ("--connect", addr)]
+        return subprocess.Popen(
+            in_ns("src", str(BIN), "send", *connects, "--root", str(WORK / "src"),
+                  "--streams", "4", "--compress", "none", "--json", "--no-progress",
+                  "--ca", str(certs / "ca.crt"), "--cert", str(certs / "sender.crt"),
+                  "--key", str(certs / "sender.key")),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    addrs = [addr for _, _, addr in receivers]
+    senders = [sender(addrs)] if one_sender else [sender([a]) for a in addrs]
     # CPU the source node spent: every sender reads and hashes the whole source (its proofs of
-    # possession are keyed for its own receiver).
+    # possession are keyed for its own receiver); one sender for all reads and hashes it once.
     source_cpu = 0.0
     for s in senders:
         out, err, usage = reap(s, 3600)
@@ -231,12 +239,13 @@ def fresh_stores(dests: list[str]) -> None:
         shutil.rmtree(WORK / d / "cas", ignore_errors=True)
 
 
-def scenario(name: str, dests: list[str], certs: Path, swarm: bool, keep_stores: bool = False) -> dict:
+def scenario(name: str, dests: list[str], certs: Path, swarm: bool, keep_stores: bool = False,
+             one_sender: bool = False) -> dict:
     if not keep_stores:
         fresh_stores(dests)
     nodes = Nodes(dests, certs)
     try:
-        res = transfer(dests, certs, swarm)
+        res = transfer(dests, certs, swarm, one_sender)
     finally:
         nodes.stop()
     res["service_rss"] = nodes.peak_rss_kib
@@ -264,14 +273,15 @@ def main() -> int:
             ("fan-out to 4", NODES[1:5], True, False),
             ("fan-out to 4 again (stores hold it)", NODES[1:5], True, True),
             ("4 separate transfers", NODES[1:5], False, False),
+            ("fan-out to 4, one sender", NODES[1:5], True, False, True),
         ]
         only = os.environ.get("ONLY")
         if only:
             plan = [p for i, p in enumerate(plan, 1) if str(i) in only.split(",")]
         results: dict[str, list[dict]] = {name: [] for name, *_ in plan}
         for r in range(ROUNDS):
-            for name, dests, swarm, keep in plan:
-                res = scenario(name, dests, certs, swarm, keep)
+            for name, dests, swarm, keep, *one in plan:
+                res = scenario(name, dests, certs, swarm, keep, *one)
                 results[name].append(res)
                 print(f"round {r + 1}: {name}: {res['seconds']:.1f} s (source done at "
                       f"{res['source_done']:.1f} s), source sent "

@@ -19,7 +19,7 @@ use super::BLOCK_SIZE;
 use super::error::Result;
 use super::hash::BlockHash;
 use super::lease::Lease;
-use super::pop::{Nonce, PopKey, Proof};
+use super::pop::{Nonce, PopKey, Proof, Secret};
 use super::store::{CasStore, Materialized, ProofCheck};
 
 /// Most distinct blocks one announce may take from the store (each costs a 4 MiB read and two
@@ -64,6 +64,16 @@ impl DedupSender {
             index,
             hash: BlockHash::of(block),
             proof: self.key.prove(block),
+        }
+    }
+
+    /// Hash and proof for a block whose hash and possession secret were computed already
+    /// (by another session of the same sender): no pass over its bytes.
+    pub fn announce_known(&self, index: u64, hash: BlockHash, secret: &Secret) -> AnnouncedBlock {
+        AnnouncedBlock {
+            index,
+            hash,
+            proof: self.key.prove_secret(secret),
         }
     }
 }

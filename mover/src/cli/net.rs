@@ -10,9 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::kind::{ErrorKind, Failure};
-use crate::net::{self, Role};
+use crate::net::{self, Role, TransportError};
 use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
+use crate::session::sender::shared::SharedReads;
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, SessionSummary, Timeouts};
 use crate::tree::subpath::{self, Anchored, Side};
 
@@ -119,8 +120,10 @@ impl TlsArgs {
 #[derive(clap::Args, Debug)]
 pub struct SendArgs {
     /// Receiver address: HOST:PORT (a name or an IP; [v6]:PORT), or :PORT for this host.
-    #[arg(long)]
-    pub connect: String,
+    /// Repeat it to send the tree to several receivers at once (a fan-out): one session each,
+    /// sharing the reads, so that every block of the source is read and hashed once.
+    #[arg(long, required = true)]
+    pub connect: Vec<String>,
     /// Tree to send (its contents land in the receiver's root), or a single file (it lands in
     /// the receiver's root under its own name).
     #[arg(long)]
@@ -549,44 +552,163 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         },
         // Set to the process's signals inside the runtime.
         shutdown: session::Shutdown::never(),
+        shared: None,
     };
+    let destinations = args.connect.len();
+    if destinations > 1 {
+        cfg.shared = Some(Arc::new(SharedReads::new(destinations)));
+    }
     let progress = Arc::new(Progress::new(&transfer, "sender"));
     let rt = runtime()?;
-    let outcome = rt.block_on(async {
+    let outcomes = rt.block_on(async {
         cfg.shutdown = session::Shutdown::on_signals()?;
-        let connect = super::addr::resolve(&args.connect, "localhost").await?;
         start_progress_service(&args.tls, &files, progress.clone()).await?;
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
-        let mut streams = Vec::new();
-        for _ in 0..args.streams {
-            let retry = Duration::from_secs(args.connect_retry);
-            match net::connect_tls_retrying(connect, client.clone(), timeouts.handshake, retry)
-                .await
-            {
-                Ok(s) => streams.push(s),
-                Err(e) => {
-                    let message = session::anyhow_chain(&e);
-                    let failure = Failure::new(e.kind(), e.permanent());
-                    progress.set_failure(failure, &message);
+        let destination = Destination {
+            cfg: &cfg,
+            client: &client,
+            streams: args.streams,
+            retry: Duration::from_secs(args.connect_retry),
+        };
+        let mut addrs = Vec::with_capacity(destinations);
+        for spec in &args.connect {
+            addrs.push(super::addr::resolve(spec, "localhost").await?);
+        }
+        let outcomes = if destinations == 1 {
+            vec![destination.send(addrs[0], progress.clone()).await]
+        } else {
+            let sessions = addrs.iter().map(|&addr| {
+                let session = Progress::for_session(&progress);
+                let destination = &destination;
+                async move {
+                    let outcome = destination.send(addr, session.clone()).await;
+                    session.close_session();
+                    outcome
+                }
+            });
+            progress.set_phase(Phase::Transferring);
+            let outcomes = futures::future::join_all(sessions).await;
+            // The process's outcome: the first failed destination's, else the first that
+            // left entries out, else success (with the digest every destination agreed on).
+            match outcomes.iter().find_map(|o| o.as_ref().err()) {
+                Some((failure, message)) => {
+                    progress.set_failure(*failure, message);
                     progress.set_phase(Phase::Failed);
-                    linger(&args.tls, &progress).await;
-                    return anyhow::Ok(Err((failure, message)));
+                }
+                None => {
+                    let summaries = outcomes.iter().filter_map(|o| o.as_ref().ok());
+                    let mut telling = summaries.clone().filter(|s| s.failure_line().is_some());
+                    if let Some(s) = telling.next().or(summaries.clone().next()) {
+                        s.set_outcome(&progress);
+                    }
                 }
             }
-        }
-        let s = session::send_session(&cfg, streams, progress.clone()).await;
+            outcomes
+        };
         linger(&args.tls, &progress).await;
-        anyhow::Ok(s.map_err(|e| (e.failure(), session::anyhow_chain(&e))))
+        anyhow::Ok(outcomes)
     })?;
-    let summary = match outcome {
-        Ok(s) => shown.summary(&s),
-        Err((failure, message)) => return Ok(report_failure(failure, &shown.text(&message))),
-    };
-    // The handle the session worked through stays open until here.
+    if let Some(shared) = &cfg.shared {
+        let counts = shared.counts();
+        tracing::info!(
+            "{} blocks read from the source for {destinations} destinations ({} taken from \
+             another destination's read)",
+            counts.reads,
+            counts.shared
+        );
+    }
+    // The handle the sessions worked through stays open until here.
     drop(anchored);
-    print_summary(args.tls.json, "sent", &summary)?;
-    print_failures("sent", &summary);
-    Ok(exit_code(&summary))
+    let mut code = ExitCode::SUCCESS;
+    let mut failed = None;
+    for (addr, outcome) in args.connect.iter().zip(outcomes) {
+        let named = |text: &str| match destinations {
+            1 => text.to_owned(),
+            _ => format!("to {addr}: {text}"),
+        };
+        match outcome {
+            Ok(s) => {
+                let summary = shown.summary(&s);
+                if destinations == 1 {
+                    print_summary(args.tls.json, "sent", &summary)?;
+                } else {
+                    print_destination_summary(args.tls.json, addr, &summary)?;
+                }
+                print_failures(&named("sent"), &summary);
+                if summary.left_out() {
+                    code = exit_code(&summary);
+                }
+            }
+            Err((failure, message)) => {
+                let reported = report_failure(failure, &named(&shown.text(&message)));
+                failed.get_or_insert(reported);
+            }
+        }
+    }
+    Ok(failed.unwrap_or(code))
+}
+
+type ClientStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// One receiver of a sender, and how to reach it.
+struct Destination<'a> {
+    cfg: &'a SenderConfig,
+    client: &'a Arc<rustls::ClientConfig>,
+    streams: u32,
+    retry: Duration,
+}
+
+impl Destination<'_> {
+    /// Connects every stream to `addr` and runs the session. A destination that cannot be
+    /// reached leaves the reads it would have shared to the others.
+    async fn send(
+        &self,
+        addr: SocketAddr,
+        progress: Arc<Progress>,
+    ) -> Result<SessionSummary, (Failure, String)> {
+        let streams = match self.connect(addr).await {
+            Ok(streams) => streams,
+            Err(e) => {
+                if let Some(shared) = &self.cfg.shared {
+                    shared.leave();
+                }
+                let message = session::anyhow_chain(&e);
+                let failure = Failure::new(e.kind(), e.permanent());
+                progress.set_failure(failure, &message);
+                progress.set_phase(Phase::Failed);
+                return Err((failure, message));
+            }
+        };
+        session::send_session(self.cfg, streams, progress)
+            .await
+            .map_err(|e| (e.failure(), session::anyhow_chain(&e)))
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> Result<Vec<ClientStream>, TransportError> {
+        let timeout = self.cfg.timeouts.handshake;
+        let mut streams = Vec::new();
+        for _ in 0..self.streams {
+            let client = self.client.clone();
+            streams.push(net::connect_tls_retrying(addr, client, timeout, self.retry).await?);
+        }
+        Ok(streams)
+    }
+}
+
+/// A destination's summary when the sender had several: its address first.
+fn print_destination_summary(json: bool, addr: &str, s: &SessionSummary) -> anyhow::Result<()> {
+    if !json {
+        return print_summary(false, &format!("sent to {addr}"), s);
+    }
+    let mut line = serde_json::to_value(s)?;
+    if let Some(fields) = line.as_object_mut() {
+        fields.insert("destination".into(), addr.into());
+    }
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, &line)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Exit status 0 when every session succeeded, 1 when one left entries out (each logged); with

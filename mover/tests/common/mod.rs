@@ -371,6 +371,8 @@ pub struct SendOpts {
     pub checksum: bool,
     pub bandwidth_limit: Option<u64>,
     pub filter: std::sync::Arc<ferry_mover::tree::Filter>,
+    /// Reads shared with the other sessions of one sender (a fan-out from one process).
+    pub shared: Option<Arc<ferry_mover::session::sender::shared::SharedReads>>,
 }
 
 impl Default for SendOpts {
@@ -382,6 +384,7 @@ impl Default for SendOpts {
             checksum: false,
             bandwidth_limit: None,
             filter: Default::default(),
+            shared: None,
         }
     }
 }
@@ -427,6 +430,7 @@ pub async fn send_watched(
         dry_run: false,
         on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
+        shared: o.shared.clone(),
     };
     session::send_session(&cfg, streams, progress)
         .await

@@ -45,6 +45,9 @@ where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let r = run(cfg, streams, progress.clone()).await;
+    if let Some(shared) = &cfg.shared {
+        shared.leave();
+    }
     match &r {
         Ok(summary) => summary.set_outcome(&progress),
         Err(e) => {
@@ -198,6 +201,7 @@ where
         dry_run: cfg.dry_run,
         batch_buffers: BufferPool::new(BATCH_BUFFER, n as usize + 2),
         block_buffers: BufferPool::new(BLOCK_SIZE, 2 * n as usize + 2),
+        shared: cfg.shared.clone(),
     });
     let p = progress.clone();
     let filter = cfg.filter.clone();
@@ -774,6 +778,7 @@ async fn handle_want(
                     chunk.to_vec(),
                 );
                 let size = e.size;
+                let shared = ctx.shared.clone();
                 let AnnounceChunk {
                     msg,
                     indexes,
@@ -781,7 +786,7 @@ async fn handle_want(
                     hashes,
                 } = ctx
                     .blocking
-                    .run(move || build_announce(&f, &p, &d, (file_id, size), c))
+                    .run(move || build_announce(&f, &p, &d, shared.as_deref(), (file_id, size), c))
                     .await??;
                 if let Some(fd) = &src.digest {
                     for (index, hash) in hashes {

@@ -13,7 +13,9 @@ use bytes::Bytes;
 use ferry_proto::wire::v1 as pb;
 use tokio::sync::{Mutex, mpsc};
 
+use crate::cas::BlockHash;
 use crate::cas::dedup::DedupSender;
+use crate::cas::pop::secret_of;
 use crate::digest::{self, BlockHashes, Hash, HashError, HashPool, TreeBuilder};
 use crate::limiter::Limiter;
 use crate::progress::Progress;
@@ -24,6 +26,7 @@ use crate::tree::confine::open_dir_beneath;
 use crate::tree::{DirFd, RelPath, Resolve};
 use crate::wire::{BLOCK_SIZE, Message, block_len, codec};
 
+use super::shared::{BlockRead, FileKey, SharedReads};
 use super::*;
 
 /// A source file opened for its wanted blocks: what its block jobs and announces read.
@@ -120,6 +123,8 @@ pub(super) struct Ctx {
     pub(super) batch_buffers: Arc<crate::session::buffers::BufferPool>,
     /// Block frames' buffers, likewise.
     pub(super) block_buffers: Arc<crate::session::buffers::BufferPool>,
+    /// Blocks shared with the other sessions of this sender (see [`SharedReads`]).
+    pub(super) shared: Option<Arc<SharedReads>>,
 }
 
 impl Ctx {
@@ -160,11 +165,13 @@ pub(super) struct AnnounceChunk {
 }
 
 /// Reads the given blocks of a file of `size` bytes and builds their BlockAnnounce (hash and
-/// proof of possession each).
+/// proof of possession each). With `shared`, a block another session of this sender read
+/// already is not read again.
 pub(super) fn build_announce(
     f: &std::fs::File,
     path: &Path,
     dedup: &DedupSender,
+    shared: Option<&SharedReads>,
     (file_id, size): (u64, u64),
     indexes: Vec<u64>,
 ) -> Result<AnnounceChunk, SendError> {
@@ -172,28 +179,25 @@ pub(super) fn build_announce(
         path: path.to_owned(),
         source,
     };
+    let key = match shared {
+        Some(_) => Some(FileKey::of(f).map_err(rerr)?),
+        None => None,
+    };
     // Read, hash and prove on every core: None marks an all-zero block.
     let parts = crate::cas::dedup::par_chunks(&indexes, |part| {
         let mut block = vec![0u8; BLOCK_SIZE];
         let mut out = Vec::with_capacity(part.len());
         for &index in part {
-            let len = block_len(size, index);
-            if digest::is_hole(f, index * BLOCK_SIZE as u64, len) {
-                out.push((index, None));
-                continue;
-            }
-            let buf = &mut block[..len as usize];
-            f.read_exact_at(buf, index * BLOCK_SIZE as u64)
-                .map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        SendError::Changed(path.to_owned())
-                    } else {
-                        rerr(e)
-                    }
-                })?;
+            let mut read = || read_for_announce(f, path, size, index, &mut block);
+            let read = match (shared, key) {
+                (Some(shared), Some(key)) => shared.block(key, index, read)?,
+                _ => read()?,
+            };
             out.push((
                 index,
-                (!crate::tree::data::is_zero(buf)).then(|| dedup.announce(index, buf)),
+                read.map(|(hash, secret)| {
+                    dedup.announce_known(index, BlockHash::from_bytes(hash), &secret)
+                }),
             ));
         }
         Ok::<_, SendError>(out)
@@ -231,6 +235,40 @@ pub(super) fn build_announce(
         zeros,
         hashes,
     })
+}
+
+/// A read of a source block that failed: the file got shorter since the walk (it changed), or
+/// an I/O error.
+fn block_read_error(path: &Path, e: std::io::Error) -> SendError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        SendError::Changed(path.to_owned())
+    } else {
+        SendError::Read {
+            path: path.to_owned(),
+            source: e,
+        }
+    }
+}
+
+/// One block's hash and possession secret, read from the source; None when it is all zeros.
+fn read_for_announce(
+    f: &std::fs::File,
+    path: &Path,
+    size: u64,
+    index: u64,
+    block: &mut [u8],
+) -> Result<BlockRead, SendError> {
+    let len = block_len(size, index);
+    if digest::is_hole(f, index * BLOCK_SIZE as u64, len) {
+        return Ok(None);
+    }
+    let buf = &mut block[..len as usize];
+    f.read_exact_at(buf, index * BLOCK_SIZE as u64)
+        .map_err(|e| block_read_error(path, e))?;
+    if crate::tree::data::is_zero(buf) {
+        return Ok(None);
+    }
+    Ok(Some((*blake3::hash(buf).as_bytes(), secret_of(buf))))
 }
 
 /// Source files the receiver skipped, queued for the digest readers: small ones in groups, each
@@ -349,16 +387,8 @@ pub(super) fn hash_blocks(
         let mut buf = Vec::new();
         part.iter()
             .map(|&index| {
-                digest::hash_block_at(f, size, index, &mut buf).map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                        SendError::Changed(path.to_owned())
-                    } else {
-                        SendError::Read {
-                            path: path.to_owned(),
-                            source: e,
-                        }
-                    }
-                })
+                digest::hash_block_at(f, size, index, &mut buf)
+                    .map_err(|e| block_read_error(path, e))
             })
             .collect::<Result<Vec<Hash>, SendError>>()
     });
@@ -527,10 +557,7 @@ pub(super) fn read_block(ctx: &Ctx, job: BlockJob) -> Result<Message, SendError>
             job.src
                 .file
                 .read_exact_at(&mut buf[at], start)
-                .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::UnexpectedEof => SendError::Changed(path.to_owned()),
-                    _ => rerr(e),
-                })?;
+                .map_err(|e| block_read_error(path, e))?;
         }
         // A file cut short since the walk would read as a zero tail here, not as a short read.
         if job.src.file.metadata().map_err(rerr)?.len() < off + job.len {

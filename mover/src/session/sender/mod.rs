@@ -8,6 +8,7 @@
 mod driver;
 mod effects;
 mod refetch;
+pub mod shared;
 pub mod state;
 
 use std::path::PathBuf;
@@ -140,6 +141,9 @@ pub struct SenderConfig {
     pub on_unreadable: OnUnreadable,
     /// Ends the session, telling the receiver why.
     pub shutdown: crate::session::Shutdown,
+    /// The blocks this session shares with the other sessions of the same sender (one source,
+    /// several destinations), so that each is read once; None for a lone session.
+    pub shared: Option<Arc<shared::SharedReads>>,
 }
 
 pub use driver::send_session;

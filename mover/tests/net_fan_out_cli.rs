@@ -1,0 +1,181 @@
+//! One `send` command, several receivers (`--connect` repeated): every receiver gets the tree
+//! and its own summary, each block of the source is read once for all of them, and a receiver
+//! that cannot be reached fails alone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::BufReader;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+/// A `receive --once` on a free loopback port, with a block store of its own under `store`
+/// (so the sender announces blocks: the reads it shares), its bound address and its stdout
+/// (kept open: it prints its summary there at the end).
+fn receiver(pki: &Pki, dst: &Path, store: &Path) -> (Child, String, BufReader<ChildStdout>) {
+    let mut child = Command::new(BIN)
+        .args([
+            "receive",
+            "--listen",
+            "127.0.0.1:0",
+            "--once",
+            "--json",
+            "--cas",
+        ])
+        .arg(store)
+        .arg("--root")
+        .arg(dst)
+        .args(pki.args("receiver"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (addr, stdout) = bound_addr(&mut child);
+    (child, addr, stdout)
+}
+
+fn send_to(pki: &Pki, src: &Path, addrs: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["send", "--json", "--log-level", "info", "--streams", "2"]);
+    for a in addrs {
+        cmd.args(["--connect", a]);
+    }
+    cmd.arg("--root")
+        .arg(src)
+        .args(pki.args("sender"))
+        .output()
+        .unwrap()
+}
+
+/// The summaries on stdout, by destination.
+fn summaries(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Three large files of 5 full blocks and a tail each, beside small files: 15 full blocks.
+fn dataset(root: &Path) -> u64 {
+    for i in 0..20u64 {
+        write(&root.join(format!("small/{i}.txt")), &random_bytes(3000, i));
+    }
+    for i in 0..3u64 {
+        write(
+            &root.join(format!("big/{i}.bin")),
+            &random_bytes(5 * 4 * 1024 * 1024 + 1000, 40 + i),
+        );
+    }
+    15
+}
+
+/// "N blocks read from the source for D destinations (M taken from another destination's
+/// read)" from the sender's log: (N, M).
+fn shared_reads(stderr: &str) -> (u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("blocks read from the source"))
+        .unwrap_or_else(|| panic!("no count of shared reads in the sender's log:\n{stderr}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let at = |i: usize| *numbers.iter().rev().nth(i).unwrap();
+    // The last three numbers: reads, destinations, shared.
+    (at(2), at(0))
+}
+
+#[test]
+fn one_send_reaches_every_receiver_and_reads_each_block_once() {
+    let pki = pki("fan-cli");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let blocks = dataset(&src);
+    let mut receivers = Vec::new();
+    for i in 0..3 {
+        let (dst, store) = (
+            tmp.path().join(format!("d{i}")),
+            tmp.path().join(format!("s{i}")),
+        );
+        std::fs::create_dir_all(&dst).unwrap();
+        let (child, addr, stdout) = receiver(&pki, &dst, &store);
+        receivers.push((child, addr, dst, stdout));
+    }
+    let owned: Vec<String> = receivers.iter().map(|(_, a, _, _)| a.clone()).collect();
+    let addrs: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let out = send_to(&pki, &src, &addrs);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "send failed: {:?}\n{stderr}",
+        out.status
+    );
+    for (mut child, _, dst, _stdout) in receivers {
+        assert!(child.wait().unwrap().success(), "a receiver failed");
+        assert_same_tree(&src, &dst);
+    }
+    let lines = summaries(&out);
+    let named: Vec<&str> = lines
+        .iter()
+        .map(|l| l["destination"].as_str().expect("destination"))
+        .collect();
+    assert_eq!(
+        named, addrs,
+        "one summary per destination, in --connect order"
+    );
+    let digests: Vec<&str> = lines
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap())
+        .collect();
+    assert!(
+        !digests[0].is_empty() && digests.iter().all(|d| *d == digests[0]),
+        "every destination verified the same digest: {digests:?}"
+    );
+    assert_eq!(
+        shared_reads(&stderr),
+        (blocks, 2 * blocks),
+        "each full block is read once for the three destinations"
+    );
+}
+
+#[test]
+fn a_receiver_that_cannot_be_reached_fails_alone() {
+    let pki = pki("fan-cli-down");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    dataset(&src);
+    let dst = tmp.path().join("dst");
+    std::fs::create_dir_all(&dst).unwrap();
+    let (mut child, addr, _stdout) = receiver(&pki, &dst, &tmp.path().join("store"));
+    // A port nothing listens on: bound, then closed.
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let out = send_to(&pki, &src, &[&down, &addr]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        child.wait().unwrap().success(),
+        "the reachable receiver failed"
+    );
+    assert_same_tree(&src, &dst);
+    let code = out.status.code().expect("an exit status");
+    assert_eq!(
+        code,
+        i32::from(ferry_mover::kind::exit_status(
+            ferry_mover::kind::ErrorKind::Network,
+            false
+        )),
+        "the unreachable destination's failure is the exit status:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("to {down}:")),
+        "the failure names the destination:\n{stderr}"
+    );
+    let lines = summaries(&out);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["destination"], addr.as_str());
+}
