@@ -179,3 +179,26 @@ fn a_receiver_that_cannot_be_reached_fails_alone() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["destination"], addr.as_str());
 }
+
+#[test]
+fn a_receiver_named_twice_is_refused_before_anything_is_sent() {
+    let pki = pki("fan-cli-twice");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    dataset(&src);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (a, b) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}"));
+    let out = send_to(&pki, &src, &[&a, &b]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--connect {b} names the same receiver as --connect {a}"
+        )),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "no summary: nothing was sent");
+}

@@ -570,9 +570,19 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
             streams: args.streams,
             retry: Duration::from_secs(args.connect_retry),
         };
-        let mut addrs = Vec::with_capacity(destinations);
+        let mut addrs: Vec<SocketAddr> = Vec::with_capacity(destinations);
         for spec in &args.connect {
-            addrs.push(super::addr::resolve(spec, "localhost").await?);
+            let addr = super::addr::resolve(spec, "localhost").await?;
+            // A second session to the same receiver would fail there (it serves one sender),
+            // and a `--once` receiver would end after the first.
+            if let Some(i) = addrs.iter().position(|a| *a == addr) {
+                anyhow::bail!(
+                    "--connect {spec} names the same receiver as --connect {} ({addr}): give \
+                     each destination once",
+                    args.connect[i]
+                );
+            }
+            addrs.push(addr);
         }
         let outcomes = if destinations == 1 {
             vec![destination.send(addrs[0], progress.clone()).await]
