@@ -19,7 +19,7 @@ use super::BLOCK_SIZE;
 use super::error::Result;
 use super::hash::BlockHash;
 use super::lease::Lease;
-use super::pop::{Nonce, PopKey, Proof, Secret};
+use super::pop::{Nonce, PopKey, Proof, Secret, secret_of};
 use super::store::{CasStore, Materialized, ProofCheck};
 
 /// Most distinct blocks one announce may take from the store (each costs a 4 MiB read and two
@@ -60,11 +60,7 @@ impl DedupSender {
 
     /// Hash and proof for one full block the sender read from its source.
     pub fn announce(&self, index: u64, block: &[u8]) -> AnnouncedBlock {
-        AnnouncedBlock {
-            index,
-            hash: BlockHash::of(block),
-            proof: self.key.prove(block),
-        }
+        self.announce_known(index, BlockHash::of(block), &secret_of(block))
     }
 
     /// Hash and proof for a block whose hash and possession secret were computed already

@@ -294,12 +294,29 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("failed to start the async runtime")
 }
 
-fn print_summary(json: bool, role: &str, s: &SessionSummary) -> anyhow::Result<()> {
+/// A session's summary on stdout (`--json`) or stderr; `destination` names the receiver when a
+/// sender had several (a `destination` field in JSON, "sent to ADDR" for people).
+fn print_summary(
+    json: bool,
+    role: &str,
+    destination: Option<&str>,
+    s: &SessionSummary,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer(&mut out, s)?;
+        match destination {
+            None => serde_json::to_writer(&mut out, s)?,
+            Some(addr) => {
+                let mut line = serde_json::to_value(s)?;
+                if let Some(fields) = line.as_object_mut() {
+                    fields.insert("destination".into(), addr.into());
+                }
+                serde_json::to_writer(&mut out, &line)?;
+            }
+        }
         writeln!(out)?;
     } else if !crate::report::quiet() {
+        let role = destination.map_or_else(|| role.to_owned(), |addr| format!("{role} to {addr}"));
         eprintln!("{role}: {}", human_summary(s));
         if let Some(line) = dropped_line(s) {
             eprintln!("{role}: dropped: {line}");
@@ -639,11 +656,8 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         match outcome {
             Ok(s) => {
                 let summary = shown.summary(&s);
-                if destinations == 1 {
-                    print_summary(args.tls.json, "sent", &summary)?;
-                } else {
-                    print_destination_summary(args.tls.json, addr, &summary)?;
-                }
+                let named_addr = (destinations > 1).then_some(addr.as_str());
+                print_summary(args.tls.json, "sent", named_addr, &summary)?;
                 print_failures(&named("sent"), &summary);
                 if summary.left_out() {
                     code = exit_code(&summary);
@@ -703,22 +717,6 @@ impl Destination<'_> {
         }
         Ok(streams)
     }
-}
-
-/// A destination's summary when the sender had several: its address first.
-fn print_destination_summary(json: bool, addr: &str, s: &SessionSummary) -> anyhow::Result<()> {
-    if !json {
-        return print_summary(false, &format!("sent to {addr}"), s);
-    }
-    let mut line = serde_json::to_value(s)?;
-    if let Some(fields) = line.as_object_mut() {
-        fields.insert("destination".into(), addr.into());
-    }
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, &line)?;
-    writeln!(out)?;
-    out.flush()?;
-    Ok(())
 }
 
 /// Exit status 0 when every session succeeded, 1 when one left entries out (each logged); with
@@ -844,7 +842,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
                 progress.clone(),
                 |r| match r {
                     Ok(s) => {
-                        if let Err(e) = print_summary(json, "received", &shown.summary(s)) {
+                        if let Err(e) = print_summary(json, "received", None, &shown.summary(s)) {
                             tracing::warn!("failed to print summary: {e}");
                         }
                         if s.failed > 0 {

@@ -173,9 +173,10 @@ impl SwarmPeers {
     /// The destination that owns block `index` of the file whose [`path_start`] is `start`: the
     /// same answer on every destination. Consecutive blocks of a file go to consecutive
     /// destinations (from the start the path's hash picks), so every destination owns an equal
-    /// share of a large file, give or take one block. A share chosen by each block's hash instead varies by about
-    /// `sqrt(blocks / N)` blocks, and the destination with the largest share is the last to get
-    /// its blocks from the source and must then pass them on to all the others alone.
+    /// share of a large file, give or take one block. A share chosen by each block's hash
+    /// instead varies by about `sqrt(blocks / N)` blocks, and the destination with the largest
+    /// share is the last to get its blocks from the source and must then pass them on to all
+    /// the others alone.
     fn owner_index(&self, start: u64, index: u64) -> usize {
         let n = self.peers.len() as u64;
         ((start % n + index % n) % n) as usize

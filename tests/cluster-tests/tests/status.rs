@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
-use ferry_cluster_tests::TestNamespace;
 use ferry_cluster_tests::operator::kubectl;
 use ferry_cluster_tests::transfers::{self, NODE_A, NODE_B, SharedOperator, transfer};
+use ferry_cluster_tests::{TestNamespace, wait_until};
 use ferry_operator::api::{Phase, Transfer};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -91,13 +91,13 @@ async fn start(
     Ok((ns, api))
 }
 
-/// Whether a Warning Event about `name` with `reason` appears within 30 s: the operator records
-/// it just after the status that names the reason, so it may not be there yet when the status is.
-async fn has_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Result<bool> {
+/// Waits up to 30 s for a Warning Event about `name` with `reason`: the operator records it
+/// just after the status that names the reason, so it may not be there yet when the status is.
+async fn wait_for_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Result<()> {
     let events: Api<Event> = ns.api();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let found = events
+    let what = format!("a Warning Event {reason} about {name}");
+    wait_until(Duration::from_secs(30), &what, || async {
+        Ok(events
             .list(&ListParams::default())
             .await?
             .items
@@ -106,12 +106,9 @@ async fn has_warning(ns: &TestNamespace, name: &str, reason: &str) -> anyhow::Re
                 e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
                     && e.reason.as_deref() == Some(reason)
                     && e.type_.as_deref() == Some("Warning")
-            });
-        if found || tokio::time::Instant::now() >= deadline {
-            return Ok(found);
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+            }))
+    })
+    .await
 }
 
 #[tokio::test]
@@ -138,7 +135,7 @@ async fn an_image_that_cannot_be_pulled_is_named_and_the_attempt_times_out() -> 
         message.contains("-recv") && message.contains("no-such-mover"),
         "the message names neither the pod nor the image: {message}"
     );
-    assert!(has_warning(&ns, "pull", "MoverImagePullFailed").await?);
+    wait_for_warning(&ns, "pull", "MoverImagePullFailed").await?;
     // After the pending timeout the attempt fails and is retried with backoff.
     let message = wait_reason(&api, "pull", "Retrying").await?;
     assert!(
@@ -172,7 +169,7 @@ async fn a_granted_root_missing_on_the_node_is_a_failed_mount() -> anyhow::Resul
         message.contains("FailedMount") && message.contains(MISSING_ROOT),
         "{message}"
     );
-    assert!(has_warning(&ns, "mount", "MoverVolumeMountFailed").await?);
+    wait_for_warning(&ns, "mount", "MoverVolumeMountFailed").await?;
     ns.delete().await
 }
 
@@ -217,7 +214,7 @@ async fn a_pod_admission_refuses_is_a_condition_and_an_event() -> anyhow::Result
         message.contains("exceeded quota") && message.contains("-recv"),
         "{message}"
     );
-    assert!(has_warning(&ns, "quota", "MoverRejected").await?);
+    wait_for_warning(&ns, "quota", "MoverRejected").await?;
     ns.delete().await
 }
 

@@ -179,9 +179,9 @@ impl SharedReads {
         let mut inner = self.lock();
         inner.live = inner.live.saturating_sub(1);
         let live = inner.live;
-        inner.slots.retain(|_, s| {
-            matches!(s, Slot::Reading) || matches!(s, Slot::Read { taken, .. } if *taken < live)
-        });
+        inner
+            .slots
+            .retain(|_, s| !matches!(s, Slot::Read { taken, .. } if *taken >= live));
         drop(inner);
         self.ready.notify_all();
     }
