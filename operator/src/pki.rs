@@ -268,6 +268,7 @@ impl Authority {
             chain,
             key: Arc::new(key),
             identity,
+            also: Vec::new(),
             peer: None,
         };
         let cfg = ferry_mover::net::client_config(&files, &[Role::Sender, Role::Receiver])

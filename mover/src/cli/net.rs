@@ -1,5 +1,6 @@
 //! `ferry-mover certs|send|receive`.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -433,6 +434,7 @@ async fn start_progress_service(
     tls: &TlsArgs,
     files: &net::TlsFiles,
     progress: Arc<Progress>,
+    sessions: BTreeMap<String, Arc<Progress>>,
 ) -> anyhow::Result<()> {
     if let Some(addr) = tls.progress_listen {
         let cfg = net::server_config(&files.local_only(), &[Role::Operator])?;
@@ -441,7 +443,9 @@ async fn start_progress_service(
             .with_context(|| format!("failed to bind progress address {addr}"))?;
         eprintln!("progress service on {}", listener.local_addr()?);
         tokio::spawn(async move {
-            if let Err(e) = progress::serve_progress(listener, Arc::new(cfg), progress).await {
+            let served =
+                progress::serve_progress_of_sessions(listener, Arc::new(cfg), progress, sessions);
+            if let Err(e) = served.await {
                 tracing::warn!("progress service stopped: {e}");
             }
         });
@@ -540,7 +544,11 @@ impl Shown {
 pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let transfer = transfer_id(&args.tls)?;
     let files = load_tls(&args.tls, &transfer, Role::Sender)?;
-    let client = Arc::new(net::client_config(&files, &[Role::Receiver])?);
+    let targets = args
+        .connect
+        .iter()
+        .map(|spec| Target::parse(spec, &files))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let timeouts = args.tls.timeouts();
     let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Source) {
         Ok(a) => a,
@@ -571,50 +579,74 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         shutdown: session::Shutdown::never(),
         shared: None,
     };
-    let destinations = args.connect.len();
+    let destinations = targets.len();
     if destinations > 1 {
         cfg.shared = Some(Arc::new(SharedReads::new(destinations)));
     }
-    let progress = Arc::new(Progress::new(&transfer, "sender"));
+    // One destination acting as another of the certificate's Transfers is that Transfer's
+    // sender through and through.
+    let shown_transfer = match targets.as_slice() {
+        [only] => only.files.identity.transfer_id.clone(),
+        _ => transfer.clone(),
+    };
+    let progress = Arc::new(Progress::new(&shown_transfer, "sender"));
+    let sessions: Vec<Arc<Progress>> = match destinations {
+        1 => vec![progress.clone()],
+        _ => targets
+            .iter()
+            .map(|t| Progress::for_session_as(&progress, &t.files.identity.transfer_id))
+            .collect(),
+    };
+    let by_transfer = Target::sessions_by_transfer(&targets, &sessions);
     let rt = runtime()?;
     let outcomes = rt.block_on(async {
         cfg.shutdown = session::Shutdown::on_signals()?;
-        start_progress_service(&args.tls, &files, progress.clone()).await?;
+        start_progress_service(&args.tls, &files, progress.clone(), by_transfer.clone()).await?;
         let _bar = ProgressBar::start(progress.clone(), !args.tls.json);
-        let destination = Destination {
-            cfg: &cfg,
-            client: &client,
-            streams: args.streams,
-            retry: Duration::from_secs(args.connect_retry),
-        };
         let mut addrs: Vec<SocketAddr> = Vec::with_capacity(destinations);
-        for spec in &args.connect {
-            let addr = super::addr::resolve(spec, "localhost").await?;
+        for t in &targets {
+            let addr = super::addr::resolve(&t.addr, "localhost").await?;
             // A second session to the same receiver would fail there (it serves one sender),
             // and a `--once` receiver would end after the first.
             if let Some(i) = addrs.iter().position(|a| *a == addr) {
                 anyhow::bail!(
-                    "--connect {spec} names the same receiver as --connect {} ({addr}): give \
+                    "--connect {} names the same receiver as --connect {} ({addr}): give \
                      each destination once",
-                    args.connect[i]
+                    t.spec,
+                    targets[i].spec
                 );
             }
             addrs.push(addr);
         }
+        let destination = |t: &Target| {
+            anyhow::Ok(Destination {
+                cfg: SenderConfig {
+                    transfer_id: t.files.identity.transfer_id.clone(),
+                    ..cfg.clone()
+                },
+                client: Arc::new(net::client_config(&t.files, &[Role::Receiver])?),
+                streams: args.streams,
+                retry: Duration::from_secs(args.connect_retry),
+            })
+        };
         let outcomes = if destinations == 1 {
-            vec![destination.send(addrs[0], progress.clone()).await]
+            vec![
+                destination(&targets[0])?
+                    .send(addrs[0], progress.clone())
+                    .await,
+            ]
         } else {
-            let sessions = addrs.iter().map(|&addr| {
-                let session = Progress::for_session(&progress);
-                let destination = &destination;
-                async move {
+            let mut runs = Vec::with_capacity(destinations);
+            for ((t, &addr), session) in targets.iter().zip(&addrs).zip(&sessions) {
+                let (destination, session) = (destination(t)?, session.clone());
+                runs.push(async move {
                     let outcome = destination.send(addr, session.clone()).await;
                     session.close_session();
                     outcome
-                }
-            });
+                });
+            }
             progress.set_phase(Phase::Transferring);
-            let outcomes = futures::future::join_all(sessions).await;
+            let outcomes = futures::future::join_all(runs).await;
             // The process's outcome: the first failed destination's, else the first that
             // left entries out, else success (with the digest every destination agreed on).
             match outcomes.iter().find_map(|o| o.as_ref().err()) {
@@ -632,7 +664,12 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
             }
             outcomes
         };
-        linger(&args.tls, &progress).await;
+        if args.tls.progress_listen.is_some() {
+            let keyed: Vec<Arc<Progress>> = by_transfer.values().cloned().collect();
+            progress
+                .linger_for_watchers_of(&keyed, Duration::from_secs(args.tls.progress_linger))
+                .await;
+        }
         anyhow::Ok(outcomes)
     })?;
     if let Some(shared) = &cfg.shared {
@@ -648,7 +685,8 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     drop(anchored);
     let mut code = ExitCode::SUCCESS;
     let mut failed = None;
-    for (addr, outcome) in args.connect.iter().zip(outcomes) {
+    for (target, outcome) in targets.iter().zip(outcomes) {
+        let addr = &target.spec;
         let named = |text: &str| match destinations {
             1 => text.to_owned(),
             _ => format!("to {addr}: {text}"),
@@ -672,17 +710,68 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
     Ok(failed.unwrap_or(code))
 }
 
+/// One `--connect`: `[TRANSFER@]ADDR`, and the certificate identity the sender acts as there.
+struct Target {
+    /// As given, to name the destination in messages and summaries.
+    spec: String,
+    addr: String,
+    /// The files acting as the Transfer named before `@` (else as the sender's own).
+    files: net::TlsFiles,
+    /// Whether a Transfer was named: its session is then reported under its id.
+    named: bool,
+}
+
+impl Target {
+    fn parse(spec: &str, files: &net::TlsFiles) -> anyhow::Result<Self> {
+        let Some((transfer, addr)) = spec.split_once('@') else {
+            return Ok(Self {
+                spec: spec.to_owned(),
+                addr: spec.to_owned(),
+                files: files.clone(),
+                named: false,
+            });
+        };
+        let Some(acting) = files.acting_as(transfer) else {
+            anyhow::bail!(
+                "--connect {spec}: the certificate --cert does not speak for transfer {transfer:?} \
+                 (it names {})",
+                files.transfer_ids().join(", ")
+            );
+        };
+        Ok(Self {
+            spec: spec.to_owned(),
+            addr: addr.to_owned(),
+            files: acting,
+            named: true,
+        })
+    }
+
+    /// The sessions of destinations that name their Transfer, by its id (each Transfer once:
+    /// its operator must find one session under it).
+    fn sessions_by_transfer(
+        targets: &[Target],
+        sessions: &[Arc<Progress>],
+    ) -> BTreeMap<String, Arc<Progress>> {
+        targets
+            .iter()
+            .zip(sessions)
+            .filter(|(t, _)| t.named)
+            .map(|(t, s)| (t.files.identity.transfer_id.clone(), s.clone()))
+            .collect()
+    }
+}
+
 type ClientStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 /// One receiver of a sender, and how to reach it.
-struct Destination<'a> {
-    cfg: &'a SenderConfig,
-    client: &'a Arc<rustls::ClientConfig>,
+struct Destination {
+    cfg: SenderConfig,
+    client: Arc<rustls::ClientConfig>,
     streams: u32,
     retry: Duration,
 }
 
-impl Destination<'_> {
+impl Destination {
     /// Connects every stream to `addr` and runs the session. A destination that cannot be
     /// reached leaves the reads it would have shared to the others.
     async fn send(
@@ -703,7 +792,7 @@ impl Destination<'_> {
                 return Err((failure, message));
             }
         };
-        session::send_session(self.cfg, streams, progress)
+        session::send_session(&self.cfg, streams, progress)
             .await
             .map_err(|e| (e.failure(), session::anyhow_chain(&e)))
     }
@@ -830,7 +919,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "{}", listener.local_addr()?)?;
             out.flush()?;
         }
-        start_progress_service(&args.tls, &files, progress.clone()).await?;
+        start_progress_service(&args.tls, &files, progress.clone(), BTreeMap::new()).await?;
         let _bar = ProgressBar::start(progress.clone(), !json);
         let acceptor = tokio_rustls::TlsAcceptor::from(server);
         let served =

@@ -13,6 +13,8 @@ use super::identity::{Identity, IdentityError, Role};
 pub enum CertsError {
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    #[error("a certificate must name at least one identity")]
+    NoIdentity,
     #[error("failed to generate the {what} certificate")]
     Generate {
         what: String,
@@ -118,14 +120,31 @@ impl Ca {
 
     /// Issues a leaf for any identity (an operator issues scoped ones: cluster and attempt).
     pub fn issue_for(&self, id: &Identity) -> Result<(String, String), CertsError> {
-        let (transfer_id, role) = (id.transfer_id.as_str(), id.role);
+        self.issue_for_all(std::slice::from_ref(id))
+    }
+
+    /// Issues one leaf speaking for every identity of `ids` (one URI SAN each, in order): a
+    /// sender serving several Transfers at once, each receiver accepting it for its own. They
+    /// must share the role and the issuing cluster ([`Identity::all_from_cert_der`]).
+    pub fn issue_for_all(&self, ids: &[Identity]) -> Result<(String, String), CertsError> {
+        let Some(first) = ids.first() else {
+            return Err(CertsError::NoIdentity);
+        };
+        Identity::check_one_issuer(ids)?;
+        let (transfer_id, role) = (first.transfer_id.as_str(), first.role);
         let what = format!("{role} leaf");
         let key = KeyPair::generate().map_err(gen_err(&what))?;
         let mut p = CertificateParams::new(Vec::<String>::new()).map_err(gen_err(&what))?;
-        p.distinguished_name
-            .push(DnType::CommonName, format!("ferry {role} {transfer_id}"));
-        let uri = rcgen::string::Ia5String::try_from(id.uri()).map_err(gen_err(&what))?;
-        p.subject_alt_names = vec![SanType::URI(uri)];
+        let name = match ids.len() {
+            1 => format!("ferry {role} {transfer_id}"),
+            n => format!("ferry {role} {transfer_id} and {} more", n - 1),
+        };
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.subject_alt_names = ids
+            .iter()
+            .map(|id| rcgen::string::Ia5String::try_from(id.uri()).map(SanType::URI))
+            .collect::<Result<_, _>>()
+            .map_err(gen_err(&what))?;
         // Operators are clients of the movers' progress ports and both client and server of
         // the cross-cluster API; every verifier checks the role in the URI SAN besides.
         p.extended_key_usages = vec![
@@ -214,4 +233,48 @@ pub fn write_certs(dir: &Path, certs: &GeneratedCerts) -> Result<Vec<PathBuf>, C
         put(format!("{role}.key"), key, 0o600)?;
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{CertificateParams, KeyPair, SanType};
+
+    use super::*;
+
+    fn self_signed(uris: &[String]) -> Vec<u8> {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.subject_alt_names = uris
+            .iter()
+            .map(|u| SanType::URI(rcgen::string::Ia5String::try_from(u.clone()).unwrap()))
+            .collect();
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_naming_two_roles_or_clusters_carries_no_identity() {
+        let a = |role, cluster| Identity::scoped("a.1", role, cluster, 1).unwrap().uri();
+        let good = self_signed(&[
+            a(Role::Sender, "east"),
+            Identity::scoped("b.1", Role::Sender, "east", 4)
+                .unwrap()
+                .uri(),
+        ]);
+        let ids = Identity::all_from_cert_der(&good).unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(Identity::from_cert_der(&good).unwrap(), ids[0]);
+        // Not made by `issue_for_all`, which refuses them: whoever made these, a verifier
+        // reading one must not take its second name.
+        for uris in [
+            [a(Role::Sender, "east"), a(Role::Receiver, "east")],
+            [a(Role::Sender, "east"), a(Role::Sender, "west")],
+        ] {
+            let der = self_signed(&uris);
+            assert!(matches!(
+                Identity::all_from_cert_der(&der),
+                Err(IdentityError::Mixed { .. })
+            ));
+            assert!(Identity::from_cert_der(&der).is_err());
+        }
+    }
 }

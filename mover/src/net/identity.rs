@@ -98,6 +98,11 @@ pub enum IdentityError {
     #[error("peer certificate carries no ferry identity (no URI SAN starting with {PREFIX})")]
     NoIdentity,
     #[error(
+        "certificate names identities of different roles or clusters ({first} and {other}); \
+         one certificate speaks for one role of one cluster"
+    )]
+    Mixed { first: String, other: String },
+    #[error(
         "peer certificate identity {peer} is not allowed here: this endpoint is {local} and \
          accepts only {accepted}"
     )]
@@ -215,22 +220,57 @@ impl Identity {
         Self::new(id, Role::parse(role)?).ok()
     }
 
-    /// Reads the ferry identity from a DER certificate (the first matching URI SAN).
+    /// Reads the ferry identity from a DER certificate (the first ferry URI SAN; see
+    /// [`Identity::all_from_cert_der`] for a certificate that speaks for several).
     pub fn from_cert_der(der: &[u8]) -> Result<Self, IdentityError> {
+        let mut all = Self::all_from_cert_der(der)?;
+        Ok(all.swap_remove(0))
+    }
+
+    /// Every ferry identity a DER certificate speaks for, in SAN order (at least one). An
+    /// operator issues a sender that serves several Transfers at once one certificate naming each
+    /// of them. All must have the same role and be issued by the same cluster for the same
+    /// peer: the verifiers pick the CA that must have signed a certificate by the cluster it
+    /// names, so a certificate naming two clusters is refused, never matched by its second name.
+    pub fn all_from_cert_der(der: &[u8]) -> Result<Vec<Self>, IdentityError> {
         let (_, cert) =
             X509Certificate::from_der(der).map_err(|_| IdentityError::BadCertificate)?;
         let san = cert
             .subject_alternative_name()
             .map_err(|_| IdentityError::BadCertificate)?
             .ok_or(IdentityError::NoIdentity)?;
-        san.value
+        let all: Vec<Self> = san
+            .value
             .general_names
             .iter()
-            .find_map(|n| match n {
+            .filter_map(|n| match n {
                 GeneralName::URI(u) => Self::parse_uri(u),
                 _ => None,
             })
-            .ok_or(IdentityError::NoIdentity)
+            .collect();
+        if all.is_empty() {
+            return Err(IdentityError::NoIdentity);
+        }
+        Self::check_one_issuer(&all)?;
+        Ok(all)
+    }
+
+    /// Checks that identities may share one certificate: one role, one issuing cluster and one
+    /// peer cluster.
+    pub fn check_one_issuer(ids: &[Identity]) -> Result<(), IdentityError> {
+        fn issuer(i: &Identity) -> (Role, Option<(&String, &Option<String>)>) {
+            (i.role, i.scope.as_ref().map(|s| (&s.cluster, &s.peer)))
+        }
+        let Some(first) = ids.first() else {
+            return Ok(());
+        };
+        match ids.iter().find(|i| issuer(i) != issuer(first)) {
+            Some(odd) => Err(IdentityError::Mixed {
+                first: first.uri(),
+                other: odd.uri(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Checks a peer's identity against what `local` accepts: the same cluster, attempt and

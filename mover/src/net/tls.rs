@@ -69,7 +69,11 @@ pub struct TlsFiles {
     pub roots: Arc<RootCertStore>,
     pub chain: Vec<CertificateDer<'static>>,
     pub key: Arc<PrivateKeyDer<'static>>,
+    /// The identity this endpoint acts as.
     pub identity: Identity,
+    /// Further identities the own certificate speaks for: a sender serving several Transfers
+    /// at once acts as each of them towards its receiver ([`TlsFiles::acting_as`]).
+    pub also: Vec<Identity>,
     /// Another cluster's CA, trusted only for that cluster's movers of this transfer.
     pub peer: Option<PeerTrust>,
 }
@@ -84,6 +88,27 @@ pub struct PeerTrust {
 }
 
 impl TlsFiles {
+    /// The same files acting as the own certificate's identity for `transfer_id` (None when the
+    /// certificate does not speak for it).
+    pub fn acting_as(&self, transfer_id: &str) -> Option<TlsFiles> {
+        let mut all = std::iter::once(&self.identity).chain(&self.also).cloned();
+        let identity = all.clone().find(|i| i.transfer_id == transfer_id)?;
+        let also = all.by_ref().filter(|i| *i != identity).collect();
+        Some(TlsFiles {
+            identity,
+            also,
+            ..self.clone()
+        })
+    }
+
+    /// Every transfer id the own certificate speaks for, the acting one first.
+    pub fn transfer_ids(&self) -> Vec<&str> {
+        std::iter::once(&self.identity)
+            .chain(&self.also)
+            .map(|i| i.transfer_id.as_str())
+            .collect()
+    }
+
     /// The same files without the peer cluster's CA (for the progress port, which only this
     /// cluster's operator reads).
     pub fn local_only(&self) -> TlsFiles {
@@ -168,28 +193,33 @@ pub fn load_files(
             path: cert.to_owned(),
         });
     };
-    let identity = Identity::from_cert_der(leaf).map_err(|source| TlsError::OwnIdentity {
+    let mut all = Identity::all_from_cert_der(leaf).map_err(|source| TlsError::OwnIdentity {
         path: cert.to_owned(),
         source,
     })?;
-    if identity.transfer_id != transfer_id || identity.role != role {
+    let Some(acting) = all
+        .iter()
+        .position(|i| i.transfer_id == transfer_id && i.role == role)
+    else {
         return Err(TlsError::WrongOwnIdentity {
             path: cert.to_owned(),
-            found: identity.uri(),
+            found: all.iter().map(Identity::uri).collect::<Vec<_>>().join(", "),
             expected: Identity {
                 transfer_id: transfer_id.to_owned(),
                 role,
-                scope: identity.scope.clone(),
+                scope: all[0].scope.clone(),
             }
             .uri(),
         });
-    }
+    };
+    let identity = all.remove(acting);
     let key = PrivateKeyDer::from_pem_file(key).map_err(read_err("private key", key))?;
     Ok(TlsFiles {
         roots: Arc::new(roots),
         chain,
         key: Arc::new(key),
         identity,
+        also: all,
         peer: None,
     })
 }
@@ -249,7 +279,10 @@ pub fn server_config(
     let verifier = Arc::new(IdentityClientVerifier {
         inner,
         peer,
-        local: files.identity.clone(),
+        locals: std::iter::once(&files.identity)
+            .chain(&files.also)
+            .cloned()
+            .collect(),
         accepted: accepted.to_vec(),
     });
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
@@ -293,6 +326,30 @@ fn identity_error(e: super::IdentityError) -> rustls::Error {
     rustls::Error::General(e.to_string())
 }
 
+/// Checks a verified certificate's identities against this endpoint's: it is accepted when one
+/// pair passes `check` (a sender serving several Transfers names each, and every receiver
+/// accepts it for its own), and refused with the first pair's mismatch otherwise.
+fn check_any(
+    end_entity: &CertificateDer<'_>,
+    locals: &[Identity],
+    check: impl Fn(&Identity, &Identity) -> Result<(), super::IdentityError>,
+) -> Result<(), rustls::Error> {
+    let mut refusal = None;
+    for peer in Identity::all_from_cert_der(end_entity).map_err(identity_error)? {
+        for local in locals {
+            match check(local, &peer) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    refusal.get_or_insert(e);
+                }
+            }
+        }
+    }
+    Err(identity_error(
+        refusal.unwrap_or(super::IdentityError::NoIdentity),
+    ))
+}
+
 /// Roles a peer cluster's CA may vouch for: the movers, never an operator.
 const PEER_ROLES: [Role; 2] = [Role::Sender, Role::Receiver];
 
@@ -329,7 +386,9 @@ struct IdentityClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     /// The peer cluster's name and a verifier of chains to its CA.
     peer: Option<(String, Arc<dyn ClientCertVerifier>)>,
-    local: Identity,
+    /// Every identity of the own certificate: the progress port of a sender serving several
+    /// Transfers answers each one's operator.
+    locals: Vec<Identity>,
     accepted: Vec<Role>,
 }
 
@@ -353,18 +412,18 @@ impl ClientCertVerifier for IdentityClientVerifier {
             && claimed_cluster(end_entity).as_ref() == Some(cluster)
         {
             verifier.verify_client_cert(end_entity, intermediates, now)?;
-            let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
-            self.local
-                .check_peer_from(&peer, &peer_roles(&self.accepted), cluster)
-                .map_err(identity_error)?;
+            let roles = peer_roles(&self.accepted);
+            check_any(end_entity, &self.locals, |local, peer| {
+                local.check_peer_from(peer, &roles, cluster)
+            })?;
             return Ok(ClientCertVerified::assertion());
         }
         self.inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
-        self.local
-            .check_peer(&peer, &local_roles(&self.accepted, self.peer.is_some()))
-            .map_err(identity_error)?;
+        let roles = local_roles(&self.accepted, self.peer.is_some());
+        check_any(end_entity, &self.locals, |local, peer| {
+            local.check_peer(peer, &roles)
+        })?;
         Ok(ClientCertVerified::assertion())
     }
 
@@ -423,16 +482,23 @@ impl ServerCertVerifier for IdentityServerVerifier {
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
-        let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
+        // Only the identity this endpoint acts as: a sender serving several Transfers pins each
+        // connection to the receiver of the one it was opened for.
+        let local = std::slice::from_ref(&self.local);
         match from_peer {
-            Some(p) => self
-                .local
-                .check_peer_from(&peer, &peer_roles(&self.accepted), &p.cluster),
-            None => self
-                .local
-                .check_peer(&peer, &local_roles(&self.accepted, self.peer.is_some())),
-        }
-        .map_err(identity_error)?;
+            Some(p) => {
+                let roles = peer_roles(&self.accepted);
+                check_any(end_entity, local, |local, peer| {
+                    local.check_peer_from(peer, &roles, &p.cluster)
+                })
+            }
+            None => {
+                let roles = local_roles(&self.accepted, self.peer.is_some());
+                check_any(end_entity, local, |local, peer| {
+                    local.check_peer(peer, &roles)
+                })
+            }
+        }?;
         Ok(ServerCertVerified::assertion())
     }
 

@@ -169,7 +169,16 @@ impl Progress {
     /// streams count into it once the session is assembled); [`Progress::close_session`] adds it
     /// to the parent's.
     pub fn for_session(parent: &std::sync::Arc<Progress>) -> std::sync::Arc<Progress> {
-        let mut p = Progress::new(&parent.transfer_id, &parent.role);
+        Self::for_session_as(parent, &parent.transfer_id)
+    }
+
+    /// [`Progress::for_session`] for the session of another Transfer (a sender serving several
+    /// reports each one's session under its own transfer id).
+    pub fn for_session_as(
+        parent: &std::sync::Arc<Progress>,
+        transfer_id: &str,
+    ) -> std::sync::Arc<Progress> {
+        let mut p = Progress::new(transfer_id, &parent.role);
         p.parent = Some(parent.clone());
         std::sync::Arc::new(p)
     }
@@ -242,8 +251,21 @@ impl Progress {
     /// update, or `max` passed, so a mover that exits right after its transfer does not take its
     /// outcome with it.
     pub async fn linger_for_watchers(&self, max: std::time::Duration) {
+        self.linger_for_watchers_of(&[], max).await;
+    }
+
+    /// [`Progress::linger_for_watchers`] for a sender serving several Transfers, whose
+    /// operator reads each one's session: until every session's outcome, or this one's, was
+    /// handed to a client.
+    pub async fn linger_for_watchers_of(
+        &self,
+        sessions: &[std::sync::Arc<Progress>],
+        max: std::time::Duration,
+    ) {
+        let delivered = |p: &Progress| p.outcome_delivered.load(Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + max;
-        while !self.outcome_delivered.load(Ordering::Relaxed) {
+        while !(delivered(self) || (!sessions.is_empty() && sessions.iter().all(|s| delivered(s))))
+        {
             if tokio::time::Instant::now() >= deadline {
                 return;
             }
@@ -360,5 +382,38 @@ impl Progress {
             elapsed: self.elapsed(),
             unreadable: self.unreadable(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Progress;
+
+    #[tokio::test]
+    async fn a_sender_of_several_transfers_lingers_until_each_outcome_was_read() {
+        let total = Arc::new(Progress::new("a.1", "sender"));
+        let sessions = [
+            Progress::for_session_as(&total, "a.1"),
+            Progress::for_session_as(&total, "b.1"),
+        ];
+        assert_eq!(sessions[1].transfer_id, "b.1");
+        sessions[0].mark_outcome_delivered();
+        let start = tokio::time::Instant::now();
+        total
+            .linger_for_watchers_of(&sessions, Duration::from_millis(300))
+            .await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(300),
+            "b's outcome was never read: the whole linger"
+        );
+        sessions[1].mark_outcome_delivered();
+        let start = tokio::time::Instant::now();
+        total
+            .linger_for_watchers_of(&sessions, Duration::from_secs(60))
+            .await;
+        assert!(start.elapsed() < Duration::from_secs(30), "both were read");
     }
 }

@@ -5,4 +5,6 @@ mod counters;
 mod service;
 
 pub use counters::{MAX_UNREADABLE_PATHS, Phase, Progress, Snapshot, Unreadable};
-pub use service::{ProgressServiceError, connect_progress, serve_progress};
+pub use service::{
+    ProgressServiceError, connect_progress, serve_progress, serve_progress_of_sessions,
+};

@@ -1,7 +1,7 @@
 //! The gRPC `ferry.progress.v1.Progress` service over mutual TLS, and a client for it (used by
 //! the operator and by tests).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use super::counters::{Phase, Progress, Snapshot};
+use crate::net::PeerIdentity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProgressServiceError {
@@ -68,6 +69,21 @@ fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
 
 struct Service {
     progress: Arc<Progress>,
+    /// A sender serving several Transfers: each one's session, by its transfer id.
+    sessions: Arc<BTreeMap<String, Arc<Progress>>>,
+}
+
+impl Service {
+    /// What a client is shown: the session of the Transfer its certificate names (its operator
+    /// asking about that destination), or else the whole process's counters.
+    fn progress_for<T>(&self, req: &Request<T>) -> Arc<Progress> {
+        req.extensions()
+            .get::<PeerIdentity>()
+            .and_then(|p| p.0.as_ref())
+            .and_then(|id| self.sessions.get(&id.transfer_id))
+            .unwrap_or(&self.progress)
+            .clone()
+    }
 }
 
 /// The window "current throughput" is measured over. Bytes are counted per verified block
@@ -105,7 +121,7 @@ impl ProgressApi for Service {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let interval =
             Duration::from_millis(u64::from(req.get_ref().interval_ms.clamp(100, 60_000)));
-        let progress = self.progress.clone();
+        let progress = self.progress_for(&req);
         // State: recent (bytes, instant) samples, finished.
         let init = (VecDeque::<(u64, Instant)>::new(), false);
         let stream = futures::stream::unfold(init, move |(mut window, finished)| {
@@ -136,13 +152,14 @@ impl ProgressApi for Service {
 
     async fn get(
         &self,
-        _req: Request<pb::ProgressRequest>,
+        req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressUpdate>, Status> {
-        let s = self.progress.snapshot();
+        let progress = self.progress_for(&req);
+        let s = progress.snapshot();
         if s.phase.is_final() {
-            self.progress.mark_outcome_delivered();
+            progress.mark_outcome_delivered();
         }
-        Ok(Response::new(to_pb(&self.progress, &s, 0.0)))
+        Ok(Response::new(to_pb(&progress, &s, 0.0)))
     }
 }
 
@@ -154,9 +171,22 @@ pub async fn serve_progress(
     tls: Arc<rustls::ServerConfig>,
     progress: Arc<Progress>,
 ) -> Result<(), ProgressServiceError> {
+    serve_progress_of_sessions(listener, tls, progress, BTreeMap::new()).await
+}
+
+/// [`serve_progress`] for a sender serving several Transfers: an operator whose certificate
+/// names one of `sessions`' transfer ids is shown that session alone (its destination's
+/// progress and outcome); any other is shown `progress`, the sum.
+pub async fn serve_progress_of_sessions(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    progress: Arc<Progress>,
+    sessions: BTreeMap<String, Arc<Progress>>,
+) -> Result<(), ProgressServiceError> {
     let incoming = crate::net::tls_incoming(listener, move || tls.clone(), "progress");
+    let sessions = Arc::new(sessions);
     tonic::transport::Server::builder()
-        .add_service(ProgressServer::new(Service { progress }))
+        .add_service(ProgressServer::new(Service { progress, sessions }))
         .serve_with_incoming(incoming)
         .await
         .map_err(ProgressServiceError::Serve)
