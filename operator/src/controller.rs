@@ -25,7 +25,7 @@ use crate::fan_out::SiblingRole;
 use crate::limits;
 use crate::metrics::Metrics;
 use crate::movers::{self, MoverPodInput, RemoteMover};
-use crate::names::{self, FINALIZER, MANAGER, MoverRole};
+use crate::names::{self, ANNOTATION_SERVES, FINALIZER, LABEL_FAN_OUT_OF, MANAGER, MoverRole};
 use crate::overlap;
 use crate::peering::client::PeerClient;
 use crate::peering::observe::{observe_remote, withdraw};
@@ -466,6 +466,7 @@ async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
                     attempt: 0,
                     placement: dest,
                     receiver_ip: None,
+                    serves: &[],
                     use_block_store: false,
                     remote: None,
                 });
@@ -576,9 +577,22 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         .as_ref()
         .and_then(|r| r.transfer_id.clone())
         .unwrap_or_else(|| names::transfer_id(&uid, run));
+    let fan_out_sender = fan_out_sender_of(t, &st, ctx, &ns, &uid);
+    // A fan-out's sender serving this child: read as this child's operator, it shows this
+    // destination's session; its watcher is this child's (a key under the child's prefix).
+    let served_by = fan_out_sender
+        .as_ref()
+        .and_then(|f| f.serving.clone())
+        .map(|p| (format!("{}-via-{}", pod_prefix(&uid), p.name), p));
     let progress = |role: MoverRole| {
-        let name = names::pod_name(&uid, run, attempt, role);
-        let pod = pods.iter().find(|p| p.name == name)?;
+        let (name, pod) = match (&served_by, role) {
+            (Some((key, pod)), MoverRole::Sender) => (key.clone(), pod),
+            _ => {
+                let name = names::pod_name(&uid, run, attempt, role);
+                let pod = pods.iter().find(|p| p.name == name)?;
+                (name, pod)
+            }
+        };
         let ip: std::net::IpAddr = pod.ip.as_ref()?.parse().ok()?;
         let addr = SocketAddr::new(ip, ctx.config.progress_port);
         if pod.phase != PodPhase::Running {
@@ -603,7 +617,11 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         // The other cluster's sender, as its operator reported it.
         sender_progress = report.progress.as_ref().map(Into::into);
     }
-    let keep: Vec<String> = pods.iter().map(|p| p.name.clone()).collect();
+    let keep: Vec<String> = pods
+        .iter()
+        .map(|p| p.name.clone())
+        .chain(served_by.map(|(key, _)| key))
+        .collect();
     ctx.watchers.retain(&pod_prefix(&uid), &keep);
 
     let host_path_forbidden = ctx
@@ -636,6 +654,40 @@ async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Error> {
         sender_progress,
         remote,
         provision,
+        fan_out_sender,
+    })
+}
+
+/// A fan-out child's first attempt: the fan-out's senders of the run, and the one whose
+/// certificate names this attempt.
+fn fan_out_sender_of(
+    t: &Transfer,
+    st: &TransferStatus,
+    ctx: &Context,
+    ns: &str,
+    uid: &str,
+) -> Option<plan::FanOutSender> {
+    if st.attempts != 1 || t.remote().is_some() {
+        return None;
+    }
+    let parent = t.labels().get(LABEL_FAN_OUT_OF)?;
+    let run = crate::fan_out::plan::run_of_trigger(t.spec.trigger.as_deref()?)?;
+    let prefix = names::run_prefix(parent, run);
+    let senders: Vec<Arc<Pod>> = ctx
+        .caches
+        .pods_of(ns, parent)
+        .into_iter()
+        .filter(|p| p.name_any().starts_with(&prefix))
+        .collect();
+    let me = names::transfer_id(uid, st.run);
+    let serving = senders.iter().find(|p| {
+        p.annotations()
+            .get(ANNOTATION_SERVES)
+            .is_some_and(|ids| ids.split(',').any(|id| id == me))
+    });
+    Some(plan::FanOutSender {
+        serving: serving.map(|p| pod_view(p)),
+        started: !senders.is_empty(),
     })
 }
 
@@ -803,7 +855,7 @@ fn sibling_roles(
         .collect()
 }
 
-fn side_facts(t: &Transfer, side: Side, caches: &Caches, ns: &str) -> SideFacts {
+pub(crate) fn side_facts(t: &Transfer, side: Side, caches: &Caches, ns: &str) -> SideFacts {
     let ep = t.endpoint(side);
     let mut facts = SideFacts::default();
     if let Some(hp) = &ep.host_path {
@@ -844,7 +896,7 @@ fn mount_failures(caches: &Caches, ns: &str, pods: &mut [PodView]) {
     }
 }
 
-fn pod_view(p: &Pod) -> PodView {
+pub(crate) fn pod_view(p: &Pod) -> PodView {
     let status = p.status.clone().unwrap_or_default();
     let phase = match status.phase.as_deref() {
         Some("Running") => PodPhase::Running,
@@ -1003,6 +1055,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: dst,
                     receiver_ip: None,
+                    serves: &[],
                     use_block_store,
                     remote: remote.map(|r| RemoteMover {
                         peer_cluster: &r.cluster,
@@ -1028,6 +1081,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: src,
                     receiver_ip: Some(receiver_ip),
+                    serves: &[],
                     use_block_store: false,
                     remote: None,
                 });
@@ -1051,6 +1105,7 @@ async fn apply(
                     attempt: *attempt,
                     placement: src,
                     receiver_ip: None,
+                    serves: &[],
                     use_block_store: false,
                     remote: Some(RemoteMover {
                         peer_cluster: &r.cluster,

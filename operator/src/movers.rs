@@ -36,12 +36,23 @@ pub struct MoverPodInput<'a> {
     pub placement: &'a SidePlacement,
     /// The receiver's pod IP (sender only).
     pub receiver_ip: Option<&'a str>,
+    /// A fan-out's sender: the destinations it serves, each as its child Transfer (in place of
+    /// `receiver_ip`).
+    pub serves: &'a [Served],
     /// Use the node's block store service (receiver with dedup on and a service configured).
     pub use_block_store: bool,
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteMover<'a>>,
     /// A fan-out child's receiver: its siblings' block services.
     pub swarm: Option<&'a crate::fan_out::Swarm>,
+}
+
+/// One destination of a fan-out's sender: the child's transfer id (`<uid>.<run>`, which the
+/// sender's certificate names for the child's first attempt) and its receiver's pod IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub transfer_id: String,
+    pub ip: String,
 }
 
 /// What a mover of a cross-cluster Transfer needs to meet its peer in the other cluster.
@@ -139,19 +150,28 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
         }
         MoverRole::Sender => {
             push("send");
-            push("--connect");
+            // One session per destination, each acting as the child it serves.
+            for s in input.serves {
+                push("--connect");
+                push(&format!("{}@{}:{}", s.transfer_id, s.ip, cfg.data_port));
+            }
             match input.remote.and_then(|r| r.connect) {
+                _ if !input.serves.is_empty() => {}
                 Some(addr) => {
+                    push("--connect");
                     push(addr);
                     // The Service may forward to a new receiver a moment after it is ready.
                     push("--connect-retry");
                     push("30");
                 }
-                None => push(&format!(
-                    "{}:{}",
-                    input.receiver_ip.unwrap_or("0.0.0.0"),
-                    cfg.data_port
-                )),
+                None => {
+                    push("--connect");
+                    push(&format!(
+                        "{}:{}",
+                        input.receiver_ip.unwrap_or("0.0.0.0"),
+                        cfg.data_port
+                    ));
+                }
             }
             push("--streams");
             push(
@@ -199,7 +219,11 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
             push("--peer-cluster");
             push(r.peer_cluster);
         }
-        None => push(&names::transfer_id(uid, input.run)),
+        None => match input.serves.first() {
+            // The certificate names the children only.
+            Some(s) => push(&s.transfer_id),
+            None => push(&names::transfer_id(uid, input.run)),
+        },
     }
     push("--ca");
     push(&format!("{TLS_MOUNT}/ca.crt"));
@@ -214,6 +238,11 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
     push("--progress-linger");
     push("30");
     push("--json");
+    if !input.serves.is_empty() {
+        // Its one info line counts the blocks read from the source and those shared.
+        push("--log-level");
+        push("info");
+    }
     if spec.sync {
         push("--sync");
     }
@@ -380,6 +409,14 @@ pub fn mover_pod(input: &MoverPodInput<'_>) -> Pod {
         "ferry.dev/transfer-id".into(),
         names::transfer_id(&uid, input.run),
     );
+    if !input.serves.is_empty() {
+        let ids: Vec<&str> = input
+            .serves
+            .iter()
+            .map(|s| s.transfer_id.as_str())
+            .collect();
+        annotations.insert(names::ANNOTATION_SERVES.into(), ids.join(","));
+    }
     Pod {
         metadata: ObjectMeta {
             name: Some(name),
@@ -444,6 +481,7 @@ pub fn cleanup_pod(input: &MoverPodInput<'_>) -> Pod {
         use_block_store: false,
         remote: None,
         receiver_ip: None,
+        serves: &[],
         ..input.clone()
     });
     let uid = input.transfer.metadata.uid.clone().unwrap_or_default();
@@ -579,6 +617,63 @@ mod tests {
             .unwrap_or_default()
     }
 
+    #[test]
+    fn a_fan_outs_sender_connects_to_each_destination_as_its_child() {
+        let t = transfer();
+        let cfg = Config::default();
+        let placement = host_path_on("a", "/data");
+        let serves = [
+            Served {
+                transfer_id: "c1.1".into(),
+                ip: "10.0.0.1".into(),
+            },
+            Served {
+                transfer_id: "c2.3".into(),
+                ip: "10.0.0.2".into(),
+            },
+        ];
+        let pod = mover_pod(&MoverPodInput {
+            swarm: None,
+            transfer: &t,
+            config: &cfg,
+            role: MoverRole::Sender,
+            run: 2,
+            attempt: 1,
+            placement: &placement,
+            receiver_ip: None,
+            serves: &serves,
+            use_block_store: false,
+            remote: None,
+        });
+        let args = args_of(&pod);
+        let after = |flag: &str| -> Vec<&str> {
+            args.windows(2)
+                .filter(|w| w[0] == flag)
+                .map(|w| w[1].as_str())
+                .collect()
+        };
+        let port = cfg.data_port;
+        assert_eq!(
+            after("--connect"),
+            [
+                format!("c1.1@10.0.0.1:{port}"),
+                format!("c2.3@10.0.0.2:{port}")
+            ]
+        );
+        // Its certificate names the children only: it starts as the first.
+        assert_eq!(after("--transfer"), ["c1.1"]);
+        let annotations = pod.metadata.annotations.expect("annotations");
+        assert_eq!(annotations[names::ANNOTATION_SERVES], "c1.1,c2.3");
+        // The fan-out's pod, on the source's node, reading it.
+        let uid = t.metadata.uid.clone().expect("uid");
+        assert_eq!(
+            pod.metadata.name,
+            Some(names::pod_name(&uid, 2, 1, MoverRole::Sender))
+        );
+        assert!(!args.contains(&"--connect-retry".to_owned()));
+        assert_eq!(after("--log-level"), ["info"], "it logs what it shared");
+    }
+
     /// preserveOwnership (allowed by the operator) makes a root receiver that keeps owners and
     /// setuid/setgid bits; without it the receiver is neither root nor asked to.
     #[test]
@@ -612,6 +707,7 @@ mod tests {
             attempt: 1,
             placement: &placement,
             receiver_ip: None,
+            serves: &[],
             use_block_store: false,
             remote: None,
         });
@@ -660,6 +756,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
+                serves: &[],
                 use_block_store: false,
                 remote: None,
             })
@@ -739,6 +836,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: None,
+                serves: &[],
                 use_block_store: false,
                 remote: None,
             })
@@ -774,6 +872,7 @@ mod tests {
             attempt: 2,
             placement: &placement,
             receiver_ip: None,
+            serves: &[],
             use_block_store: true,
             remote: None,
         });
@@ -832,6 +931,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: None,
+                serves: &[],
                 use_block_store: true,
                 remote: None,
             }))
@@ -881,6 +981,7 @@ mod tests {
             attempt: 1,
             placement: &placement,
             receiver_ip: Some("10.1.2.3"),
+            serves: &[],
             use_block_store: false,
             remote: None,
         });
@@ -932,6 +1033,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
+                serves: &[],
                 use_block_store: false,
                 remote: None,
             }))
@@ -979,6 +1081,7 @@ mod tests {
                 attempt: 1,
                 placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
+                serves: &[],
                 use_block_store: false,
                 remote: None,
             };

@@ -18,6 +18,9 @@ pub const LABEL_FAN_OUT_OF: &str = "ferry.dev/fan-out-of";
 /// Annotation on a fan-out's child Transfers: every destination node of the run, in the order
 /// all of them share (a receiver's position in it is its place in the swarm).
 pub const ANNOTATION_FAN_OUT_NODES: &str = "ferry.dev/fan-out-nodes";
+/// On a fan-out's sender pod: the transfer ids (`<uid>.<run>` of each child) it serves, comma
+/// separated; each child's first attempt finds itself there.
+pub const ANNOTATION_SERVES: &str = "ferry.dev/serves";
 /// The finalizer that removes staging data before a Transfer goes away.
 pub const FINALIZER: &str = "ferry.dev/cleanup";
 
@@ -51,6 +54,11 @@ fn uid_short(uid: &str) -> String {
 /// Pod name of `role` in attempt `attempt` of run `run`.
 pub fn pod_name(uid: &str, run: u32, attempt: u32, role: MoverRole) -> String {
     format!("ferry-{}-{run}-{attempt}-{}", uid_short(uid), role.short())
+}
+
+/// What the names of every pod and Secret of one run of a Transfer start with.
+pub fn run_prefix(uid: &str, run: u32) -> String {
+    format!("ferry-{}-{run}-", uid_short(uid))
 }
 
 /// Secret holding the certificates of one attempt.

@@ -189,6 +189,25 @@ impl Authority {
         Ok(files)
     }
 
+    /// The Secret data of a fan-out's sender: `ca.crt` and one sender certificate naming the
+    /// first attempt of every child it serves (`sender.{crt,key}`), so that each child's
+    /// receiver accepts it for that child alone.
+    pub fn fan_out_sender_files(
+        &self,
+        transfer_ids: &[&str],
+    ) -> Result<BTreeMap<String, String>, PkiError> {
+        let ids = transfer_ids
+            .iter()
+            .map(|t| self.identity(t, Role::Sender, 1))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (cert, key) = self.ca.issue_for_all(&ids)?;
+        Ok(BTreeMap::from([
+            ("ca.crt".to_owned(), self.ca.cert_pem().to_owned()),
+            ("sender.crt".to_owned(), cert),
+            ("sender.key".to_owned(), key),
+        ]))
+    }
+
     /// The Secret data of a cross-cluster half's attempt: `ca.crt` and the certificate of the
     /// one mover that runs here, naming `peer_cluster`. The transfer id was chosen by the other
     /// cluster; naming the peer keeps a certificate issued for it from matching a local
@@ -342,6 +361,32 @@ mod tests {
         assert_eq!(
             id.uri(),
             "urn:ferry:cluster:east:peer:west:transfer:uid.1:attempt:2:role:sender"
+        );
+    }
+
+    #[test]
+    fn a_fan_outs_sender_certificate_names_each_childs_first_attempt() {
+        let a = Authority::ephemeral("east").expect("ca");
+        let files = a.fan_out_sender_files(&["c1.1", "c2.4"]).expect("files");
+        assert_eq!(
+            files.keys().collect::<Vec<_>>(),
+            ["ca.crt", "sender.crt", "sender.key"]
+        );
+        let der = rustls::pki_types::CertificateDer::pem_slice_iter(files["sender.crt"].as_bytes())
+            .next()
+            .expect("one certificate")
+            .expect("pem");
+        let ids: Vec<String> = Identity::all_from_cert_der(&der)
+            .expect("identities")
+            .iter()
+            .map(Identity::uri)
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "urn:ferry:cluster:east:transfer:c1.1:attempt:1:role:sender",
+                "urn:ferry:cluster:east:transfer:c2.4:attempt:1:role:sender"
+            ]
         );
     }
 }

@@ -3,6 +3,7 @@
 //! receiver needs to join its siblings (`swarm_of`).
 
 pub mod plan;
+pub mod sender;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,16 +17,23 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use crate::api::{Phase, Reason, Transfer, TransferStatus};
+use crate::api::{Phase, Reason, Side, Transfer, TransferStatus};
 use crate::cache::Caches;
 use crate::controller::{Context, Error, Written, ignore_not_found, record, ssa, write_status};
-use crate::movers::owner_ref;
-use crate::names::{ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, MANAGER};
-use crate::placement::Blocked;
-use plan::{ChildView, FanOutAction, FanOutObserved};
+use crate::movers::{self, owner_ref};
+use crate::movers::{MoverPodInput, Served};
+use crate::names::{
+    self, ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER,
+    MoverRole,
+};
+use crate::placement::{self, Blocked};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use plan::{ChildView, FanOutAction, FanOutObserved, SenderObserved};
+use sender::Candidate;
 
 pub async fn reconcile(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
-    let obs = observe(t, ctx)?;
+    let mut obs = observe(t, ctx)?;
+    obs.sender.secrets = sender_secrets(t, ctx, obs.sender.per_sender).await?;
     let plan = plan::plan(t, &obs);
     apply(t, ctx, &plan.actions).await?;
     let deferred = match write_status(t, ctx, &plan.status).await? {
@@ -94,11 +102,168 @@ fn observe(t: &Transfer, ctx: &Context) -> Result<FanOutObserved, Error> {
             })
         })
         .collect();
+    let now = Timestamp::now();
+    let candidates = ctx
+        .store
+        .state()
+        .iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|c| {
+            c.owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && o.uid == uid)
+        })
+        .filter_map(|c| candidate(c, ctx, &ns, now))
+        .collect();
+    let pods = ctx
+        .caches
+        .pods_of(&ns, &uid)
+        .iter()
+        .filter(|p| p.labels().get(LABEL_ROLE).map(String::as_str) == Some("sender"))
+        .map(|p| {
+            (
+                p.name_any(),
+                p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            )
+        })
+        .collect();
     Ok(FanOutObserved {
-        now: Timestamp::now(),
+        now,
         nodes,
         children,
+        sender: SenderObserved {
+            pods,
+            secrets: Vec::new(),
+            candidates,
+            per_sender: sender::served_per_sender(mover_memory_limit(t, ctx)),
+        },
     })
+}
+
+/// The memory limit of the fan-out's movers (its own `mover.resources`, else the operator's
+/// default), in bytes.
+fn mover_memory_limit(t: &Transfer, ctx: &Context) -> Option<u64> {
+    let resources = t
+        .spec
+        .mover
+        .as_ref()
+        .and_then(|m| m.resources.as_ref())
+        .or(ctx.config.default_resources.as_ref())?;
+    let limit = resources.limits.as_ref()?.get("memory")?;
+    crate::plan::parse_quantity(&limit.0)
+}
+
+/// A child as a candidate for the run's sender: waiting while its first attempt has no sender,
+/// is not stopped and is not queued, with its receiver once that is ready.
+fn candidate(
+    c: &Transfer,
+    ctx: &Context,
+    ns: &str,
+    now: Timestamp,
+) -> Option<(Option<u32>, Candidate)> {
+    let st = c.status.as_ref()?;
+    let uid = c.uid()?;
+    let run = st
+        .observed_trigger
+        .as_deref()
+        .and_then(plan::run_of_trigger);
+    // A child the limits keep queued starts later with a sender of its own: not waited for.
+    let waiting =
+        st.attempts == 1 && st.sender.is_none() && st.phase == Phase::Pending && st.queue.is_none();
+    let receiver_name = names::pod_name(&uid, st.run, st.attempts, MoverRole::Receiver);
+    let receiver = ctx
+        .caches
+        .pods_of(ns, &uid)
+        .iter()
+        .find(|p| p.name_any() == receiver_name)
+        .map(|p| crate::controller::pod_view(p))
+        .filter(|v| v.ready && !v.deleting)
+        .and_then(|v| Some((v.ip?, v.created.unwrap_or(now))));
+    Some((
+        run,
+        Candidate {
+            transfer_id: names::transfer_id(&uid, st.run),
+            waiting,
+            receiver,
+        },
+    ))
+}
+
+/// The fan-out's sender Secrets of this run and the one before that exist.
+async fn sender_secrets(
+    t: &Transfer,
+    ctx: &Context,
+    per_sender: usize,
+) -> Result<Vec<String>, Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let st = t.status.clone().unwrap_or_default();
+    let batches = st.destinations.len().div_ceil(per_sender.max(1)).max(1);
+    let batches = u32::try_from(batches).unwrap_or(u32::MAX);
+    let candidates: Vec<String> = [st.run.saturating_sub(1), st.run]
+        .into_iter()
+        .filter(|r| *r > 0)
+        .flat_map(|r| (1..=batches).map(move |b| (r, b)))
+        .map(|(r, b)| names::secret_name(&uid, r, b))
+        .collect();
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    Ok(ctx
+        .secrets
+        .existing(&api, &uid, &candidates)
+        .await?
+        .into_iter()
+        .filter(|s| candidates.contains(s))
+        .collect())
+}
+
+/// Starts the run's sender: its certificate (naming the first attempt of every child it
+/// serves), then its pod on the source node. A source that cannot be placed starts nothing: the
+/// children wait for it as long as they would have, then start their own (and report why).
+async fn start_sender(
+    t: &Transfer,
+    ctx: &Context,
+    run: u32,
+    batch: u32,
+    serves: &[Served],
+) -> Result<(), Error> {
+    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
+    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
+    let facts = crate::controller::side_facts(t, Side::Source, &ctx.caches, &ns);
+    let source = match placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &facts)
+    {
+        Ok(s) => s,
+        Err(b) => {
+            tracing::info!(transfer = %t.name_any(), "no fan-out sender: {}", b.message);
+            return Ok(());
+        }
+    };
+    let ids: Vec<&str> = serves.iter().map(|s| s.transfer_id.as_str()).collect();
+    let files = ctx.authority.fan_out_sender_files(&ids)?;
+    // Each sender is the run's attempt `batch` of the fan-out (which has no attempts of its
+    // own).
+    let secret = movers::attempt_secret(t, run, batch, &files);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    secrets
+        .patch(&secret.name_any(), &ssa(), &Patch::Apply(&secret))
+        .await?;
+    ctx.secrets.created(&uid, &secret.name_any());
+    let pod = movers::mover_pod(&MoverPodInput {
+        transfer: t,
+        config: &ctx.config,
+        role: MoverRole::Sender,
+        run,
+        attempt: batch,
+        placement: &source,
+        receiver_ip: None,
+        serves,
+        use_block_store: false,
+        remote: None,
+        swarm: None,
+    });
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
+        .await?;
+    Ok(())
 }
 
 /// The schedulable nodes a selector picks, by name.
@@ -155,6 +320,27 @@ async fn apply(t: &Transfer, ctx: &Context, actions: &[FanOutAction]) -> Result<
             }
             FanOutAction::DeleteSelf => {
                 ignore_not_found(api.delete(&t.name_any(), &DeleteParams::default()).await)?;
+            }
+            FanOutAction::StartSender { run, batch, serves } => {
+                start_sender(t, ctx, *run, *batch, serves).await?;
+            }
+            FanOutAction::DeletePod(name) => {
+                let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+                ignore_not_found(
+                    pods.delete(name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+            }
+            FanOutAction::DeleteSecret(name) => {
+                let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+                ignore_not_found(
+                    secrets
+                        .delete(name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+                ctx.secrets.deleted(&uid, name);
             }
         }
     }

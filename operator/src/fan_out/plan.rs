@@ -12,10 +12,13 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::sender::{Candidate, SenderStep};
+use crate::api::MoverRef;
 use crate::api::{
     ConditionType, DestinationStatus, HostPathEndpoint, LastError, Phase, ProgressStatus, Reason,
     ThroughputStatus, Transfer, TransferSpec, TransferStatus, WireStatus, set_condition,
 };
+use crate::movers::Served;
 use crate::names;
 use crate::placement::Blocked;
 use crate::plan::{
@@ -43,6 +46,33 @@ pub struct FanOutObserved {
     pub nodes: Result<Vec<String>, Blocked>,
     /// Transfers of the namespace owned by this fan-out or named as one of its children.
     pub children: Vec<ChildView>,
+    /// The fan-out's senders and what they need to know of the children.
+    pub sender: SenderObserved,
+}
+
+/// The fan-out's own sender pods and certificates, and its children as candidates for the
+/// run's senders.
+#[derive(Debug, Clone)]
+pub struct SenderObserved {
+    /// Its sender pods (any run): name and node.
+    pub pods: Vec<(String, Option<String>)>,
+    /// Its senders' Secrets that exist.
+    pub secrets: Vec<String>,
+    /// Each child, with the fan-out run its status is of.
+    pub candidates: Vec<(Option<u32>, Candidate)>,
+    /// How many destinations one sender serves ([`super::sender::served_per_sender`]).
+    pub per_sender: usize,
+}
+
+impl Default for SenderObserved {
+    fn default() -> Self {
+        Self {
+            pods: Vec::new(),
+            secrets: Vec::new(),
+            candidates: Vec::new(),
+            per_sender: super::sender::MAX_SERVED,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +86,15 @@ pub enum FanOutAction {
     DeleteChild(String),
     /// `ttlSecondsAfterFinished` ran out.
     DeleteSelf,
+    /// Start one of the run's senders (`batch` from 1) for these destinations: its
+    /// certificates, then its pod.
+    StartSender {
+        run: u32,
+        batch: u32,
+        serves: Vec<Served>,
+    },
+    DeletePod(String),
+    DeleteSecret(String),
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +108,11 @@ pub struct FanOutPlan {
 /// The child's trigger for run `run` of the fan-out: a new run re-runs every child.
 pub fn child_trigger(run: u32) -> String {
     format!("fan-out-run-{run}")
+}
+
+/// The fan-out run a child's trigger names (the inverse of [`child_trigger`]).
+pub fn run_of_trigger(trigger: &str) -> Option<u32> {
+    trigger.strip_prefix("fan-out-run-")?.parse().ok()
 }
 
 /// The spec of the child writing to `node`: the fan-out's, with one destination node.
@@ -121,11 +165,87 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     let decision = crate::runs::decide(t, &before, obs.now);
     let mut p = step(t, obs, &before, &decision);
     crate::runs::after_plan(t, &before, &mut p.status, &decision);
+    run_sender(t, obs, &mut p);
     if let Some(next) = decision.next {
         let wait = crate::plan::until(obs.now, next);
         p.requeue = Some(p.requeue.map_or(wait, |r| r.min(wait)));
     }
     p
+}
+
+/// The run's senders ([`super::sender`]): started once the children's receivers are gathered
+/// (one per `per_sender` destinations), stopped when the fan-out is suspended; an earlier run's
+/// go, and their certificates go once the run finished (its pods stay for their logs).
+fn run_sender(t: &Transfer, obs: &FanOutObserved, p: &mut FanOutPlan) {
+    let uid = t.metadata.uid.clone().unwrap_or_default();
+    let run = p.status.run;
+    let this_run = names::run_prefix(&uid, run);
+    let active = run > 0 && !p.status.phase.is_finished() && !t.spec.suspend;
+    for (pod, _) in &obs.sender.pods {
+        if !pod.starts_with(&this_run) || t.spec.suspend {
+            p.actions.push(FanOutAction::DeletePod(pod.clone()));
+        }
+    }
+    for s in &obs.sender.secrets {
+        if !s.starts_with(&this_run) || !active {
+            p.actions.push(FanOutAction::DeleteSecret(s.clone()));
+        }
+    }
+    let mut running: Vec<&(String, Option<String>)> = obs
+        .sender
+        .pods
+        .iter()
+        .filter(|(pod, _)| pod.starts_with(&this_run))
+        .collect();
+    running.sort();
+    if let Some((pod, node)) = running.first() {
+        p.status.sender = Some(MoverRef {
+            pod: pod.clone(),
+            node: node.clone(),
+        });
+    }
+    if !active {
+        return;
+    }
+    let candidates: Vec<Candidate> = obs
+        .sender
+        .candidates
+        .iter()
+        .filter(|(r, _)| *r == Some(run))
+        .map(|(_, c)| c.clone())
+        .collect();
+    match super::sender::step(
+        &candidates,
+        p.status.destinations.len(),
+        !running.is_empty(),
+        obs.now,
+    ) {
+        SenderStep::Idle => {}
+        SenderStep::Wait(d) => p.requeue = Some(p.requeue.map_or(d, |r| r.min(d))),
+        SenderStep::Start(serves) => {
+            let batches: Vec<&[Served]> = serves.chunks(obs.sender.per_sender.max(1)).collect();
+            p.notes.push(Note {
+                warning: false,
+                reason: "FanOutSender",
+                message: format!(
+                    "run {run}: {} reading the source once for {} of {} destinations",
+                    match batches.len() {
+                        1 => "one sender".to_owned(),
+                        n => format!("{n} senders, each"),
+                    },
+                    serves.len(),
+                    p.status.destinations.len()
+                ),
+            });
+            for (batch, serves) in (1u32..).zip(batches) {
+                p.actions.push(FanOutAction::StartSender {
+                    run,
+                    batch,
+                    serves: serves.to_vec(),
+                });
+            }
+        }
+    }
 }
 
 fn step(
@@ -604,6 +724,7 @@ mod tests {
             now: "2026-11-27T10:00:00Z".parse().unwrap(),
             nodes: Ok(nodes.iter().map(|n| (*n).to_owned()).collect()),
             children,
+            sender: SenderObserved::default(),
         }
     }
 
@@ -661,6 +782,191 @@ mod tests {
 
     fn second_plan(t: &mut Transfer, statuses: Vec<Option<TransferStatus>>) -> FanOutPlan {
         plan_again(t, &["gpu-1", "gpu-2"], statuses)
+    }
+
+    /// The second plan of a run on gpu-1 and gpu-2, with the children's receivers as given
+    /// (ready since `ready`, None: not ready) and the fan-out's sender pods.
+    fn sender_plan(
+        t: &mut Transfer,
+        ready: [Option<i64>; 2],
+        pods: Vec<(String, Option<String>)>,
+        secrets: Vec<String>,
+    ) -> FanOutPlan {
+        let first = plan(t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        t.status = Some(first.status);
+        let mut o = obs(&["gpu-1", "gpu-2"], vec![]);
+        let at = |s: i64| {
+            o.now
+                .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(s))
+                .unwrap()
+        };
+        o.sender = SenderObserved {
+            pods,
+            secrets,
+            per_sender: crate::fan_out::sender::MAX_SERVED,
+            candidates: ready
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    (
+                        Some(1),
+                        Candidate {
+                            transfer_id: format!("child-{i}.1"),
+                            waiting: true,
+                            receiver: r.map(|s| (format!("10.0.0.{i}"), at(s))),
+                        },
+                    )
+                })
+                .collect(),
+        };
+        plan(t, &o)
+    }
+
+    use crate::names::MoverRole;
+
+    fn sender_name(t: &Transfer, run: u32) -> String {
+        names::pod_name(
+            t.metadata.uid.as_deref().unwrap(),
+            run,
+            1,
+            MoverRole::Sender,
+        )
+    }
+
+    #[test]
+    fn one_sender_starts_for_the_run_once_the_receivers_are_ready() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let p = sender_plan(&mut t, [Some(1), None], vec![], vec![]);
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
+            "{:?}",
+            p.actions
+        );
+        assert!(p.requeue.is_some_and(|r| r <= Duration::from_secs(2)));
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let p = sender_plan(&mut t, [Some(1), Some(0)], vec![], vec![]);
+        let started: Vec<&FanOutAction> = p
+            .actions
+            .iter()
+            .filter(|a| matches!(a, FanOutAction::StartSender { .. }))
+            .collect();
+        assert_eq!(
+            started,
+            [&FanOutAction::StartSender {
+                run: 1,
+                batch: 1,
+                serves: vec![
+                    Served {
+                        transfer_id: "child-0.1".into(),
+                        ip: "10.0.0.0".into()
+                    },
+                    Served {
+                        transfer_id: "child-1.1".into(),
+                        ip: "10.0.0.1".into()
+                    },
+                ],
+            }]
+        );
+        assert!(p.notes.iter().any(|n| n.reason == "FanOutSender"));
+        // One sender per `per_sender` destinations (the movers' memory limit).
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let first = plan(&t, &obs(&["gpu-1", "gpu-2"], vec![]));
+        t.status = Some(first.status);
+        let mut o = obs(&["gpu-1", "gpu-2"], vec![]);
+        o.sender = SenderObserved {
+            per_sender: 1,
+            candidates: ["a.1", "b.1"]
+                .iter()
+                .map(|id| {
+                    (
+                        Some(1),
+                        Candidate {
+                            transfer_id: (*id).into(),
+                            waiting: true,
+                            receiver: Some(("10.0.0.9".into(), o.now)),
+                        },
+                    )
+                })
+                .collect(),
+            ..SenderObserved::default()
+        };
+        let batches: Vec<(u32, usize)> = plan(&t, &o)
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                FanOutAction::StartSender { batch, serves, .. } => Some((*batch, serves.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(batches, [(1, 1), (2, 1)]);
+        // Once it runs: named in the status, started no more.
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let name = sender_name(&t, 1);
+        let pods = vec![(name.clone(), Some("src-node".to_owned()))];
+        let p = sender_plan(&mut t, [Some(1), Some(0)], pods, vec![]);
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
+            "{:?}",
+            p.actions
+        );
+        assert_eq!(
+            p.status.sender,
+            Some(MoverRef {
+                pod: name,
+                node: Some("src-node".into())
+            })
+        );
+    }
+
+    #[test]
+    fn an_earlier_runs_sender_goes_and_a_suspended_fan_out_stops_its_own() {
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        let (old, current) = (sender_name(&t, 0), sender_name(&t, 1));
+        let uid = t.metadata.uid.clone().unwrap();
+        let (old_secret, secret) = (
+            names::secret_name(&uid, 0, 1),
+            names::secret_name(&uid, 1, 1),
+        );
+        let pods = vec![(old.clone(), None), (current.clone(), None)];
+        let p = sender_plan(
+            &mut t,
+            [Some(1), Some(0)],
+            pods.clone(),
+            vec![old_secret.clone(), secret.clone()],
+        );
+        let deletes: Vec<&FanOutAction> = p
+            .actions
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    FanOutAction::DeletePod(_) | FanOutAction::DeleteSecret(_)
+                )
+            })
+            .collect();
+        assert_eq!(
+            deletes,
+            [
+                &FanOutAction::DeletePod(old.clone()),
+                &FanOutAction::DeleteSecret(old_secret)
+            ]
+        );
+        let mut t = fan_out(&["gpu-1", "gpu-2"]);
+        t.spec.suspend = true;
+        let p = sender_plan(&mut t, [Some(1), Some(0)], pods, vec![secret.clone()]);
+        assert!(p.actions.contains(&FanOutAction::DeletePod(current)));
+        assert!(p.actions.contains(&FanOutAction::DeleteSecret(secret)));
+        assert!(
+            !p.actions
+                .iter()
+                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
+            "{:?}",
+            p.actions
+        );
     }
 
     #[test]

@@ -133,10 +133,13 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     }
 
     let recv = cx.pod(MoverRole::Receiver, uid).cloned();
-    let send = if destination_half {
-        cx.remote_sender()
+    let own_sender = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
+    let (send, send_name) = if destination_half {
+        (cx.remote_sender(), own_sender)
+    } else if let Some((pod, name)) = cx.fan_out_sender(&own_sender) {
+        (pod, name)
     } else {
-        cx.pod(MoverRole::Sender, uid).cloned()
+        (cx.pod(MoverRole::Sender, uid).cloned(), own_sender)
     };
     // With `onUnreadable: Skip`, a sender that left out only what it may not read (exit 1 with
     // unreadable entries named) finished its job.
@@ -157,7 +160,6 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
         s
     });
     let recv_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Receiver);
-    let send_name = names::pod_name(uid, cx.st.run, cx.st.attempts, MoverRole::Sender);
     fold_progress(&mut cx.st, cx.obs);
 
     if let Some(failure) = attempt_failure(cx, recv.as_ref(), send.as_ref(), &recv_name, &send_name)
@@ -313,6 +315,18 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
                             "attempt {attempt}: the receiver is ready; waiting for the sender in cluster {peer}"
                         ),
                     );
+                }
+                (None, true, Some(_)) if let Some(wait) = cx.awaits_fan_out_sender(r) => {
+                    cx.st.phase = Phase::Pending;
+                    cx.cond(
+                        ConditionType::Ready,
+                        false,
+                        Reason::Pending,
+                        &format!(
+                            "attempt {attempt}: the receiver is ready; waiting for the fan-out's sender, which reads the source once for every destination"
+                        ),
+                    );
+                    return Some(wait.min(RESYNC_FAN_OUT_SENDER));
                 }
                 (None, true, Some(ip)) => {
                     cx.actions.push(Action::CreateSender {

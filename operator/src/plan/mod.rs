@@ -17,6 +17,7 @@
 
 mod destination_half;
 mod failure;
+mod fan_out_child;
 mod lifecycle;
 mod progress;
 mod source_half;
@@ -63,6 +64,9 @@ pub const RESYNC_BLOCKED: Duration = Duration::from_secs(10);
 pub const POLL_REMOTE: Duration = Duration::from_secs(2);
 /// How often a half asks again after a call to the other cluster failed for a passing reason.
 pub const RETRY_REMOTE: Duration = Duration::from_secs(5);
+/// How often a fan-out child waiting for the fan-out's sender looks again (the sender is not
+/// watched per child).
+pub const RESYNC_FAN_OUT_SENDER: Duration = Duration::from_secs(2);
 /// How stale `status.remote.lastHeard` may get before it is written again.
 pub const LAST_HEARD_REFRESH: Duration = Duration::from_secs(20);
 
@@ -146,7 +150,25 @@ pub struct Observed {
     pub remote: Option<RemoteObserved>,
     /// A destination claim to provision (`destination.pvc.provision`): what to do about it.
     pub provision: Option<crate::provision::ProvisionStep>,
+    /// A fan-out child's first attempt: the fan-out's sender of the run, which reads the source
+    /// once for every destination it serves.
+    pub fan_out_sender: Option<FanOutSender>,
 }
+
+/// The senders a fan-out starts for the first attempts of its run's children, as one child sees
+/// them (`fan_out::sender` decides whom each serves).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanOutSender {
+    /// The one whose certificate names this child's first attempt, if any.
+    pub serving: Option<PodView>,
+    /// Whether the fan-out started its senders for the run (a child none serves runs its own).
+    pub started: bool,
+}
+
+/// How long a fan-out child's first attempt waits, from its receiver's start, for the
+/// fan-out's sender before it starts one of its own (the fan-out gathers its children's
+/// receivers for at most `fan_out::sender::GATHER`).
+pub const FAN_OUT_SENDER_WAIT: Duration = Duration::from_secs(60);
 
 /// What observe saw of the other cluster.
 #[derive(Debug, Clone, Default)]

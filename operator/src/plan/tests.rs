@@ -62,6 +62,7 @@ fn obs(secs: i64) -> Observed {
         priority_class_refused: None,
         remote: None,
         provision: None,
+        fan_out_sender: None,
     }
 }
 
@@ -1422,4 +1423,166 @@ fn a_source_half_mirrors_only_conditions_its_api_server_accepts() {
         .collect();
     assert_eq!(kinds, ["Ready"]);
     assert_eq!(cond(&p, "Ready").message.len(), 1024);
+}
+
+/// A fan-out child at `secs`, its receiver ready since 0 and the fan-out's sender as given.
+fn fan_out_obs(secs: i64, sender: Option<PodView>, serves_this: bool) -> Observed {
+    let started = sender.is_some();
+    let mut o = obs(secs);
+    o.secrets = vec![names::secret_name(UID, 1, 1)];
+    let mut recv = pod(1, 1, MoverRole::Receiver, PodPhase::Running, true);
+    recv.created = Some(Timestamp::from_second(1_800_000_000).expect("time"));
+    o.pods = vec![recv];
+    o.fan_out_sender = Some(FanOutSender {
+        serving: sender.filter(|_| serves_this),
+        started,
+    });
+    o
+}
+
+const FAN_OUT_SENDER: &str = "ferry-parent-1-1-send";
+
+fn fan_out_sender_pod(phase: PodPhase) -> PodView {
+    PodView {
+        name: FAN_OUT_SENDER.into(),
+        node: Some("a".into()),
+        ..pod(1, 1, MoverRole::Sender, phase, false)
+    }
+}
+
+fn session(phase: MoverPhase, digest: &str) -> ProgressUpdate {
+    ProgressUpdate {
+        phase: phase as i32,
+        digest: digest.into(),
+        ..ProgressUpdate::default()
+    }
+}
+
+#[test]
+fn a_fan_out_child_waits_for_the_fan_outs_sender_then_starts_its_own() {
+    let mut t = transfer();
+    advance(&mut t, &obs(0));
+    let p = advance(&mut t, &fan_out_obs(5, None, false));
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert!(
+        cond(&p, "Ready")
+            .message
+            .contains("waiting for the fan-out's sender"),
+        "{}",
+        cond(&p, "Ready").message
+    );
+    assert_eq!(p.requeue, Some(RESYNC_FAN_OUT_SENDER));
+    // The wait is up: a sender of its own.
+    let p = advance(&mut t, &fan_out_obs(61, None, false));
+    assert!(
+        matches!(p.actions[..], [Action::CreateSender { .. }]),
+        "{:?}",
+        p.actions
+    );
+    // The fan-out's sender exists and serves others only: its own at once.
+    let mut t = transfer();
+    advance(&mut t, &obs(0));
+    let o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), false);
+    let p = advance(&mut t, &o);
+    assert!(
+        matches!(p.actions[..], [Action::CreateSender { .. }]),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_fan_out_child_served_by_the_fan_outs_sender_succeeds_with_its_sessions_digest() {
+    let mut t = transfer();
+    advance(&mut t, &obs(0));
+    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
+    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
+    let p = advance(&mut t, &o);
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    assert_eq!(p.status.phase, Phase::Running);
+    assert_eq!(
+        p.status.sender.as_ref().map(|s| s.pod.as_str()),
+        Some(FAN_OUT_SENDER)
+    );
+    // Its session ended while the pod still serves the others: done, with that digest.
+    o.sender_progress = Some(session(MoverPhase::Succeeded, "d1"));
+    o.receiver_progress = Some(session(MoverPhase::Succeeded, "d1"));
+    o.pods[0].phase = PodPhase::Succeeded;
+    let p = advance(&mut t, &o);
+    assert_eq!(
+        p.status.phase,
+        Phase::Succeeded,
+        "{:?}",
+        p.status.conditions
+    );
+    assert_eq!(p.status.digest.as_deref(), Some("d1"));
+}
+
+#[test]
+fn a_fan_out_child_whose_session_failed_retries_with_a_sender_of_its_own() {
+    let mut t = transfer();
+    advance(&mut t, &obs(0));
+    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
+    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
+    advance(&mut t, &o);
+    o.sender_progress = Some(ProgressUpdate {
+        last_error: "receiver reset the connection".into(),
+        error_kind: ferry_proto::wire::v1::ErrorKind::Network as i32,
+        ..session(MoverPhase::Failed, "")
+    });
+    o.pods[0].phase = PodPhase::Failed;
+    let p = advance(&mut t, &o);
+    assert_eq!(p.status.phase, Phase::Retrying, "{:?}", p.status.conditions);
+    assert!(
+        p.status
+            .last_error
+            .as_ref()
+            .is_some_and(|e| e.message.contains("receiver reset the connection")),
+        "{:?}",
+        p.status.last_error
+    );
+    // The fan-out's sender is not this child's to delete.
+    assert!(
+        !p.actions
+            .contains(&Action::DeletePod(FAN_OUT_SENDER.into())),
+        "{:?}",
+        p.actions
+    );
+    // The next attempt is not served: a sender of its own.
+    let mut o = fan_out_obs(600, Some(fan_out_sender_pod(PodPhase::Running)), true);
+    o.pods = vec![pod(1, 2, MoverRole::Receiver, PodPhase::Running, true)];
+    o.secrets = vec![names::secret_name(UID, 1, 2)];
+    let p = advance(&mut t, &o);
+    let p = if p.actions.is_empty() {
+        advance(&mut t, &o)
+    } else {
+        p
+    };
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::CreateSender { attempt: 2, .. })),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn a_fan_out_child_whose_served_sender_is_gone_fails_the_attempt() {
+    let mut t = transfer();
+    advance(&mut t, &obs(0));
+    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
+    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
+    advance(&mut t, &o);
+    let mut o = fan_out_obs(6, None, false);
+    o.sender_progress = None;
+    let p = advance(&mut t, &o);
+    assert_eq!(p.status.phase, Phase::Retrying, "{:?}", p.status.conditions);
+    assert!(
+        p.status.last_error.as_ref().is_some_and(|e| e
+            .message
+            .contains(&format!("sender pod {FAN_OUT_SENDER} disappeared"))),
+        "{:?}",
+        p.status.last_error
+    );
 }

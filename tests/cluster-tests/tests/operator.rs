@@ -635,6 +635,48 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     );
     let mut wire = 0;
     let mut last_child_done = None;
+    // One sender for the run: the fan-out's, on the source node, serving both children (it
+    // read the source once for both); no child ran one of its own.
+    let sender = st.sender.clone().context("the fan-out's sender")?;
+    assert_eq!(sender.node.as_deref(), Some(NODE_A));
+    let pods: Api<Pod> = ns.api();
+    let senders: Vec<String> = pods
+        .list(&ListParams::default().labels("ferry.dev/role=sender"))
+        .await?
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(
+        senders,
+        std::slice::from_ref(&sender.pod),
+        "one sender pod for both destinations"
+    );
+    // Each block of the source was read once: the other session took it from that read. (At
+    // least the 12 full blocks; the line comes when the pod ends, after both children read
+    // their outcome.)
+    const COUNT: &str = "blocks read from the source";
+    let sender_log = || ferry_cluster_tests::container_log(&ns.name, &sender.pod, "mover");
+    wait_until(
+        Duration::from_secs(60),
+        "the sender's count of its reads",
+        || async { Ok(sender_log().await.contains(COUNT)) },
+    )
+    .await?;
+    let log = sender_log().await;
+    let counted = log.lines().find(|l| l.contains(COUNT)).unwrap_or_default();
+    let numbers: Vec<u64> = counted
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [.., reads, destinations, shared] = numbers[..] else {
+        bail!("no counts in {counted:?}");
+    };
+    assert!(
+        destinations == 2 && reads >= 12 && shared == reads,
+        "each block read once for both destinations: {counted:?}"
+    );
+    eprintln!("the fan-out's sender: {}", counted.trim());
     for d in &st.destinations {
         let child = api.get(&d.transfer).await?;
         assert_eq!(
@@ -642,6 +684,13 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
             t.metadata.uid.clone().unwrap_or_default()
         );
         let cs = child.status.context("child status")?;
+        assert_eq!(
+            cs.sender.as_ref().map(|s| s.pod.as_str()),
+            Some(sender.pod.as_str()),
+            "{}: sent to by the fan-out's sender",
+            d.node
+        );
+        assert_eq!(cs.attempts, 1, "{}", d.node);
         assert_eq!(
             cs.digest, st.digest,
             "{}: every destination has the source's digest",
@@ -939,6 +988,13 @@ async fn a_fan_out_to_four_nodes_finishes_the_others_while_one_is_down_and_it_re
             // The blocks node-x owned and never passed on came from the source at the end of
             // the same attempt (Refetch): its failure cost the others no retry.
             assert_eq!(cs.attempts, 1, "{}: retried after node-x failed", d.node);
+            // Their session of the fan-out's sender finished though node-x's hung.
+            assert_eq!(
+                cs.sender.map(|s| s.pod),
+                st.sender.as_ref().map(|s| s.pod.clone()),
+                "{}: sent to by the fan-out's sender",
+                d.node
+            );
         }
     }
     eprintln!(
