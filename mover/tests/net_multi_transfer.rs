@@ -99,16 +99,22 @@ async fn handshake_as(
     (srv.await.unwrap(), cli)
 }
 
-#[tokio::test]
-async fn each_receiver_accepts_the_shared_sender_for_its_own_transfer_only() {
+/// A CA in a fresh directory and the sender certificate it issues for attempt 1 of `a.1` and
+/// attempt `b_attempt` of `b.1`.
+fn sender_for_a_and_b(b_attempt: u32) -> (tempfile::TempDir, Ca, TlsFiles) {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("cluster east", 1).unwrap();
-    let sender = issue(
-        dir.path(),
-        &ca,
-        "sender",
-        &[id("a.1", Role::Sender, 1), id("b.1", Role::Sender, 3)],
-    );
+    let ids = [
+        id("a.1", Role::Sender, 1),
+        id("b.1", Role::Sender, b_attempt),
+    ];
+    let sender = issue(dir.path(), &ca, "sender", &ids);
+    (dir, ca, sender)
+}
+
+#[tokio::test]
+async fn each_receiver_accepts_the_shared_sender_for_its_own_transfer_only() {
+    let (dir, ca, sender) = sender_for_a_and_b(3);
     assert_eq!(sender.transfer_ids(), ["a.1", "b.1"]);
     let as_a = sender.acting_as("a.1").unwrap();
     let as_b = sender.acting_as("b.1").unwrap();
@@ -172,14 +178,7 @@ fn a_certificate_speaks_for_one_role_of_one_cluster() {
 
 #[tokio::test]
 async fn each_transfers_operator_reads_its_own_session_from_the_progress_port() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("cluster east", 1).unwrap();
-    let sender = issue(
-        dir.path(),
-        &ca,
-        "sender",
-        &[id("a.1", Role::Sender, 1), id("b.1", Role::Sender, 2)],
-    );
+    let (dir, ca, sender) = sender_for_a_and_b(2);
     let total = Arc::new(Progress::new("a.1", "sender"));
     let a = Progress::for_session_as(&total, "a.1");
     let b = Progress::for_session_as(&total, "b.1");

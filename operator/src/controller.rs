@@ -969,6 +969,14 @@ pub(crate) fn ssa() -> PatchParams {
     PatchParams::apply(MANAGER).force()
 }
 
+/// Deletes `name`; one that is gone already is no error.
+pub(crate) async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    ignore_not_found(api.delete(name, &DeleteParams::default()).await.map(|_| ()))
+}
+
 pub(crate) fn ignore_not_found<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match r {
         Ok(_) => Ok(()),
@@ -1137,20 +1145,9 @@ async fn apply(
                 let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
                 ignore_not_found(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
             }
-            Action::DeletePod(name) => {
-                ignore_not_found(
-                    pods.delete(name, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                )?;
-            }
+            Action::DeletePod(name) => delete_if_present(&pods, name).await?,
             Action::DeleteSecret(name) => {
-                ignore_not_found(
-                    secrets
-                        .delete(name, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                )?;
+                delete_if_present(&secrets, name).await?;
                 ctx.secrets.deleted(&uid, name);
             }
             Action::DeleteTransfer => {

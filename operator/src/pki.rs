@@ -343,12 +343,8 @@ mod tests {
         a.progress_client("uid.1", 3).expect("progress tls");
     }
 
-    #[test]
-    fn cross_cluster_certificates_name_the_peer_cluster() {
-        let a = Authority::ephemeral("east").expect("ca");
-        let files = a
-            .cross_cluster_files("uid.1", 2, Role::Sender, "west")
-            .expect("files");
+    /// The identities of the one sender certificate in a Secret's `files`.
+    fn sender_identities(files: &BTreeMap<String, String>) -> Vec<Identity> {
         assert_eq!(
             files.keys().collect::<Vec<_>>(),
             ["ca.crt", "sender.crt", "sender.key"]
@@ -357,7 +353,18 @@ mod tests {
             .next()
             .expect("one certificate")
             .expect("pem");
-        let id = Identity::from_cert_der(&der).expect("identity");
+        Identity::all_from_cert_der(&der).expect("identities")
+    }
+
+    #[test]
+    fn cross_cluster_certificates_name_the_peer_cluster() {
+        let a = Authority::ephemeral("east").expect("ca");
+        let files = a
+            .cross_cluster_files("uid.1", 2, Role::Sender, "west")
+            .expect("files");
+        let [id] = &sender_identities(&files)[..] else {
+            panic!("one identity");
+        };
         assert_eq!(
             id.uri(),
             "urn:ferry:cluster:east:peer:west:transfer:uid.1:attempt:2:role:sender"
@@ -368,16 +375,7 @@ mod tests {
     fn a_fan_outs_sender_certificate_names_each_childs_first_attempt() {
         let a = Authority::ephemeral("east").expect("ca");
         let files = a.fan_out_sender_files(&["c1.1", "c2.4"]).expect("files");
-        assert_eq!(
-            files.keys().collect::<Vec<_>>(),
-            ["ca.crt", "sender.crt", "sender.key"]
-        );
-        let der = rustls::pki_types::CertificateDer::pem_slice_iter(files["sender.crt"].as_bytes())
-            .next()
-            .expect("one certificate")
-            .expect("pem");
-        let ids: Vec<String> = Identity::all_from_cert_der(&der)
-            .expect("identities")
+        let ids: Vec<String> = sender_identities(&files)
             .iter()
             .map(Identity::uri)
             .collect();

@@ -19,7 +19,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::{Phase, Reason, Side, Transfer, TransferStatus};
 use crate::cache::Caches;
-use crate::controller::{Context, Error, Written, ignore_not_found, record, ssa, write_status};
+use crate::controller::{
+    Context, Error, Written, delete_if_present, ignore_not_found, record, ssa, write_status,
+};
 use crate::movers::{self, owner_ref};
 use crate::movers::{MoverPodInput, Served};
 use crate::names::{
@@ -326,20 +328,11 @@ async fn apply(t: &Transfer, ctx: &Context, actions: &[FanOutAction]) -> Result<
             }
             FanOutAction::DeletePod(name) => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-                ignore_not_found(
-                    pods.delete(name, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                )?;
+                delete_if_present(&pods, name).await?;
             }
             FanOutAction::DeleteSecret(name) => {
                 let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-                ignore_not_found(
-                    secrets
-                        .delete(name, &DeleteParams::default())
-                        .await
-                        .map(|_| ()),
-                )?;
+                delete_if_present(&secrets, name).await?;
                 ctx.secrets.deleted(&uid, name);
             }
         }

@@ -1458,6 +1458,14 @@ fn session(phase: MoverPhase, digest: &str) -> ProgressUpdate {
     }
 }
 
+/// A fan-out child served by the fan-out's sender, its session moving data; what it observed.
+fn served_child(t: &mut Transfer) -> (Plan, Observed) {
+    advance(t, &obs(0));
+    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
+    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
+    (advance(t, &o), o)
+}
+
 #[test]
 fn a_fan_out_child_waits_for_the_fan_outs_sender_then_starts_its_own() {
     let mut t = transfer();
@@ -1494,10 +1502,7 @@ fn a_fan_out_child_waits_for_the_fan_outs_sender_then_starts_its_own() {
 #[test]
 fn a_fan_out_child_served_by_the_fan_outs_sender_succeeds_with_its_sessions_digest() {
     let mut t = transfer();
-    advance(&mut t, &obs(0));
-    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
-    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
-    let p = advance(&mut t, &o);
+    let (p, mut o) = served_child(&mut t);
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     assert_eq!(p.status.phase, Phase::Running);
     assert_eq!(
@@ -1521,10 +1526,7 @@ fn a_fan_out_child_served_by_the_fan_outs_sender_succeeds_with_its_sessions_dige
 #[test]
 fn a_fan_out_child_whose_session_failed_retries_with_a_sender_of_its_own() {
     let mut t = transfer();
-    advance(&mut t, &obs(0));
-    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
-    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
-    advance(&mut t, &o);
+    let (_, mut o) = served_child(&mut t);
     o.sender_progress = Some(ProgressUpdate {
         last_error: "receiver reset the connection".into(),
         error_kind: ferry_proto::wire::v1::ErrorKind::Network as i32,
@@ -1570,10 +1572,7 @@ fn a_fan_out_child_whose_session_failed_retries_with_a_sender_of_its_own() {
 #[test]
 fn a_fan_out_child_whose_served_sender_is_gone_fails_the_attempt() {
     let mut t = transfer();
-    advance(&mut t, &obs(0));
-    let mut o = fan_out_obs(5, Some(fan_out_sender_pod(PodPhase::Running)), true);
-    o.sender_progress = Some(session(MoverPhase::Transferring, ""));
-    advance(&mut t, &o);
+    served_child(&mut t);
     let mut o = fan_out_obs(6, None, false);
     o.sender_progress = None;
     let p = advance(&mut t, &o);
