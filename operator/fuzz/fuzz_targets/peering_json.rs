@@ -69,6 +69,7 @@ fn observed(secs: i64, placement: (SidePlacement, SidePlacement), remote: Remote
         priority_class_refused: None,
         remote: Some(remote),
         provision: None,
+        fan_out_sender: None,
     }
 }
 
