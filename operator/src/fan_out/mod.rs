@@ -218,8 +218,8 @@ async fn sender_secrets(
         .collect())
 }
 
-/// Starts the run's sender: its certificate (naming the first attempt of every child it
-/// serves), then its pod on the source node. A source that cannot be placed starts nothing: the
+/// Starts one of the run's senders: its certificate (naming the first attempt of every child
+/// it serves), then its pod on the source node. A source that cannot be placed starts nothing: the
 /// children wait for it as long as they would have, then start their own (and report why).
 async fn start_sender(
     t: &Transfer,

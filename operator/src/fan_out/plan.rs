@@ -824,6 +824,14 @@ mod tests {
 
     use crate::names::MoverRole;
 
+    /// The senders a plan starts.
+    fn starts(p: &FanOutPlan) -> Vec<&FanOutAction> {
+        p.actions
+            .iter()
+            .filter(|a| matches!(a, FanOutAction::StartSender { .. }))
+            .collect()
+    }
+
     fn sender_name(t: &Transfer, run: u32) -> String {
         names::pod_name(
             t.metadata.uid.as_deref().unwrap(),
@@ -837,21 +845,11 @@ mod tests {
     fn one_sender_starts_for_the_run_once_the_receivers_are_ready() {
         let mut t = fan_out(&["gpu-1", "gpu-2"]);
         let p = sender_plan(&mut t, [Some(1), None], vec![], vec![]);
-        assert!(
-            !p.actions
-                .iter()
-                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
-            "{:?}",
-            p.actions
-        );
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
         assert!(p.requeue.is_some_and(|r| r <= Duration::from_secs(2)));
         let mut t = fan_out(&["gpu-1", "gpu-2"]);
         let p = sender_plan(&mut t, [Some(1), Some(0)], vec![], vec![]);
-        let started: Vec<&FanOutAction> = p
-            .actions
-            .iter()
-            .filter(|a| matches!(a, FanOutAction::StartSender { .. }))
-            .collect();
+        let started = starts(&p);
         assert_eq!(
             started,
             [&FanOutAction::StartSender {
@@ -906,13 +904,7 @@ mod tests {
         let name = sender_name(&t, 1);
         let pods = vec![(name.clone(), Some("src-node".to_owned()))];
         let p = sender_plan(&mut t, [Some(1), Some(0)], pods, vec![]);
-        assert!(
-            !p.actions
-                .iter()
-                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
-            "{:?}",
-            p.actions
-        );
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
         assert_eq!(
             p.status.sender,
             Some(MoverRef {
@@ -960,13 +952,7 @@ mod tests {
         let p = sender_plan(&mut t, [Some(1), Some(0)], pods, vec![secret.clone()]);
         assert!(p.actions.contains(&FanOutAction::DeletePod(current)));
         assert!(p.actions.contains(&FanOutAction::DeleteSecret(secret)));
-        assert!(
-            !p.actions
-                .iter()
-                .any(|a| matches!(a, FanOutAction::StartSender { .. })),
-            "{:?}",
-            p.actions
-        );
+        assert!(starts(&p).is_empty(), "{:?}", p.actions);
     }
 
     #[test]
