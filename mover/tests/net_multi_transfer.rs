@@ -318,4 +318,16 @@ fn one_send_acts_as_each_destinations_transfer() {
         stderr.contains("does not speak for transfer \"c.1\" (it names a.1, b.1)"),
         "{stderr}"
     );
+
+    // The same Transfer twice (its operator could read only one of the two sessions): refused
+    // before anything is sent, even when the addresses differ.
+    let out = send(&[format!("a.1@{addr_a}"), format!("a.1@{addr_b}")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--connect a.1@{addr_b} names transfer \"a.1\" again (as --connect a.1@{addr_a})"
+        )),
+        "{stderr}"
+    );
 }

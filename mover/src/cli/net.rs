@@ -549,6 +549,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|spec| Target::parse(spec, &files))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    Target::check_each_transfer_once(&targets)?;
     let timeouts = args.tls.timeouts();
     let anchored = match anchor(&args.root, args.sub_path.as_deref(), Side::Source) {
         Ok(a) => a,
@@ -746,8 +747,28 @@ impl Target {
         })
     }
 
-    /// The sessions of destinations that name their Transfer, by its id (each Transfer once:
-    /// its operator must find one session under it).
+    /// Each named Transfer has one destination: its operator reads one session under its id,
+    /// and its receiver serves one sender session.
+    fn check_each_transfer_once(targets: &[Target]) -> anyhow::Result<()> {
+        for (i, t) in targets.iter().enumerate().filter(|(_, t)| t.named) {
+            let id = &t.files.identity.transfer_id;
+            if let Some(first) = targets[..i]
+                .iter()
+                .find(|o| o.named && o.files.identity.transfer_id == *id)
+            {
+                anyhow::bail!(
+                    "--connect {} names transfer {id:?} again (as --connect {}): give each \
+                     Transfer's destination once",
+                    t.spec,
+                    first.spec
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The sessions of destinations that name their Transfer, by its id (each Transfer once,
+    /// as `check_each_transfer_once` made sure).
     fn sessions_by_transfer(
         targets: &[Target],
         sessions: &[Arc<Progress>],
