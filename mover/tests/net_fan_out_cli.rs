@@ -1,13 +1,17 @@
 //! One `send` command, several receivers (`--connect` repeated): every receiver gets the tree
-//! and its own summary, each block of the source is read once for all of them, and a receiver
-//! that cannot be reached fails alone.
+//! and its own summary, each block of the source is read once for all of them, the sessions
+//! start sending together, and a receiver that cannot be reached fails alone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use std::io::BufReader;
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
@@ -201,4 +205,90 @@ fn a_receiver_named_twice_is_refused_before_anything_is_sent() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "no summary: nothing was sent");
+}
+
+/// A TCP relay on a free loopback port in front of `target` that holds every connection until
+/// `hold` after its first one (a destination whose handshakes the sender cannot finish at
+/// once). Counts the bytes relayed towards `target`, and notes what `watched` counted when it
+/// let the first connection through.
+struct Relay {
+    addr: String,
+    towards_target: Arc<AtomicU64>,
+    watched_at_release: Arc<OnceLock<u64>>,
+}
+
+fn relay(target: String, hold: Duration, watched: Arc<AtomicU64>) -> Relay {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let towards_target = Arc::new(AtomicU64::new(0));
+    let watched_at_release = Arc::new(OnceLock::new());
+    let first = Arc::new(OnceLock::new());
+    let (count, noted) = (towards_target.clone(), watched_at_release.clone());
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let first: Instant = *first.get_or_init(Instant::now);
+            let (target, count) = (target.clone(), count.clone());
+            let (noted, watched) = (noted.clone(), watched.clone());
+            std::thread::spawn(move || {
+                // The hold is the scenario itself (a slow destination), not a wait for a result.
+                std::thread::sleep((first + hold).saturating_duration_since(Instant::now()));
+                noted.get_or_init(|| watched.load(Ordering::SeqCst));
+                let server = TcpStream::connect(&target).unwrap();
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || pipe(s2, c2, None));
+                pipe(client, server, Some(&count));
+            });
+        }
+    });
+    Relay {
+        addr,
+        towards_target,
+        watched_at_release,
+    }
+}
+
+/// Copies `from` to `to` until either ends, counting into `count`.
+fn pipe(mut from: TcpStream, mut to: TcpStream, count: Option<&AtomicU64>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf) {
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if let Some(c) = count {
+            c.fetch_add(n as u64, Ordering::SeqCst);
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+#[test]
+fn no_destination_gets_data_before_every_destination_is_greeted() {
+    let pki = pki("fan-cli-gate");
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    dataset(&src);
+    let (da, db) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&da).unwrap();
+    std::fs::create_dir_all(&db).unwrap();
+    let (mut ra, addr_a, _oa) = receiver(&pki, &da, &tmp.path().join("sa"));
+    let (mut rb, addr_b, _ob) = receiver(&pki, &db, &tmp.path().join("sb"));
+    let to_a = relay(addr_a, Duration::ZERO, Arc::default());
+    // What reached a when b's connections were let through: b could not be greeted before.
+    let to_b = relay(addr_b, Duration::from_secs(2), to_a.towards_target.clone());
+    let out = send_to(&pki, &src, &[&to_a.addr, &to_b.addr]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(ra.wait().unwrap().success() && rb.wait().unwrap().success());
+    assert_same_tree(&src, &da);
+    assert_same_tree(&src, &db);
+    // Two streams' TLS handshakes and Hellos are a few KiB; the tree is 60 MiB.
+    let sent_to_a = *to_b
+        .watched_at_release
+        .get()
+        .expect("b's connections were let through");
+    assert!(
+        sent_to_a < 64 * 1024,
+        "{sent_to_a} bytes reached a while b was still being greeted"
+    );
 }

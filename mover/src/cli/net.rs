@@ -15,6 +15,7 @@ use crate::net::{self, Role, TransportError};
 use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
 use crate::session::sender::shared::SharedReads;
+use crate::session::sender::start_gate::{StartGate, Ticket};
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, SessionSummary, Timeouts};
 use crate::tree::subpath::{self, Anchored, Side};
 
@@ -633,15 +634,19 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         let outcomes = if destinations == 1 {
             vec![
                 destination(&targets[0])?
-                    .send(addrs[0], progress.clone())
+                    .send(addrs[0], progress.clone(), None)
                     .await,
             ]
         } else {
             let mut runs = Vec::with_capacity(destinations);
-            for ((t, &addr), session) in targets.iter().zip(&addrs).zip(&sessions) {
+            let wait = cfg.timeouts.handshake.min(cfg.timeouts.idle / 2);
+            let tickets = StartGate::tickets(destinations, wait);
+            for (((t, &addr), session), ticket) in
+                targets.iter().zip(&addrs).zip(&sessions).zip(tickets)
+            {
                 let (destination, session) = (destination(t)?, session.clone());
                 runs.push(async move {
-                    let outcome = destination.send(addr, session.clone()).await;
+                    let outcome = destination.send(addr, session.clone(), Some(ticket)).await;
                     session.close_session();
                     outcome
                 });
@@ -793,12 +798,14 @@ struct Destination {
 }
 
 impl Destination {
-    /// Connects every stream to `addr` and runs the session. A destination that cannot be
-    /// reached leaves the reads it would have shared to the others.
+    /// Connects every stream to `addr` and runs the session, starting with the other
+    /// destinations' sessions (`ticket`). A destination that cannot be reached leaves the reads
+    /// it would have shared to the others, and lets them start.
     async fn send(
         &self,
         addr: SocketAddr,
         progress: Arc<Progress>,
+        ticket: Option<Ticket>,
     ) -> Result<SessionSummary, (Failure, String)> {
         let streams = match self.connect(addr).await {
             Ok(streams) => streams,
@@ -813,19 +820,18 @@ impl Destination {
                 return Err((failure, message));
             }
         };
-        session::send_session(&self.cfg, streams, progress)
+        session::send_session_gated(&self.cfg, streams, progress, ticket)
             .await
             .map_err(|e| (e.failure(), session::anyhow_chain(&e)))
     }
 
+    /// Opens every stream at once: the receiver's deadline for a connection's handshake and
+    /// Hello starts when it accepts it, and the Hellos go only once all streams are open.
     async fn connect(&self, addr: SocketAddr) -> Result<Vec<ClientStream>, TransportError> {
         let timeout = self.cfg.timeouts.handshake;
-        let mut streams = Vec::new();
-        for _ in 0..self.streams {
-            let client = self.client.clone();
-            streams.push(net::connect_tls_retrying(addr, client, timeout, self.retry).await?);
-        }
-        Ok(streams)
+        let connects = (0..self.streams)
+            .map(|_| net::connect_tls_retrying(addr, self.client.clone(), timeout, self.retry));
+        futures::future::try_join_all(connects).await
     }
 }
 

@@ -37,7 +37,7 @@ pub use receiver::{
     failure_message, receive_session,
 };
 pub use scan::{OnUnreadable, ScanError};
-pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session};
+pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session, send_session_gated};
 pub use shutdown::{Shutdown, ShutdownTrigger};
 
 /// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.

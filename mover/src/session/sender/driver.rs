@@ -29,6 +29,7 @@ use crate::tree::split_source;
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
 
 use super::effects::*;
+use super::start_gate::Ticket;
 use super::state::{Announced, ReceiverViolation, Replies, Wanted, plan_large};
 use super::*;
 
@@ -44,7 +45,21 @@ pub async fn send_session<S>(
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let r = run(cfg, streams, progress.clone()).await;
+    send_session_gated(cfg, streams, progress, None).await
+}
+
+/// [`send_session`] as one of several sessions of this sender: once greeted, it waits at the
+/// gate of `ticket` for the others before it sends anything.
+pub async fn send_session_gated<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    progress: Arc<Progress>,
+    ticket: Option<Ticket>,
+) -> Result<SessionSummary, SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let r = run(cfg, streams, progress.clone(), ticket).await;
     if let Some(shared) = &cfg.shared {
         shared.leave();
     }
@@ -90,6 +105,7 @@ async fn run<S>(
     cfg: &SenderConfig,
     streams: Vec<S>,
     progress: Arc<Progress>,
+    ticket: Option<Ticket>,
 ) -> Result<SessionSummary, SendError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
@@ -123,12 +139,9 @@ where
         want_caps |= caps::DRY_RUN;
     }
     let wire = progress.wire_bytes.clone();
-    let mut halves = Vec::new();
-    let mut negotiated = want_caps;
-    for (i, s) in streams.into_iter().enumerate() {
-        let (r, w) = tokio::io::split(s);
-        let mut reader = FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
-        let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire.clone());
+    // Every stream greets at once: a receiver gives each connection one deadline for its TLS
+    // handshake and Hello, so a Hello must not wait for the other streams' round trips.
+    let hellos = streams.into_iter().enumerate().map(|(i, s)| {
         let hello = pb::Hello {
             version: PROTOCOL_VERSION,
             capabilities: want_caps,
@@ -143,18 +156,30 @@ where
                 Vec::new()
             },
         };
-        let fut = send_hello(&mut reader, &mut writer, hello);
-        let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
-            .await
-            .map_err(|_| FramedError::IdleTimeout {
-                stream: i as u32,
-                secs: cfg.timeouts.handshake.as_secs(),
-            })??;
+        let wire = wire.clone();
+        async move {
+            let (r, w) = tokio::io::split(s);
+            let mut reader =
+                FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
+            let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire);
+            let fut = send_hello(&mut reader, &mut writer, hello);
+            let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
+                .await
+                .map_err(|_| FramedError::IdleTimeout {
+                    stream: i as u32,
+                    secs: cfg.timeouts.handshake.as_secs(),
+                })??;
+            reader.set_stream(i as u32, cfg.timeouts.idle);
+            writer.set_stream(i as u32, cfg.timeouts.idle);
+            // Proofs on a stream are keyed by that stream's nonce.
+            let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
+            Ok::<_, SendError>((reader, writer, dedup, got))
+        }
+    });
+    let mut halves = Vec::new();
+    let mut negotiated = want_caps;
+    for (reader, writer, dedup, got) in futures::future::try_join_all(hellos).await? {
         negotiated &= got;
-        reader.set_stream(i as u32, cfg.timeouts.idle);
-        writer.set_stream(i as u32, cfg.timeouts.idle);
-        // Proofs on a stream are keyed by that stream's nonce.
-        let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
         halves.push((reader, writer, dedup));
     }
     // A receiver that does not know the rules would delete what they leave out.
@@ -164,6 +189,9 @@ where
     // A receiver that does not know dry runs would write.
     if cfg.dry_run && negotiated & caps::DRY_RUN == 0 {
         return Err(SendError::DryRunUnsupported);
+    }
+    if let Some(ticket) = ticket {
+        ticket.pass_and_wait().await;
     }
     let started = Instant::now();
     progress.set_phase(Phase::Transferring);

@@ -9,6 +9,7 @@ mod driver;
 mod effects;
 mod refetch;
 pub mod shared;
+pub mod start_gate;
 pub mod state;
 
 use std::path::PathBuf;
@@ -146,7 +147,7 @@ pub struct SenderConfig {
     pub shared: Option<Arc<shared::SharedReads>>,
 }
 
-pub use driver::send_session;
+pub use driver::{send_session, send_session_gated};
 pub use state::ReceiverViolation;
 
 #[cfg(test)]
