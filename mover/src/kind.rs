@@ -395,6 +395,7 @@ impl SendError {
             | SendError::NoPeerDigest
             | SendError::BadPeerDigest(_)
             | SendError::Changed(_)
+            | SendError::PackChanged { .. }
             | SendError::RefetchMismatch { .. }
             | SendError::DigestMismatch { .. }
             | SendError::NoProgress { .. }
@@ -421,6 +422,7 @@ impl SendError {
             | SendError::DryRunUnsupported => ErrorKind::Peer,
             SendError::Read { .. }
             | SendError::Changed(_)
+            | SendError::PackChanged { .. }
             | SendError::RefetchMismatch { .. }
             | SendError::Digest(_) => ErrorKind::Source,
             // The destination does not hold what the source holds.
@@ -471,7 +473,8 @@ impl ReceiveError {
             ReceiveError::Path(_)
             | ReceiveError::Protocol(_)
             | ReceiveError::Codec { .. }
-            | ReceiveError::HashMismatch { .. } => ErrorKind::Peer,
+            | ReceiveError::HashMismatch { .. }
+            | ReceiveError::PackHashMismatch { .. } => ErrorKind::Peer,
             ReceiveError::NoProgress { .. } | ReceiveError::PeerBlocks(_) => ErrorKind::Timeout,
             // The peer may retry; a rerun resumes.
             ReceiveError::ShutDown(_) => ErrorKind::Network,

@@ -809,6 +809,7 @@ async fn a_receiver_cannot_refetch_what_the_transfer_does_not_send() {
         path: path.as_bytes().to_vec(),
         indexes: vec![index],
         hashes: vec![hash.to_vec()],
+        pack: None,
     };
     let key_hash = blake3::hash(&std::fs::read(src.path().join("tls.key")).unwrap());
     for (what, refetch, expected) in [

@@ -672,3 +672,31 @@ async fn without_xattrs_a_receiver_ignores_whatever_attributes_arrive() {
         "the session failed on ignored xattrs: {out}"
     );
 }
+
+#[tokio::test]
+async fn packs_outside_a_fan_out_are_refused() {
+    // A receiver that is no fan-out destination grants no packs: a PackAnnounce or a Pack frame
+    // is out of protocol, whatever it names, and nothing is written.
+    let w = world();
+    let announce = Message::PackAnnounce(pb::PackAnnounce {
+        file_ids: vec![1],
+        hash: vec![0; 32],
+        proof: vec![0; 32],
+    });
+    let pack = Message::Pack {
+        header: pb::PackHeader {
+            pack_id: 1,
+            raw_len: 5,
+            codec: codec::RAW,
+            hash: blake3::hash(b"hello").as_bytes().to_vec(),
+        },
+        data: Bytes::from_static(b"hello"),
+    };
+    for frame in [announce, pack] {
+        let script = encode(&[offer(1, vec![file("ok.txt", 5)]), frame]);
+        let out = run_script(&w.root, caps::SUPPORTED | caps::PACKS, script).await;
+        assert!(out.contains("without the capability"), "{out}");
+        assert!(!w.root.join("ok.txt").exists());
+    }
+    w.assert_outside_untouched();
+}

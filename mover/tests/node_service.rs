@@ -769,6 +769,235 @@ async fn tails_left_to_a_destination_that_never_receives_come_from_the_source() 
     );
 }
 
+/// The destination of `n` that owns a pack whose first file is at `path`, by the rule every
+/// receiver of a fan-out follows (docs/cas.md: the first 8 bytes of BLAKE3 of the path, mod n).
+fn pack_owner(path: &str, n: u64) -> u64 {
+    let h = blake3::hash(path.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(first) % n
+}
+
+/// Bytes of one pack of [`small_files_dataset`]: 204 files of 20 KiB (the most that fit 4 MiB).
+const PACK_FILES: u64 = 204;
+const PACK_FILE_LEN: usize = 20 * 1024;
+const PACK_BYTES: u64 = PACK_FILES * PACK_FILE_LEN as u64;
+
+/// A tree of small files that makes one pack per directory `p<k>`, owned by destination
+/// `owners[k]` of `n`: every file of `p<k>` has a name that destination owns, so whichever the
+/// walk meets first starts a pack that destination owns. Returns the bytes of the tree.
+fn small_files_dataset(root: &Path, owners: &[u64], n: u64) -> u64 {
+    for (k, &owner) in owners.iter().enumerate() {
+        let names = (0u64..)
+            .map(|i| format!("p{k}/img-{i:05}.jpg"))
+            .filter(|p| pack_owner(p, n) == owner)
+            .take(PACK_FILES as usize);
+        for (i, name) in names.enumerate() {
+            let seed = 1000 * (k as u64 + 1) + i as u64;
+            write(&root.join(name), &random_bytes(PACK_FILE_LEN, seed));
+        }
+    }
+    owners.len() as u64 * PACK_BYTES
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_fan_out_small_files_leave_the_source_once_as_packs() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let bytes = small_files_dataset(src.path(), &[0, 1, 2], 3);
+    let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (wire, from_stores) =
+        run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(60)).await;
+    eprintln!("{wire} bytes from the source for {bytes} bytes of small files");
+    // Each pack crossed from the source once, to its owner; the two others took it from the
+    // owner's store. Without packs the source sends three copies.
+    assert_eq!(from_stores, 2 * 3, "packs taken from a fellow destination");
+    assert!(
+        wire >= bytes && wire < bytes + 3 * 256 * 1024,
+        "the source sent {wire} bytes for {bytes} bytes of small files to 3 destinations"
+    );
+}
+
+/// One sender for three destinations, as the operator's fan-out sender pod runs: the same
+/// packs, one copy from the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sender_sends_each_pack_of_small_files_once() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    let bytes = small_files_dataset(src.path(), &[2, 0, 1], 3);
+    let dsts: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let shared = Arc::new(SharedReads::new(dsts.len()));
+    let o = SendOpts {
+        compress: Compress::None,
+        shared: Some(shared.clone()),
+        ..Default::default()
+    };
+    let at: Vec<(usize, &Path)> = dsts.iter().map(|d| d.path()).enumerate().collect();
+    let (wire, from_stores) =
+        run_destinations_with(&ca, &f, src.path(), &at, Duration::from_secs(60), &o).await;
+    assert_eq!(from_stores, 2 * 3, "packs taken from a fellow destination");
+    assert!(
+        wire >= bytes && wire < bytes + 3 * 256 * 1024,
+        "the source sent {wire} bytes for {bytes} bytes of small files"
+    );
+    // Each pack was read and hashed once for the three sessions.
+    let counts = shared.counts();
+    assert_eq!(
+        (counts.reads, counts.shared),
+        (3, 6),
+        "packs read from the source, and taken from another session's read"
+    );
+}
+
+/// The pack a destination whose receiver never runs owns: the two others ask the sender for
+/// it at the end (Refetch), finish in their first session, and hold the whole tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_left_to_a_destination_that_never_receives_comes_from_the_source() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 3).await;
+    let src = tempfile::tempdir().unwrap();
+    // Destination 2 owns the first pack and never receives.
+    small_files_dataset(src.path(), &[2, 0, 1], 3);
+    let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (wire, from_stores) = run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(5)).await;
+    // Each live one took the other's pack from its store; the silent one's came to both.
+    assert_eq!(from_stores, 2, "packs taken from the live fellow");
+    let from_source = 4 * PACK_BYTES;
+    assert!(
+        wire >= from_source && wire < from_source + 2 * 256 * 1024,
+        "the source sent {wire} bytes; {from_source} bytes of packs were in no store"
+    );
+}
+
+/// A scripted sender against a fan-out receiver (its only destination, so it owns every pack):
+/// it offers two small files, announces them as a pack and answers the receiver's request for
+/// the pack with bytes that are not the pack's. The receiver refuses the frame, writes neither
+/// file, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_whose_bytes_do_not_match_its_hash_writes_none_of_its_files() {
+    use ferry_mover::wire::{Message, caps};
+    use ferry_proto::wire::v1 as wpb;
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 1).await;
+    let dst = tempfile::tempdir().unwrap();
+    let (pki, addr, recv) = fan_out_receiver(&ca, &f, 0, dst.path(), Duration::from_secs(5)).await;
+    let all = caps::SUPPORTED | caps::DEDUP | caps::REFETCH | caps::TAILS | caps::PACKS;
+    let stream = connect_as_sender(&pki, addr).await;
+    let (mut reader, mut writer, welcome) = greet(
+        stream,
+        Duration::from_secs(10),
+        hello(&pki.transfer, all, vec![5; 16], 0, 1),
+    )
+    .await;
+    assert_eq!(
+        welcome.capabilities & caps::PACKS,
+        caps::PACKS,
+        "a fan-out grants packs"
+    );
+    let (a, b) = (random_bytes(600 << 10, 1), random_bytes(600 << 10, 2));
+    let entry = |path: &str, size: usize| wpb::Entry {
+        path: path.as_bytes().to_vec(),
+        kind: wpb::EntryKind::File as i32,
+        mode: 0o644,
+        size: size as u64,
+        ..Default::default()
+    };
+    writer
+        .send(&Message::Offer(wpb::Offer {
+            offer_id: 1,
+            entries: vec![entry("a.jpg", a.len()), entry("b.jpg", b.len())],
+        }))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let Message::Want(want) = reader.expect().await.unwrap() else {
+        panic!("expected a Want");
+    };
+    let ids: Vec<u64> = want.entries.iter().map(|e| e.file_id).collect();
+    let pack = [a.as_slice(), b.as_slice()].concat();
+    let hash = blake3::hash(&pack).as_bytes().to_vec();
+    writer
+        .send(&Message::PackAnnounce(wpb::PackAnnounce {
+            file_ids: ids.clone(),
+            hash: hash.clone(),
+            proof: vec![0; 32],
+        }))
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let Message::NeedBlocks(nb) = reader.expect().await.unwrap() else {
+        panic!("expected the pack's NeedBlocks");
+    };
+    assert_eq!(
+        (nb.file_id, nb.need_blocks.as_slice()),
+        (ids[0], &[1u8][..])
+    );
+    let mut forged = pack.clone();
+    forged[700 << 10] ^= 1;
+    writer
+        .send(&Message::Pack {
+            header: wpb::PackHeader {
+                pack_id: ids[0],
+                raw_len: pack.len() as u32,
+                codec: 0,
+                hash,
+            },
+            data: bytes::Bytes::from(forged),
+        })
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    let err = recv.await.unwrap().expect_err("a forged pack is refused");
+    assert!(err.contains("does not match its BLAKE3 hash"), "{err}");
+    for name in ["a.jpg", "b.jpg"] {
+        assert!(
+            !dst.path().join(name).exists(),
+            "{name} written from a forged pack"
+        );
+    }
+}
+
+/// Destinations that wanted only some of an Offer's small files (they hold the rest) get no
+/// pack: every destination asks for what it lacks in Batch frames, as without a fan-out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_holds_some_small_files_gets_the_others_in_batches() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 2).await;
+    let src = tempfile::tempdir().unwrap();
+    let bytes = small_files_dataset(src.path(), &[0, 1], 2);
+    let dsts: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    // Both destinations already hold every tenth file (same content and mtime).
+    let copy = |from: &Path, to: &Path| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, to).unwrap();
+        let mtime = std::fs::metadata(from).unwrap().modified().unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(to)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    };
+    for entry in files_under(src.path()).iter().step_by(10) {
+        let rel = entry.strip_prefix(src.path()).unwrap();
+        for d in &dsts {
+            copy(entry, &d.path().join(rel));
+        }
+    }
+    let (wire, from_stores) =
+        run_fan_out(&ca, &f, src.path(), &dsts, Duration::from_secs(10)).await;
+    assert_eq!(
+        from_stores, 0,
+        "no pack: every Offer had a file the destinations hold"
+    );
+    assert!(
+        wire > bytes,
+        "each destination got its missing files from the source: {wire} bytes"
+    );
+}
+
 /// Not a test: times one 512 MiB file received without a store, through the node service and
 /// into a local store, three rounds (docs/benchmarks.md, "Node service"). Run with
 /// `cargo test --release -p ferry-mover --test node_service timing -- --ignored --nocapture`.

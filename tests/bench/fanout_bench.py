@@ -15,8 +15,8 @@ runs one sender per destination. Scenarios, each on fresh destinations and store
 
 Reported per scenario: the median wall time over ROUNDS, its ratio to fan-out to 1, the bytes
 that left the source node (its interface's counters) as a multiple of the dataset, the most bytes
-any destination node sent or received, and the highest peak RSS of any receiver and of any node
-service.
+any destination node sent or received, the highest peak RSS of any receiver and of any node
+service, and the CPU time of the senders and of the destinations (receivers and node services).
 
 Knobs (environment): ROUNDS=3 RATE_MBIT=400 MIB=1024 FILES=8 FERRY_BIN=target/release/ferry-mover
 WORK=/var/tmp/ferry-fanout (a tmpfs is mounted there for the run), ONLY=1,3 (run only these of the
@@ -140,6 +140,7 @@ class Nodes:
     def __init__(self, dests: list[str], certs: Path):
         self.procs = []
         self.peak_rss_kib = 0
+        self.cpu = 0.0
         for d in dests:
             store = WORK / d / "cas"
             store.mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,9 @@ class Nodes:
         for p in self.procs:
             p.terminate()
         for p in self.procs:
-            self.peak_rss_kib = max(self.peak_rss_kib, reap(p, 30)[2].ru_maxrss)
+            usage = reap(p, 30)[2]
+            self.peak_rss_kib = max(self.peak_rss_kib, usage.ru_maxrss)
+            self.cpu += usage.ru_utime + usage.ru_stime
 
 
 def transfer(dests: list[str], certs: Path, swarm: bool, one_sender: bool) -> dict:
@@ -213,9 +216,11 @@ def transfer(dests: list[str], certs: Path, swarm: bool, one_sender: bool) -> di
         if s.returncode != 0:
             raise SystemExit(f"sender failed ({s.returncode}): {err[-2000:]}")
     receiver_rss = 0
+    receiver_cpu = 0.0
     for d, p, _ in receivers:
         out, err, usage = reap(p, 600)
         receiver_rss = max(receiver_rss, usage.ru_maxrss)
+        receiver_cpu += usage.ru_utime + usage.ru_stime
         if p.returncode != 0:
             raise SystemExit(f"receiver on {d} failed ({p.returncode}): {err[-2000:]}")
     seconds = time.monotonic() - started
@@ -231,7 +236,7 @@ def transfer(dests: list[str], certs: Path, swarm: bool, one_sender: bool) -> di
             raise SystemExit(f"{d} differs from the source: {same.stdout[-2000:]}")
     return {"seconds": seconds, "source_tx": moved["src"][0], "source_done": source_done,
             "dest_max": max(max(moved[d]) for d in dests), "receiver_rss": receiver_rss,
-            "source_cpu": source_cpu}
+            "source_cpu": source_cpu, "receiver_cpu": receiver_cpu}
 
 
 def fresh_stores(dests: list[str]) -> None:
@@ -249,6 +254,8 @@ def scenario(name: str, dests: list[str], certs: Path, swarm: bool, keep_stores:
     finally:
         nodes.stop()
     res["service_rss"] = nodes.peak_rss_kib
+    # What the destination nodes spent: their receivers and node services.
+    res["dest_cpu"] = res["receiver_cpu"] + nodes.cpu
     return res
 
 
@@ -288,13 +295,14 @@ def main() -> int:
                       f"{res['source_tx'] / size:.2f}x the dataset, busiest destination link "
                       f"{res['dest_max'] / size:.3f}x, peak RSS receiver "
                       f"{res['receiver_rss'] >> 10} MiB, node service {res['service_rss'] >> 10} MiB, "
-                      f"senders' CPU {res['source_cpu']:.1f} s",
+                      f"senders' CPU {res['source_cpu']:.1f} s, destinations' CPU "
+                      f"{res['dest_cpu']:.1f} s",
                       flush=True)
         base = statistics.median(x["seconds"] for x in results[plan[0][0]])
         print(f"\n{MIB} MiB in {FILES} files, every link capped at {RATE_MBIT} Mbit/s each way, "
               f"{ROUNDS} rounds (medians)\n")
-        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link | peak RSS receiver / node service | senders' CPU |")
-        print("|---|---|---|---|---|---|---|---|")
+        print(f"| scenario | time | vs {plan[0][0]} | bytes out of the source node | source done sending | busiest destination link | peak RSS receiver / node service | senders' CPU | destinations' CPU |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, *_ in plan:
             xs = results[name]
             t = statistics.median(x["seconds"] for x in xs)
@@ -304,8 +312,9 @@ def main() -> int:
             rss = max(x["receiver_rss"] for x in xs) >> 10
             srss = max(x["service_rss"] for x in xs) >> 10
             cpu = statistics.median(x["source_cpu"] for x in xs)
+            dcpu = statistics.median(x["dest_cpu"] for x in xs)
             print(f"| {name} | {t:.1f} s | {t / base:.2f}x | {src:.2f}x the dataset | {done:.1f} s "
-                  f"| {dmax:.3f}x | {rss} / {srss} MiB | {cpu:.1f} s |")
+                  f"| {dmax:.3f}x | {rss} / {srss} MiB | {cpu:.1f} s | {dcpu:.1f} s |")
         return 0
     finally:
         teardown()

@@ -8,6 +8,8 @@
 //! - a large file is complete exactly when each of its blocks was written once, never earlier,
 //!   and only once;
 //! - only blocks held from an earlier run pass a ResumeCheck;
+//! - a small file comes once, in a Batch or in the one pack that named it, never both, and a
+//!   pack's files come back in its order with their offered sizes;
 //! - what is in flight stays within the session's bounds.
 #![no_main]
 
@@ -41,16 +43,24 @@ struct Large {
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
     let mut st: ReceiverState<u64, u64> = ReceiverState::default();
-    let mut streams: Vec<StreamRules> = (0..3).map(|i| StreamRules::new(i, i != 2, true)).collect();
+    let mut streams: Vec<StreamRules> = (0..3)
+        .map(|i| StreamRules::new(i, i != 2, true).with_packs(i != 0))
+        .collect();
+    // Packs claimed and not yet delivered: their files (id, size) in order.
+    let mut packs: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
     let mut large: HashMap<u64, Large> = HashMap::new();
     let mut small_sizes: HashMap<u64, u64> = HashMap::new();
     let mut next_name = 0u64;
     while let Some(op) = input.byte() {
         // Ids near the ones handed out, so most frames name real files.
         let id = |input: &mut Input| input.small(next_name + 3);
-        match op % 10 {
+        match op % 12 {
             0 => {
-                let Some(size) = input.small(200) else { return };
+                let (Some(size), Some(big)) = (input.small(200), input.byte()) else {
+                    return;
+                };
+                // Some of 16 KiB steps up to 1 MiB, so that packs of 1 to 4 MiB can form.
+                let size = if big & 1 == 1 { (size % 65) * 16384 } else { size };
                 let path = PeerPath::parse(format!("s{}", input.small(8).unwrap_or(0)).as_bytes())
                     .unwrap();
                 if let Ok(fid) = st.want_small(path, size, size) {
@@ -245,14 +255,76 @@ fuzz_target!(|data: &[u8]| {
                 {
                     if s == 2 {
                         assert_ne!(route, Route::Announce, "announce without the block store");
+                        assert_ne!(route, Route::PackAnnounce, "a pack without the block store");
+                    }
+                    if s == 0 {
+                        assert_ne!(route, Route::PackAnnounce, "a pack without the capability");
                     }
                     if matches!(route, Route::DirDone | Route::Finish) {
                         assert_eq!(s, 0, "only stream 0 closes the session");
                     }
                 }
             }
+            10 => {
+                let Some(n) = input.small(8) else { return };
+                let mut ids = Vec::new();
+                for _ in 0..=n {
+                    ids.push(id(&mut input).unwrap_or(0));
+                }
+                let a = pb::PackAnnounce {
+                    file_ids: ids.clone(),
+                    hash: vec![3; 32],
+                    proof: vec![4; 32],
+                };
+                if let Ok(c) = st.claim_pack(&a) {
+                    let mut files = Vec::new();
+                    for fid in &ids {
+                        let size = small_sizes.remove(fid).expect("packed an unknown or claimed file");
+                        files.push((*fid, size));
+                    }
+                    let total: u64 = files.iter().map(|f| f.1).sum();
+                    assert_eq!(c.len, total);
+                    assert!((1 << 20..=BLOCK).contains(&total), "a pack of {total} bytes");
+                    assert_eq!(c.pack_id, ids[0]);
+                    assert!(packs.insert(c.pack_id, files).is_none(), "a pack claimed twice");
+                }
+            }
+            11 => {
+                let (Some(pid), Some(how), Some(len)) =
+                    (id(&mut input), input.small(3), input.small(2))
+                else {
+                    return;
+                };
+                let got = match how {
+                    0 => st.take_pack(pid),
+                    1 => {
+                        let _ = st.pack_on_wire(pid);
+                        continue;
+                    }
+                    _ => {
+                        let announced = packs.get(&pid).map_or(0, |f| f.iter().map(|x| x.1).sum());
+                        let h = pb::PackHeader {
+                            pack_id: pid,
+                            raw_len: (announced + len) as u32,
+                            codec: 0,
+                            hash: vec![3; 32],
+                        };
+                        st.claim_pack_data(&h)
+                    }
+                };
+                if let Ok(files) = got {
+                    let want = packs.remove(&pid).expect("delivered an unknown pack");
+                    let got: Vec<(u64, u64)> =
+                        files.iter().map(|f| (f.file, f.size)).collect();
+                    // The payload is the offered size, and the files come in the pack's order.
+                    let sizes: Vec<(u64, u64)> = want.iter().map(|(_, s)| (*s, *s)).collect();
+                    assert_eq!(got, sizes);
+                }
+            }
             _ => {
-                let unfinished = large.values().any(|l| !l.done) || !small_sizes.is_empty();
+                let unfinished = large.values().any(|l| !l.done)
+                    || !small_sizes.is_empty()
+                    || !packs.is_empty();
                 assert_eq!(st.check_finished().is_err(), unfinished);
             }
         }

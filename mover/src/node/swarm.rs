@@ -215,6 +215,11 @@ pub trait FetchSink: Send + Sync + 'static {
     fn file_id(&self) -> u64;
     /// Its path in the tree, as the sender offered it.
     fn path(&self) -> &[u8];
+    /// For a pack (one block holding several small files), the paths of its files in the
+    /// pack's order: what a Refetch names when its owner does not deliver it.
+    fn pack_paths(&self) -> Option<&[crate::tree::peer_path::PeerPath]> {
+        None
+    }
 }
 
 /// Blocks of one file that were left to a peer and that it did not deliver: the sender must

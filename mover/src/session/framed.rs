@@ -228,19 +228,12 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         match msg {
             // Bulk: prefix from our small buffer, data straight from the message's buffer.
             Message::Block { header, data } => {
-                wire::encode_bulk_prefix(FrameType::Block, header, data.len(), &mut self.buf)
-                    .map_err(|source| FramedError::Wire { stream, source })?;
-                let prefix = self.buf.split().freeze();
-                self.write_all(&prefix).await?;
-                self.write_all(data).await?;
+                self.send_bulk(FrameType::Block, header, data).await?
             }
             Message::Batch { header, data } => {
-                wire::encode_bulk_prefix(FrameType::Batch, header, data.len(), &mut self.buf)
-                    .map_err(|source| FramedError::Wire { stream, source })?;
-                let prefix = self.buf.split().freeze();
-                self.write_all(&prefix).await?;
-                self.write_all(data).await?;
+                self.send_bulk(FrameType::Batch, header, data).await?
             }
+            Message::Pack { header, data } => self.send_bulk(FrameType::Pack, header, data).await?,
             other => {
                 other
                     .encode(&mut self.buf)
@@ -250,6 +243,22 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             }
         }
         Ok(())
+    }
+
+    /// A bulk frame: its prefix (header, header length, protobuf header) from this writer's
+    /// buffer, then `data` as it is, never copied into a frame buffer.
+    async fn send_bulk<M: prost::Message>(
+        &mut self,
+        kind: FrameType,
+        header: &M,
+        data: &[u8],
+    ) -> Result<(), FramedError> {
+        let stream = self.stream;
+        wire::encode_bulk_prefix(kind, header, data.len(), &mut self.buf)
+            .map_err(|source| FramedError::Wire { stream, source })?;
+        let prefix = self.buf.split().freeze();
+        self.write_all(&prefix).await?;
+        self.write_all(data).await
     }
 
     /// Writes raw bytes (used by tests that speak a broken protocol on purpose).

@@ -18,9 +18,10 @@ use crate::progress::Progress;
 use crate::tree::peer_path::STAGING_DIR;
 use crate::tree::{self, DirFd, Filter, Kind, Meta, RelPath, Scanner};
 
-/// Entries per Offer and whole-file bytes per group (keeps one group's batches small).
+/// Entries per Offer, and the most whole-file bytes one group holds: its small files fit one
+/// 4 MiB pack (the packs capability), and its batches stay small.
 const GROUP_ENTRIES: usize = 1024;
-const GROUP_SMALL_BYTES: u64 = 4 * 1024 * 1024;
+pub const GROUP_SMALL_BYTES: u64 = 4 * 1024 * 1024;
 /// Hard links remembered for the final phase; beyond this, extra links travel as copies.
 const MAX_HARDLINKS: usize = 1_000_000;
 
@@ -370,6 +371,10 @@ pub fn scan(
                 progress.add(&progress.files_total, 1);
                 progress.add(&progress.bytes_total, m.size);
                 if m.size <= SMALL_FILE_MAX {
+                    // A small file that would take the group past its bytes starts the next.
+                    if group_bytes + m.size > GROUP_SMALL_BYTES {
+                        flush(&mut group, &mut group_bytes)?;
+                    }
                     group_bytes += m.size;
                 } else {
                     // A large file ends its group so its blocks start flowing early.
@@ -468,4 +473,55 @@ pub fn walk_dirs(
         .map_err(|_| ScanError::Closed)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The groups the walk of `root` sends.
+    fn groups(root: &Path) -> Vec<Vec<pb::Entry>> {
+        let (tx, mut rx) = mpsc::channel(10_000);
+        let progress = Arc::new(Progress::new("t", "sender"));
+        let tree = std::sync::Mutex::new(TreeBuilder::new());
+        let collect = Collect {
+            checksum: false,
+            xattrs: false,
+            unreadable: OnUnreadable::Fail,
+        };
+        scan(root, None, &Arc::default(), collect, tx, progress, &tree).expect("scan");
+        let mut out = Vec::new();
+        while let Ok(g) = rx.try_recv() {
+            out.push(g);
+        }
+        out
+    }
+
+    #[test]
+    fn a_groups_small_files_fit_one_pack() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        // 300 KiB files: a group of 4 MiB would end with the one that crosses it.
+        for i in 0..40 {
+            std::fs::write(
+                tmp.path().join(format!("f{i:02}")),
+                vec![i as u8; 300 << 10],
+            )
+            .expect("write");
+        }
+        let groups = groups(tmp.path());
+        let small = |g: &[pb::Entry]| -> u64 {
+            g.iter()
+                .filter(|e| e.kind == pb::EntryKind::File as i32 && e.size <= SMALL_FILE_MAX)
+                .map(|e| e.size)
+                .sum()
+        };
+        let sizes: Vec<u64> = groups.iter().map(|g| small(g)).collect();
+        assert!(
+            sizes.iter().all(|&s| s <= GROUP_SMALL_BYTES),
+            "small bytes per group: {sizes:?}"
+        );
+        // Each full group holds as many as fit: 13 files of 300 KiB.
+        assert_eq!(sizes[0], 13 * (300 << 10), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<u64>(), 40 * (300 << 10));
+    }
 }

@@ -43,6 +43,10 @@ pub enum FrameType {
     /// Fan-out (refetch capability): after all data, the receiver asks for blocks it had left
     /// to a fellow destination that did not deliver them.
     Refetch = 0x24,
+    /// Fan-out (packs capability): the small files of an Offer announced as one pack.
+    PackAnnounce = 0x25,
+    /// Fan-out (packs capability): a pack's bytes (its files' contents back to back).
+    Pack = 0x26,
 }
 
 impl FrameType {
@@ -67,6 +71,8 @@ impl FrameType {
             0x22 => Self::PossessionChallenge,
             0x23 => Self::PossessionProof,
             0x24 => Self::Refetch,
+            0x25 => Self::PackAnnounce,
+            0x26 => Self::Pack,
             other => return Err(WireError::UnknownType(other)),
         })
     }
@@ -77,6 +83,7 @@ impl FrameType {
             Self::Offer
             | Self::Block
             | Self::Batch
+            | Self::Pack
             | Self::DirDone
             | Self::BlockAnnounce
             | Self::ResumeCheck => MAX_FRAME_PAYLOAD,

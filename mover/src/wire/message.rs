@@ -41,6 +41,13 @@ pub enum Message {
     /// Fan-out: blocks the receiver left to a fellow destination that failed, asked of the
     /// sender after all data; an empty one ends the asking.
     Refetch(pb::Refetch),
+    /// Fan-out: the small files of one Offer announced as one content-addressed pack.
+    PackAnnounce(pb::PackAnnounce),
+    /// Fan-out: a pack's stored bytes (its files' contents back to back, maybe compressed).
+    Pack {
+        header: pb::PackHeader,
+        data: Bytes,
+    },
 }
 
 impl Message {
@@ -68,6 +75,16 @@ impl Message {
                     header: pb::BatchHeader::decode(h).map_err(pbe)?,
                     data,
                 }
+            }
+            FrameType::Pack => {
+                let (h, data) = split_bulk(kind, p)?;
+                Self::Pack {
+                    header: pb::PackHeader::decode(h).map_err(pbe)?,
+                    data,
+                }
+            }
+            FrameType::PackAnnounce => {
+                Self::PackAnnounce(pb::PackAnnounce::decode(p).map_err(pbe)?)
             }
             FrameType::DirDone => Self::DirDone(pb::DirDone::decode(p).map_err(pbe)?),
             FrameType::Done => Self::Done(pb::Done::decode(p).map_err(pbe)?),
@@ -122,6 +139,8 @@ impl Message {
             Self::NeedBlocks(_) => FrameType::NeedBlocks,
             Self::ResumeCheck(_) => FrameType::ResumeCheck,
             Self::Refetch(_) => FrameType::Refetch,
+            Self::PackAnnounce(_) => FrameType::PackAnnounce,
+            Self::Pack { .. } => FrameType::Pack,
             Self::Busy(_) => FrameType::Busy,
         }
     }
@@ -144,6 +163,12 @@ impl Message {
                 out.put_slice(data);
                 Ok(())
             }
+            Self::Pack { header, data } => {
+                encode_bulk_prefix(FrameType::Pack, header, data.len(), out)?;
+                out.put_slice(data);
+                Ok(())
+            }
+            Self::PackAnnounce(m) => encode_message(FrameType::PackAnnounce, m, out),
             Self::DirDone(m) => encode_message(FrameType::DirDone, m, out),
             Self::Done(m) => encode_message(FrameType::Done, m, out),
             Self::Finish => {

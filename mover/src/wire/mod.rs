@@ -5,7 +5,7 @@
 //! I/O and never allocates for a frame before the header passed the length cap of its type, so a
 //! peer cannot make the receiver reserve 4 GiB by writing a 5-byte header.
 //!
-//! Control messages are protobuf (`ferry.wire.v1`); bulk frames (`Block`, `Batch`) carry
+//! Control messages are protobuf (`ferry.wire.v1`); bulk frames (`Block`, `Batch`, `Pack`) carry
 //! `[u32 LE header length][protobuf header][raw bytes]` so file data is never copied through prost.
 
 mod blocks;
@@ -61,6 +61,11 @@ pub mod caps {
     /// announced like a full block, so one destination takes it from the source and the others
     /// from its node service. A receiver grants it only in a fan-out.
     pub const TAILS: u64 = 1 << 13;
+    /// Fan-out: the small files of an Offer that the receiver wants whole, when they come to
+    /// 1 to 4 MiB, are announced as one pack (PackAnnounce) and sent, if still needed, as one
+    /// Pack frame, so one destination takes them from the source and the others from its node
+    /// service. A receiver grants it only in a fan-out.
+    pub const PACKS: u64 = 1 << 14;
     /// Everything this implementation understands. DEDUP is added per receiver (only with a
     /// block store) and always requested by senders.
     pub const SUPPORTED: u64 =

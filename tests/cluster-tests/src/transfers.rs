@@ -125,6 +125,27 @@ pub fn make_tree(root: &Path, small: usize, large_mib: usize, seed: &str) -> any
     chown_tree(root)
 }
 
+/// `count` files of `len` bytes of incompressible content under `root` (100 to a directory,
+/// as image datasets are laid out), owned by the movers' user, different for each `seed`.
+pub fn add_small_files(root: &Path, count: usize, len: usize, seed: &str) -> anyhow::Result<()> {
+    let mut x: u64 =
+        u64::from_le_bytes(blake3::hash(seed.as_bytes()).as_bytes()[..8].try_into()?) | 1;
+    for i in 0..count {
+        let dir = root.join(format!("{:04}", i / 100));
+        std::fs::create_dir_all(&dir)?;
+        let mut body = Vec::with_capacity(len + 8);
+        while body.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            body.extend_from_slice(&x.to_le_bytes());
+        }
+        body.truncate(len);
+        std::fs::write(dir.join(format!("img-{i:05}.jpg")), body)?;
+    }
+    chown_tree(root)
+}
+
 /// A directory `private` in `root` (owned by root, mode 0700) that the movers' user cannot read:
 /// a source fault no retry fixes.
 pub fn add_unreadable_dir(root: &Path) -> anyhow::Result<()> {

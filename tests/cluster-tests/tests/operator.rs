@@ -554,8 +554,8 @@ async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A fan-out to two nodes: one child Transfer per node, each verified by its own digest, and
-/// every full block crosses from the source once: the other destination takes it from the
-/// owner's node service.
+/// every full block, and every pack of small files, crosses from the source once: the other
+/// destination takes it from the owner's node service.
 #[tokio::test]
 async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyhow::Result<()> {
     ensure_operator().await?;
@@ -566,8 +566,17 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     .await?;
     let ns = TestNamespace::create("xfer-fanout").await?;
     let (src, src_host) = node_dir(NODE_A, &ns.name, "src")?;
-    // 50 MiB of fresh content: 12 full blocks and a 2 MiB tail, none in any node's store yet.
+    // 50 MiB of fresh content: 12 full blocks and a 2 MiB tail, none in any node's store yet;
+    // and 16 MiB of 64 KiB images, which travel as packs of about 4 MiB.
     make_tree(&src_host, 20, 50, &ns.name)?;
+    ferry_cluster_tests::transfers::add_small_files(
+        &src_host.join("images"),
+        IMAGES,
+        64 << 10,
+        &ns.name,
+    )?;
+    const IMAGES: usize = 256;
+    const DATASET: u64 = (50 << 20) + (IMAGES as u64) * (64 << 10);
     let (dst, dst_a) = node_dir(NODE_A, &ns.name, "dst")?;
     let (_, dst_b) = node_dir(NODE_B, &ns.name, "dst")?;
     let api: Api<Transfer> = ns.api();
@@ -621,7 +630,7 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     api.create(&PostParams::default(), &fan).await?;
     let t = wait_phase(&api, "fan", Duration::from_secs(180), Phase::Succeeded).await?;
     for d in [&dst_a, &dst_b] {
-        assert_eq!(assert_same_tree(&src_host, d)?, 21);
+        assert_eq!(assert_same_tree(&src_host, d)?, 21 + IMAGES);
     }
     let st = t.status.context("status")?;
     let rows: Vec<(&str, Phase)> = st
@@ -721,16 +730,19 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
         ("True", "MinimumDestinationsAvailable")
     );
     let from_peers: u64 = st.destinations.iter().map(|d| d.dedup_bytes).sum();
+    // A group of the walk cut short (by the large file, or the last images) may hold less
+    // than a pack's 1 MiB: those files travel to each node, as without packs.
     assert!(
-        from_peers >= 50 << 20,
-        "every full block and the long tail taken once from the other node: {from_peers}"
+        from_peers >= DATASET - (2 << 20),
+        "every full block, the long tail and the packs of images taken once from the other \
+         node: {from_peers} of {DATASET} bytes"
     );
     assert!(
-        wire < (50 << 20) * 11 / 10,
-        "the source sent {wire} bytes to two destinations of 50 MiB: more than one copy"
+        wire < DATASET * 21 / 20,
+        "the source sent {wire} bytes to two destinations of {DATASET}: more than one copy"
     );
-    // The same tree again, to the nodes a selector picks: both stores hold every full block
-    // and the tail, so only the small files cross from the source.
+    // The same tree again, to the nodes a selector picks: both stores hold every full block,
+    // the tail and every pack, so only the few tiny files cross from the source.
     let (again_dst, again_a) = node_dir(NODE_A, &ns.name, "again")?;
     let (_, again_b) = node_dir(NODE_B, &ns.name, "again")?;
     let again: Transfer = ferry_cluster_tests::from_json(serde_json::json!({
@@ -746,17 +758,17 @@ async fn a_fan_out_to_two_nodes_sends_each_block_from_the_source_once() -> anyho
     api.create(&PostParams::default(), &again).await?;
     let t2 = wait_phase(&api, "again", Duration::from_secs(180), Phase::Succeeded).await?;
     for d in [&again_a, &again_b] {
-        assert_eq!(assert_same_tree(&src_host, d)?, 21);
+        assert_eq!(assert_same_tree(&src_host, d)?, 21 + IMAGES);
     }
     let st2 = t2.status.context("status")?;
     let nodes: Vec<&str> = st2.destinations.iter().map(|d| d.node.as_str()).collect();
     assert_eq!(nodes, [NODE_A, NODE_B], "a selector's nodes, by name");
     let wire2 = st2.wire.context("wire")?.bytes;
     eprintln!(
-        "fan-out to 2 nodes: {wire} bytes from the source ({:.2} copies of the 50 MiB), \
+        "fan-out to 2 nodes: {wire} bytes from the source ({:.2} copies of the {DATASET}), \
          {from_peers} from the sibling's node service, Succeeded {lag:?} after its last child; \
          the repeat: {wire2} bytes",
-        wire as f64 / f64::from(50 << 20)
+        wire as f64 / DATASET as f64
     );
     assert!(
         wire2 < 1 << 20,

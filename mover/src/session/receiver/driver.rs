@@ -405,7 +405,8 @@ where
     W: AsyncWrite + Unpin,
 {
     let stream = reader.stream();
-    let mut rules = StreamRules::new(stream, key.is_some(), shared.caps & caps::RESUME != 0);
+    let mut rules = StreamRules::new(stream, key.is_some(), shared.caps & caps::RESUME != 0)
+        .with_packs(shared.caps & caps::PACKS != 0);
     // Data frames go to a per-stream blocking worker through a 2-slot channel, so decrypting the
     // next frame overlaps with hashing and writing this one (memory: 3 frames).
     let (work_tx, mut work_rx) = tokio::sync::mpsc::channel::<Message>(2);
@@ -416,6 +417,7 @@ where
             match m {
                 Message::Batch { header, data } => effects::handle_batch(&sh, header, &data)?,
                 Message::Block { header, data } => effects::handle_block(&sh, &header, &data)?,
+                Message::Pack { header, data } => super::packs::handle_pack(&sh, &header, &data)?,
                 _ => {}
             }
         }
@@ -459,14 +461,18 @@ where
                         return Ok(());
                     }
                 }
-                (Route::Announce, Message::BlockAnnounce(a)) => {
+                (Route::Announce | Route::PackAnnounce, m) => {
                     let Some(key) = key.clone() else {
                         return Err(ReceiveError::Internal("an announce routed without a key"));
                     };
                     let sh = shared.clone();
-                    let task = shared
-                        .blocking
-                        .run(move || effects::handle_announce(&sh, &key, a));
+                    let task = shared.blocking.run(move || match m {
+                        Message::BlockAnnounce(a) => effects::handle_announce(&sh, &key, a),
+                        Message::PackAnnounce(a) => {
+                            super::packs::handle_pack_announce(&sh, &key, a)
+                        }
+                        _ => Err(ReceiveError::Internal("a route for another frame type")),
+                    });
                     let need = super::super::while_busy(writer, busy, &work, task).await???;
                     writer.send(&Message::NeedBlocks(need)).await?;
                     writer.flush().await?;

@@ -107,7 +107,7 @@ impl Kept {
 /// What the receiver applies to a file it asked for.
 #[derive(Clone)]
 pub(super) struct FileMeta {
-    path: PeerPath,
+    pub(super) path: PeerPath,
     size: u64,
     mode: u32,
     mtime: (i64, u32),
@@ -790,26 +790,35 @@ pub(super) fn handle_batch(
     data: &[u8],
 ) -> Result<(), ReceiveError> {
     let files = sh.state()?.claim_batch(header.files, data.len())?;
-    // Creating small files is the receiver's bottleneck (about five syscalls each, most of the
-    // CPU), so the files of a large batch are written by several threads.
+    write_small_files(sh, &files, |part| write_batch_files(sh, part, data))
+}
+
+/// Writes the small files of one frame (a Batch, a pack) with `write`, on several threads when
+/// there are many: creating small files is the receiver's bottleneck (about five syscalls each,
+/// most of the CPU).
+pub(super) fn write_small_files<T: Sync>(
+    sh: &Session,
+    files: &[T],
+    write: impl Fn(&[T]) -> Result<(), ReceiveError> + Sync,
+) -> Result<(), ReceiveError> {
     let threads = sh
         .write_threads
         .min(files.len() / PARALLEL_BATCH_MIN)
         .max(1);
     if threads == 1 {
-        return write_batch_files(sh, &files, data);
+        return write(files);
     }
     let per_thread = files.len().div_ceil(threads);
     std::thread::scope(|scope| {
         let workers: Vec<_> = files
             .chunks(per_thread)
-            .map(|part| scope.spawn(|| write_batch_files(sh, part, data)))
+            .map(|part| scope.spawn(|| write(part)))
             .collect();
         let mut result = Ok(());
         for w in workers {
             let r = w
                 .join()
-                .unwrap_or_else(|_| Err(ReceiveError::Internal("a batch writer thread panicked")));
+                .unwrap_or_else(|_| Err(ReceiveError::Internal("a small-file writer panicked")));
             if result.is_ok() {
                 result = r;
             }
@@ -858,7 +867,7 @@ fn write_batch_files(
     Ok(())
 }
 
-fn write_small(
+pub(super) fn write_small(
     sh: &Session,
     meta: &FileMeta,
     content: &[u8],

@@ -8,6 +8,7 @@
 
 mod driver;
 mod effects;
+mod packs;
 mod refetch;
 pub mod state;
 
@@ -67,6 +68,11 @@ pub enum ReceiveError {
     },
     #[error("{path}: block {index} does not match its BLAKE3 hash; nothing was written")]
     HashMismatch { path: String, index: u64 },
+    #[error(
+        "the pack of {files} small files from {path} on does not match its BLAKE3 hash; nothing \
+         was written"
+    )]
+    PackHashMismatch { path: String, files: usize },
     #[error("failed to publish {path}")]
     Commit {
         path: String,
@@ -231,7 +237,7 @@ where
         supported |= caps::XATTRS;
     }
     if cfg.swarm.is_some() {
-        supported |= caps::REFETCH | caps::TAILS;
+        supported |= caps::REFETCH | caps::TAILS | caps::PACKS;
     }
     let fut = accept_hello(
         &mut reader,

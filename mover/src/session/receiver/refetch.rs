@@ -1,6 +1,7 @@
 //! A fan-out's late blocks (refetch capability, docs/protocol.md): once every stream's data is
 //! in, stream 0 asks the sender for the blocks this receiver had left to a fellow destination
-//! that failed before delivering them, so the failure costs this destination no retry.
+//! that failed before delivering them (blocks, and with the packs capability packs of small
+//! files), so the failure costs this destination no retry.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use super::effects::{self, Session};
 use super::state::SenderViolation;
 use crate::node::swarm::Orphans;
 use crate::session::framed::{FrameReader, FrameWriter};
+use crate::tree::peer_path::PeerPath;
 use crate::wire::Message;
 
 /// Blocks per Refetch. The next is sent once these arrived, so a file's outstanding blocks stay
@@ -33,6 +35,12 @@ where
 {
     for o in orphans {
         let file_id = o.sink.file_id();
+        if let Some(paths) = o.sink.pack_paths() {
+            for b in &o.blocks {
+                ask_for_pack(shared, reader, writer, file_id, paths, b.hash.as_bytes()).await?;
+            }
+            continue;
+        }
         for chunk in o.blocks.chunks(REFETCH_BLOCKS) {
             shared
                 .state()?
@@ -43,6 +51,7 @@ where
                     path: o.sink.path().to_vec(),
                     indexes: chunk.iter().map(|b| b.index).collect(),
                     hashes: chunk.iter().map(|b| b.hash.as_bytes().to_vec()).collect(),
+                    pack: None,
                 }))
                 .await?;
             writer.flush().await?;
@@ -92,4 +101,57 @@ where
         .await?;
     writer.flush().await?;
     Ok(())
+}
+
+/// Asks the sender for one pack (its files' paths and announced hash) and writes it once its
+/// Pack frame came; nothing else may come meanwhile.
+async fn ask_for_pack<R, W>(
+    shared: &Arc<Session>,
+    reader: &mut FrameReader<R>,
+    writer: &mut FrameWriter<W>,
+    pack_id: u64,
+    paths: &[PeerPath],
+    hash: &[u8; 32],
+) -> Result<(), ReceiveError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    shared.state()?.pack_on_wire(pack_id)?;
+    let pack = pb::RefetchPack {
+        pack_id,
+        paths: paths.iter().map(|p| p.as_bytes().to_vec()).collect(),
+        hash: hash.to_vec(),
+    };
+    writer
+        .send(&Message::Refetch(pb::Refetch {
+            pack: Some(pack),
+            ..Default::default()
+        }))
+        .await?;
+    writer.flush().await?;
+    loop {
+        let msg = reader.expect().await?;
+        shared.saw(&msg);
+        match msg {
+            // The state takes only this pack, with its announced length and hash.
+            Message::Pack { header, data } if header.pack_id == pack_id => {
+                let sh = shared.clone();
+                return shared
+                    .blocking
+                    .run(move || super::packs::handle_pack(&sh, &header, &data))
+                    .await?;
+            }
+            Message::Keepalive | Message::Busy(_) => {}
+            Message::Error(e) => return Err(ReceiveError::from_peer(e)),
+            other => {
+                return Err(SenderViolation::OutOfOrder {
+                    stream: 0,
+                    kind: other.frame_type(),
+                    when: "while a refetched pack is owed",
+                }
+                .into());
+            }
+        }
+    }
 }

@@ -16,7 +16,7 @@ use ferry_proto::wire::v1 as pb;
 
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::Proof;
-use crate::cas::{BlockHash, announceable};
+use crate::cas::{BlockHash, MIN_STORED_BLOCK, announceable, storable};
 use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
@@ -123,6 +123,20 @@ pub enum SenderViolation {
     NotAnnounceable { path: String, index: u64 },
     #[error("{path}: announced block {index} has a malformed hash or proof")]
     MalformedAnnounce { path: String, index: u64 },
+    #[error("PackAnnounce names {0} files (a pack holds 1 to {MAX_OFFER_ENTRIES})")]
+    PackFiles(usize),
+    #[error(
+        "PackAnnounce of {len} bytes (a pack holds {MIN_STORED_BLOCK} to {BLOCK_SIZE} bytes of files)"
+    )]
+    PackSize { len: u64 },
+    #[error("PackAnnounce from {path} on has a malformed hash or proof")]
+    MalformedPack { path: String },
+    #[error("Pack frame for pack id {0}, which is not announced or not asked for")]
+    UnknownPack(u64),
+    #[error(
+        "Pack frame for pack id {id} is not the pack announced (length {got}, announced {len})"
+    )]
+    PackMismatch { id: u64, got: u64, len: u64 },
     #[error("{path}: ResumeCheck names block {index}, which is not held or was checked")]
     NotHeld { path: String, index: u64 },
     #[error("{path}: malformed hash in ResumeCheck")]
@@ -177,6 +191,8 @@ pub enum Route {
     Data,
     /// Answer with a NeedBlocks (block store or resume).
     Announce,
+    /// Answer with a NeedBlocks for the pack (packs capability).
+    PackAnnounce,
     ResumeCheck,
     DirDone,
     /// The stream's data is all sent: stream 0 moves on to closing, the others end.
@@ -196,6 +212,7 @@ pub struct StreamRules {
     phase: Phase,
     dedup: bool,
     resume: bool,
+    packs: bool,
 }
 
 impl StreamRules {
@@ -207,7 +224,15 @@ impl StreamRules {
             phase: Phase::Data,
             dedup,
             resume,
+            packs: false,
         }
+    }
+
+    /// With the packs capability negotiated (a fan-out): PackAnnounce and Pack frames may
+    /// come on a stream that offered the block store.
+    pub fn with_packs(mut self, packs: bool) -> Self {
+        self.packs = packs;
+        self
     }
 
     /// Whether `frame` may come now, and what to do with it.
@@ -224,6 +249,13 @@ impl StreamRules {
             (_, FrameType::Offer) => Route::Offer,
             (Phase::Data, FrameType::Block | FrameType::Batch) => Route::Data,
             (Phase::Data, FrameType::BlockAnnounce) if self.dedup => Route::Announce,
+            (Phase::Data, FrameType::PackAnnounce) if self.dedup && self.packs => {
+                Route::PackAnnounce
+            }
+            (Phase::Data, FrameType::Pack) if self.dedup && self.packs => Route::Data,
+            (Phase::Data, FrameType::PackAnnounce | FrameType::Pack) => {
+                return Err(SenderViolation::NotNegotiated(frame));
+            }
             (Phase::Data, FrameType::ResumeCheck) if self.resume => Route::ResumeCheck,
             (Phase::Data, FrameType::BlockAnnounce | FrameType::ResumeCheck) => {
                 return Err(SenderViolation::NotNegotiated(frame));
@@ -262,8 +294,39 @@ struct InFlight<S, L> {
 enum Content<S, L> {
     /// Whole, in a Batch.
     Small(S),
+    /// Whole, in a pack (see [`Pack`]).
+    Packed(S),
     /// In blocks, each tracked.
     Large(L, Blocks),
+}
+
+/// The small files of one PackAnnounce, until their bytes come: from the wire (a Pack frame,
+/// once the receiver asked for it), or from a block store.
+#[derive(Debug)]
+struct Pack {
+    files: Vec<u64>,
+    hash: [u8; 32],
+    len: u64,
+    on_wire: bool,
+}
+
+/// A PackAnnounce, claimed: what the receiver looks up in block stores, and what a Refetch
+/// names if the pack must come from the sender after all.
+#[derive(Debug, Clone)]
+pub struct ClaimedPack {
+    pub pack_id: u64,
+    pub announced: AnnouncedBlock,
+    pub len: u64,
+    /// The pack's files, in its order.
+    pub paths: Vec<PeerPath>,
+}
+
+/// One file of a pack whose bytes came: `size` bytes of the pack, after the files before it.
+#[derive(Debug)]
+pub struct PackedFile<S> {
+    pub file: S,
+    pub path: PeerPath,
+    pub size: u64,
 }
 
 /// Which blocks of a large file are where. A few ranges, whatever the file's size.
@@ -314,6 +377,10 @@ pub struct ReceiverState<S, L> {
     /// Paths of `files`: a path is in flight at most once.
     paths: HashSet<PeerPath>,
     large: usize,
+    /// Packs announced whose bytes have not come, by id; their files are `Packed` in `files`.
+    packs: HashMap<u64, Pack>,
+    /// Files in `packs`.
+    packed: usize,
     next_id: u64,
 }
 
@@ -323,6 +390,8 @@ impl<S, L> Default for ReceiverState<S, L> {
             files: HashMap::new(),
             paths: HashSet::new(),
             large: 0,
+            packs: HashMap::new(),
+            packed: 0,
             next_id: 1,
         }
     }
@@ -332,6 +401,11 @@ impl<S, L: Clone> ReceiverState<S, L> {
     /// Files in flight (asked for, not yet complete).
     pub fn in_flight(&self) -> usize {
         self.files.len()
+    }
+
+    /// Files of packs whose bytes have not come yet.
+    pub fn packed_files(&self) -> usize {
+        self.packed
     }
 
     /// An Offer's size.
@@ -484,6 +558,14 @@ impl<S, L: Clone> ReceiverState<S, L> {
                     ..
                 },
             ) => Ok(f),
+            Some(InFlight {
+                content: Content::Packed(_),
+                ..
+            }) => Err(SenderViolation::WrongFileKind {
+                frame: "batch",
+                what: "packed",
+                id,
+            }),
             Some(_) => Err(SenderViolation::WrongFileKind {
                 frame: "batch",
                 what: "large",
@@ -638,6 +720,152 @@ impl<S, L: Clone> ReceiverState<S, L> {
             size,
             hashes,
         })
+    }
+
+    /// A PackAnnounce: 1 to [`MAX_OFFER_ENTRIES`] distinct small files in flight and in no
+    /// other pack, whose sizes add up to what a block store keeps (1 to 4 MiB), with a 32-byte
+    /// hash and proof. Their content now comes as the pack's (not in a Batch); the first file's
+    /// id names it.
+    pub fn claim_pack(&mut self, a: &pb::PackAnnounce) -> Result<ClaimedPack, SenderViolation> {
+        let n = a.file_ids.len();
+        if n == 0 || n > MAX_OFFER_ENTRIES {
+            return Err(SenderViolation::PackFiles(n));
+        }
+        let mut seen = HashSet::with_capacity(n);
+        let mut len = 0u64;
+        let mut paths = Vec::with_capacity(n);
+        for &id in &a.file_ids {
+            let f = self.small(id).map_err(|e| match e {
+                SenderViolation::WrongFileKind { what, .. } => SenderViolation::WrongFileKind {
+                    frame: "PackAnnounce",
+                    what,
+                    id,
+                },
+                _ => SenderViolation::UnknownFile {
+                    frame: "PackAnnounce",
+                    id,
+                },
+            })?;
+            if !seen.insert(id) {
+                return Err(SenderViolation::Duplicate(f.path.to_string()));
+            }
+            len += f.size;
+            paths.push(f.path.clone());
+        }
+        if !storable(len as usize) || len > BLOCK_SIZE as u64 {
+            return Err(SenderViolation::PackSize { len });
+        }
+        let (Ok(hash), Ok(proof)) = (
+            <[u8; 32]>::try_from(a.hash.as_slice()),
+            <[u8; 32]>::try_from(a.proof.as_slice()),
+        ) else {
+            return Err(SenderViolation::MalformedPack {
+                path: paths[0].to_string(),
+            });
+        };
+        let pack_id = a.file_ids[0];
+        for &id in &a.file_ids {
+            // Each is a small file in flight: checked above.
+            if let Some(InFlight {
+                path,
+                size,
+                content: Content::Small(file),
+            }) = self.files.remove(&id)
+            {
+                let content = Content::Packed(file);
+                self.files.insert(
+                    id,
+                    InFlight {
+                        path,
+                        size,
+                        content,
+                    },
+                );
+            }
+        }
+        self.packed += n;
+        self.packs.insert(
+            pack_id,
+            Pack {
+                files: a.file_ids.clone(),
+                hash,
+                len,
+                on_wire: false,
+            },
+        );
+        Ok(ClaimedPack {
+            pack_id,
+            announced: AnnouncedBlock {
+                index: 0,
+                hash: BlockHash::from_bytes(hash),
+                proof: Proof(proof),
+            },
+            len,
+            paths,
+        })
+    }
+
+    /// The receiver asks the sender for a pack's bytes (no store had it, or a fellow
+    /// destination did not deliver it): a Pack frame for it may come, once.
+    pub fn pack_on_wire(&mut self, pack_id: u64) -> Result<(), SenderViolation> {
+        match self.packs.get_mut(&pack_id) {
+            Some(p) if !p.on_wire => {
+                p.on_wire = true;
+                Ok(())
+            }
+            _ => Err(SenderViolation::UnknownPack(pack_id)),
+        }
+    }
+
+    /// A Pack frame: for a pack the receiver asked the sender for, of its announced length
+    /// and hash. Returns its files, which leave the session's bookkeeping (the caller writes
+    /// them from the bytes once they match the hash).
+    pub fn claim_pack_data(
+        &mut self,
+        h: &pb::PackHeader,
+    ) -> Result<Vec<PackedFile<S>>, SenderViolation> {
+        let p = match self.packs.get(&h.pack_id) {
+            Some(p) if p.on_wire => p,
+            _ => return Err(SenderViolation::UnknownPack(h.pack_id)),
+        };
+        if u64::from(h.raw_len) != p.len || h.hash.as_slice() != p.hash.as_slice() {
+            return Err(SenderViolation::PackMismatch {
+                id: h.pack_id,
+                got: u64::from(h.raw_len),
+                len: p.len,
+            });
+        }
+        Ok(self.release_pack(h.pack_id))
+    }
+
+    /// A pack's bytes came from a block store (this node's or a fellow destination's): its
+    /// files, unless the pack is gone or asked of the sender meanwhile.
+    pub fn take_pack(&mut self, pack_id: u64) -> Result<Vec<PackedFile<S>>, SenderViolation> {
+        match self.packs.get(&pack_id) {
+            Some(p) if !p.on_wire => Ok(self.release_pack(pack_id)),
+            _ => Err(SenderViolation::UnknownPack(pack_id)),
+        }
+    }
+
+    fn release_pack(&mut self, pack_id: u64) -> Vec<PackedFile<S>> {
+        let Some(pack) = self.packs.remove(&pack_id) else {
+            return Vec::new();
+        };
+        self.packed -= pack.files.len();
+        let mut out = Vec::with_capacity(pack.files.len());
+        for id in pack.files {
+            if let Some(InFlight {
+                path,
+                size,
+                content: Content::Packed(file),
+            }) = self.files.remove(&id)
+            {
+                // As for a batch: its path may come again (and then find the file).
+                self.paths.remove(&path);
+                out.push(PackedFile { file, path, size });
+            }
+        }
+        out
     }
 
     /// Claimed blocks that must come over the wire after all (the block store did not have

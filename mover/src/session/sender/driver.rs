@@ -15,7 +15,6 @@ use crate::digest::{self, DirList, Hash, HashPool, LinkList, TreeBuilder};
 use crate::limiter::Limiter;
 use crate::progress::{Phase, Progress};
 use crate::report::changes;
-use crate::session::OFFER_WINDOW;
 use crate::session::buffers::BufferPool;
 use crate::session::compress::CodecPolicy;
 use crate::session::framed::{FrameReader, FrameWriter, FramedError};
@@ -25,6 +24,7 @@ use crate::session::{
     Abort, PEER_GRACE, Reason, SessionSummary, StreamFailure, anyhow_chain, pending_peer_error,
     tell_peer,
 };
+use crate::session::{OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::tree::split_source;
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
 
@@ -112,8 +112,8 @@ where
 {
     let n = streams.len() as u32;
     let session_id: [u8; 16] = rand::random();
-    // Dedup, xattrs and refetch are always requested: a receiver grants them only with a block
-    // store / when it keeps xattrs / in a fan-out.
+    // Dedup, xattrs, refetch, tails and packs are always requested: a receiver grants them only
+    // with a block store / when it keeps xattrs / in a fan-out.
     let mut want_caps = caps::ZSTD
         | caps::LZ4
         | caps::VERIFY
@@ -122,7 +122,8 @@ where
         | caps::PROGRESS
         | caps::XATTRS
         | caps::REFETCH
-        | caps::TAILS;
+        | caps::TAILS
+        | caps::PACKS;
     if cfg.delete {
         want_caps |= caps::DELETE;
     }
@@ -224,6 +225,7 @@ where
         content_in_scan: checksum,
         resume_check: negotiated & caps::RESUME != 0,
         tails: negotiated & caps::TAILS != 0,
+        packs: negotiated & caps::PACKS != 0,
         busy: negotiated & caps::PROGRESS != 0,
         progress_timeout: cfg.timeouts.progress,
         dry_run: cfg.dry_run,
@@ -659,7 +661,7 @@ async fn answer_task<S>(
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let mut replies: Replies<Opened> = Replies::new(reader.stream(), ctx.dry_run);
+    let mut replies: Replies<Owed> = Replies::new(reader.stream(), ctx.dry_run);
     let mut offers_open = true;
     let mut last_work = 0;
     loop {
@@ -685,9 +687,24 @@ where
             Message::NeedBlocks(nb) => {
                 let needed = replies.on_need_blocks(&nb)?;
                 let a = needed.announced;
-                for index in needed.send {
-                    let job = a.file.job(a.file_id, index, block_len(a.size, index));
-                    block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                match &a.file {
+                    Owed::File(src) => {
+                        for index in needed.send {
+                            let job = src.job(a.file_id, index, block_len(a.size, index));
+                            block_tx.send(job).await.map_err(|_| SendError::Channel)?;
+                        }
+                    }
+                    // The pack goes on this stream, read again (its owner among the
+                    // destinations asks for it, the others take it from that one's store).
+                    Owed::Pack(spec) if !needed.send.is_empty() => {
+                        let (c, spec) = (ctx.clone(), spec.clone());
+                        let msg = ctx
+                            .blocking
+                            .run(move || super::packs::build_pack(&c, &spec))
+                            .await??;
+                        out.send(msg).await.map_err(|_| SendError::Channel)?;
+                    }
+                    Owed::Pack(_) => {}
                 }
                 // Taken from the receiver's block store, or confirmed as resumed.
                 ctx.progress
@@ -709,15 +726,18 @@ async fn handle_want(
     block_tx: &mpsc::Sender<BlockJob>,
     dedup: Option<&Arc<DedupSender>>,
     wanted: Vec<Wanted>,
-    replies: &mut Replies<Opened>,
+    replies: &mut Replies<Owed>,
 ) -> Result<(), SendError> {
     let mut small = Vec::new();
+    // A pack needs every small file of the offer: see `packs::makes_pack`.
+    let mut small_unchanged = false;
     // Files the receiver did not ask for are still part of the digest: read them off the
     // critical path.
     let mut unchanged = UnchangedFiles::default();
     for w in wanted {
         let (file_id, e, need) = match w {
             Wanted::Unchanged(e) => {
+                small_unchanged |= e.size <= SMALL_FILE_MAX;
                 if !ctx.content_in_scan && !ctx.dry_run {
                     unchanged.push(ctx, e).await?;
                 }
@@ -777,7 +797,7 @@ async fn handle_want(
                     file_id,
                     size: e.size,
                     indexes: chunk.to_vec(),
-                    file: src.clone(),
+                    file: Owed::File(src.clone()),
                 });
                 let check = pb::ResumeCheck {
                     file_id,
@@ -831,7 +851,7 @@ async fn handle_want(
                         file_id,
                         size: e.size,
                         indexes,
-                        file: src.clone(),
+                        file: Owed::File(src.clone()),
                     });
                     out.send(msg).await.map_err(|_| SendError::Channel)?;
                 }
@@ -839,7 +859,23 @@ async fn handle_want(
         }
     }
     unchanged.flush(ctx).await?;
-    if !small.is_empty() {
+    if let Some(dedup) = dedup
+        && ctx.packs
+        && super::packs::makes_pack(&small, !small_unchanged)
+    {
+        let (c, d) = (ctx.clone(), dedup.clone());
+        let (msg, spec) = ctx
+            .blocking
+            .run(move || super::packs::build_pack_announce(&c, &d, c.shared.as_deref(), small))
+            .await??;
+        replies.announced(Announced {
+            file_id: spec.pack_id,
+            size: spec.len,
+            indexes: vec![0],
+            file: Owed::Pack(spec),
+        });
+        out.send(msg).await.map_err(|_| SendError::Channel)?;
+    } else if !small.is_empty() {
         let c = ctx.clone();
         let batches = ctx.blocking.run(move || build_batches(&c, small)).await??;
         for b in batches {
@@ -914,13 +950,16 @@ fn raw_len(m: &Message) -> u64 {
     match m {
         Message::Block { header, .. } => u64::from(header.raw_len),
         Message::Batch { header, .. } => header.files.iter().map(|f| u64::from(f.raw_len)).sum(),
+        Message::Pack { header, .. } => u64::from(header.raw_len),
         _ => 0,
     }
 }
 
 fn frame_len(m: &Message) -> usize {
     match m {
-        Message::Block { data, .. } | Message::Batch { data, .. } => data.len() + 128,
+        Message::Block { data, .. } | Message::Batch { data, .. } | Message::Pack { data, .. } => {
+            data.len() + 128
+        }
         _ => 64,
     }
 }

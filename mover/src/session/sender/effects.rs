@@ -52,6 +52,13 @@ impl Opened {
     }
 }
 
+/// What a BlockAnnounce, ResumeCheck or PackAnnounce was about, for the blocks its NeedBlocks
+/// asks for: blocks of a source file, or a pack of small files.
+pub(super) enum Owed {
+    File(Opened),
+    Pack(Arc<super::packs::PackSpec>),
+}
+
 /// One block to read and send.
 pub(super) struct BlockJob {
     pub(super) file_id: u64,
@@ -113,6 +120,8 @@ pub(super) struct Ctx {
     pub(super) resume_check: bool,
     /// A large file's last block of at least 1 MiB is announced too (tails capability).
     pub(super) tails: bool,
+    /// An Offer's small files are announced as one pack (packs capability).
+    pub(super) packs: bool,
     /// Busy frames instead of keepalives (progress capability).
     pub(super) busy: bool,
     /// How long the receiver may make no progress while this end waits for it.

@@ -7,6 +7,7 @@
 
 mod driver;
 mod effects;
+mod packs;
 mod refetch;
 pub mod shared;
 pub mod start_gate;
@@ -76,6 +77,12 @@ pub enum SendError {
     },
     #[error("source file {0} changed size during the transfer")]
     Changed(PathBuf),
+    #[error(
+        "the {files} small source files from {first} on changed since they were announced as \
+         one pack (a rerun sends them as they are now), or the receiver named files that were \
+         never announced together"
+    )]
+    PackChanged { first: PathBuf, files: usize },
     #[error(
         "the receiver asks again for block {index} of {path} as it was announced, and the source \
          no longer holds that: it changed since (a rerun sends it as it is now), or the receiver \

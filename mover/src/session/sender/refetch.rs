@@ -3,7 +3,8 @@
 //! only if it is a block that can be announced (a full one, or a tail of at least 1 MiB) of a
 //! file of this transfer (a path beneath the source root that the walk would have sent) and
 //! the source still hashes to what was announced for it, so a receiver learns nothing it was
-//! not sent already.
+//! not sent already. A pack of small files (packs capability) likewise: its files' contents
+//! back to back must still hash to the pack's announced hash.
 
 use std::sync::Arc;
 
@@ -30,21 +31,18 @@ pub(super) struct Asked {
     pub(super) blocks: Vec<(u64, [u8; 32])>,
 }
 
-/// Checks a Refetch without touching the source: lists of one length within the bound, a valid
-/// tree path the walk would have sent (`only` is the single file a file source sends).
-pub(super) fn check_refetch(
-    r: &pb::Refetch,
+fn bad(why: &str) -> ReceiverViolation {
+    ReceiverViolation::BadRefetch(why.to_owned())
+}
+
+/// A path a Refetch names: a valid tree path the walk would have sent (`only` is the single
+/// file a file source sends).
+fn sent_path(
+    raw: &[u8],
     filter: &Filter,
     only: Option<&[u8]>,
-) -> Result<Asked, ReceiverViolation> {
-    let bad = |why: &str| ReceiverViolation::BadRefetch(why.to_owned());
-    if r.hashes.len() != r.indexes.len() {
-        return Err(bad("its lists differ in length"));
-    }
-    if r.indexes.len() > MAX_REFETCH_BLOCKS {
-        return Err(bad("it names more than 1024 blocks"));
-    }
-    let path = PeerPath::parse(&r.path).map_err(|e| bad(&e.to_string()))?;
+) -> Result<PeerPath, ReceiverViolation> {
+    let path = PeerPath::parse(raw).map_err(|e| bad(&e.to_string()))?;
     let bytes = path.as_bytes();
     let left_out = match only {
         Some(name) => bytes != name,
@@ -60,6 +58,43 @@ pub(super) fn check_refetch(
     if left_out {
         return Err(bad("its path is not one this transfer sends"));
     }
+    Ok(path)
+}
+
+/// Checks a pack's Refetch without touching the source: 1 to 1024 paths the walk would have
+/// sent, and a 32-byte hash.
+pub(super) fn check_pack_refetch(
+    p: &pb::RefetchPack,
+    filter: &Filter,
+    only: Option<&[u8]>,
+) -> Result<(Vec<PeerPath>, [u8; 32]), ReceiverViolation> {
+    if p.paths.is_empty() || p.paths.len() > crate::session::MAX_OFFER_ENTRIES {
+        return Err(bad("its pack names no file or more than 1024"));
+    }
+    let hash =
+        <[u8; 32]>::try_from(p.hash.as_slice()).map_err(|_| bad("a hash is not 32 bytes"))?;
+    let paths = p
+        .paths
+        .iter()
+        .map(|raw| sent_path(raw, filter, only))
+        .collect::<Result<_, _>>()?;
+    Ok((paths, hash))
+}
+
+/// Checks a Refetch without touching the source: lists of one length within the bound, a valid
+/// tree path the walk would have sent (`only` is the single file a file source sends).
+pub(super) fn check_refetch(
+    r: &pb::Refetch,
+    filter: &Filter,
+    only: Option<&[u8]>,
+) -> Result<Asked, ReceiverViolation> {
+    if r.hashes.len() != r.indexes.len() {
+        return Err(bad("its lists differ in length"));
+    }
+    if r.indexes.len() > MAX_REFETCH_BLOCKS {
+        return Err(bad("it names more than 1024 blocks"));
+    }
+    let path = sent_path(&r.path, filter, only)?;
     let mut blocks = Vec::with_capacity(r.indexes.len());
     for (&index, hash) in r.indexes.iter().zip(&r.hashes) {
         let hash =
@@ -95,6 +130,25 @@ where
                 .into());
             }
         };
+        if let Some(p) = &r.pack {
+            let (paths, hash) = check_pack_refetch(p, &cfg.filter, only.as_deref())?;
+            let (c, pack_id) = (ctx.clone(), p.pack_id);
+            let msg = ctx
+                .blocking
+                .run(move || super::packs::build_refetched_pack(&c, pack_id, &paths, hash))
+                .await??;
+            let len = u64::from(match &msg {
+                Message::Pack { header, .. } => header.raw_len,
+                _ => 0,
+            });
+            if let Some(l) = &ctx.limiter {
+                l.take(len as usize).await;
+            }
+            writer.send(&msg).await?;
+            writer.flush().await?;
+            ctx.progress.add(&ctx.progress.bytes_done, len);
+            continue;
+        }
         if r.indexes.is_empty() {
             return Ok(());
         }
@@ -156,6 +210,7 @@ mod tests {
             path: path.to_vec(),
             indexes: (0..n as u64).collect(),
             hashes: (0..n).map(|i| vec![i as u8; 32]).collect(),
+            pack: None,
         }
     }
 

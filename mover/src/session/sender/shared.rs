@@ -5,11 +5,13 @@
 //! proof of possession keyed by that receiver's nonce. Both come from two passes over the
 //! block's bytes (its BLAKE3 and its possession secret); the proof itself is one keyed hash of
 //! the 32-byte secret. So the sessions share the (hash, secret) of each block: the first session
-//! to reach a block reads it, the others wait for its result instead of reading it again.
+//! to reach a block reads it, the others wait for its result instead of reading it again. A pack
+//! of small files (a fan-out's Offer whose small files travel as one block) is shared the same
+//! way, with its files' hashes for each session's digest.
 //!
 //! Memory is bounded whatever the size of the source: an entry goes once every live session has
-//! taken it, and beyond [`MAX_ENTRIES`] (a session that lags far behind the others) a block is
-//! read again rather than remembered.
+//! taken it, and beyond [`MAX_ENTRIES`] (or [`MAX_PACK_FILES`] files' hashes of packs: a session
+//! that lags far behind the others) a block or pack is read again rather than remembered.
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
@@ -20,6 +22,9 @@ use crate::digest::Hash;
 
 /// Blocks remembered at most: 16 Ki entries of about 150 bytes, for sessions up to 64 GiB apart.
 const MAX_ENTRIES: usize = 16 * 1024;
+/// Files' hashes of packs remembered at most (8 MiB): packs of 4 MiB, some 1 GiB of them, for
+/// files of 16 KiB and more; fewer for smaller files.
+const MAX_PACK_FILES: usize = 256 * 1024;
 /// How long a session waits for another's read of a block before reading it itself: a read
 /// takes milliseconds, so only a source that hangs (a stalled network volume) makes it wait
 /// this long, and then each session should meet the hang, and report it, on its own.
@@ -54,23 +59,91 @@ impl FileKey {
 /// A block as every session announces it: `None` when it is all zeros (sent, not announced).
 pub type BlockRead = Option<(Hash, Secret)>;
 
-enum Slot {
+/// A pack as every session announces it: the hash and possession secret of its bytes, and each
+/// file's BLAKE3 (for the digest), in the pack's order.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PackRead {
+    pub hash: Hash,
+    pub secret: Secret,
+    pub files: Vec<Hash>,
+}
+
+/// The small files of a pack as they were when read: the [`FileKey`]s of its files, in order,
+/// hashed (see [`PackKey::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PackKey([u8; 32]);
+
+impl PackKey {
+    pub fn of(files: &[FileKey]) -> Self {
+        let mut h = blake3::Hasher::new();
+        for k in files {
+            for n in [k.dev, k.ino, k.size] {
+                h.update(&n.to_le_bytes());
+            }
+            for t in [k.mtime_ns, k.ctime_ns] {
+                h.update(&t.to_le_bytes());
+            }
+        }
+        Self(*h.finalize().as_bytes())
+    }
+}
+
+/// What one entry holds, and how many files' hashes of packs that is.
+trait Remembered: Clone {
+    fn files(&self) -> usize;
+}
+
+impl Remembered for BlockRead {
+    fn files(&self) -> usize {
+        0
+    }
+}
+
+impl Remembered for std::sync::Arc<PackRead> {
+    fn files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+enum Slot<T> {
     /// A session is reading it; the others wait on [`SharedReads::ready`].
     Reading,
     Read {
-        block: BlockRead,
+        value: T,
         taken: usize,
     },
 }
 
+/// Drops the entries every live session took; returns the files' hashes they held.
+fn release<K, T: Remembered>(slots: &mut HashMap<K, Slot<T>>, live: usize) -> usize {
+    let mut released = 0;
+    slots.retain(|_, s| match s {
+        Slot::Read { taken, value } if *taken >= live => {
+            released += value.files();
+            false
+        }
+        _ => true,
+    });
+    released
+}
+
 #[derive(Default)]
 struct Inner {
-    slots: HashMap<(FileKey, u64), Slot>,
+    blocks: HashMap<(FileKey, u64), Slot<BlockRead>>,
+    packs: HashMap<PackKey, Slot<std::sync::Arc<PackRead>>>,
+    /// Files' hashes held by `packs`.
+    pack_files: usize,
     /// Sessions still running: an entry every one of them took is done with.
     live: usize,
-    /// Blocks read (by any session) and blocks taken from another session's read.
+    /// Blocks (packs included) read by any session, and taken from another session's read.
     reads: u64,
     shared: u64,
+}
+
+impl Inner {
+    fn entries(&self) -> usize {
+        self.blocks.len() + self.packs.len()
+    }
 }
 
 /// The blocks the sessions of one sender share (see the module's documentation).
@@ -84,7 +157,7 @@ impl std::fmt::Debug for SharedReads {
         let inner = self.lock();
         f.debug_struct("SharedReads")
             .field("live", &inner.live)
-            .field("remembered", &inner.slots.len())
+            .field("remembered", &inner.entries())
             .finish()
     }
 }
@@ -117,20 +190,49 @@ impl SharedReads {
         index: u64,
         read: impl FnOnce() -> Result<BlockRead, E>,
     ) -> Result<BlockRead, E> {
-        let id = (key, index);
+        self.shared(|i| &mut i.blocks, (key, index), 0, read)
+    }
+
+    /// The pack of small files `key` (of `files` files), as [`Self::block`] does for a block.
+    pub fn pack<E>(
+        &self,
+        key: PackKey,
+        files: usize,
+        read: impl FnOnce() -> Result<PackRead, E>,
+    ) -> Result<std::sync::Arc<PackRead>, E> {
+        let read = || read().map(std::sync::Arc::new);
+        self.shared(|i| &mut i.packs, key, files, read)
+    }
+
+    /// Another session's read of `id` in `table` when there is one, else `read()`'s,
+    /// remembered for the others unless the bounds are reached (`files`: the files' hashes it
+    /// will hold).
+    fn shared<K, T, E>(
+        &self,
+        table: fn(&mut Inner) -> &mut HashMap<K, Slot<T>>,
+        id: K,
+        files: usize,
+        read: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        K: Copy + Eq + std::hash::Hash,
+        T: Remembered,
+    {
         let mut inner = self.lock();
         let deadline = std::time::Instant::now() + WAIT_FOR_READER;
         loop {
-            let (live, full) = (inner.live, inner.slots.len() >= MAX_ENTRIES);
-            match inner.slots.get_mut(&id) {
-                Some(Slot::Read { block, taken }) => {
-                    let block = *block;
+            let full = inner.entries() >= MAX_ENTRIES || inner.pack_files + files > MAX_PACK_FILES;
+            let live = inner.live;
+            match table(&mut inner).get_mut(&id) {
+                Some(Slot::Read { value, taken }) => {
+                    let value = value.clone();
                     *taken += 1;
                     if *taken >= live {
-                        inner.slots.remove(&id);
+                        table(&mut inner).remove(&id);
+                        inner.pack_files -= value.files();
                     }
                     inner.shared += 1;
-                    return Ok(block);
+                    return Ok(value);
                 }
                 Some(Slot::Reading) => {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -150,23 +252,19 @@ impl SharedReads {
                 None => break,
             }
         }
-        inner.slots.insert(id, Slot::Reading);
+        table(&mut inner).insert(id, Slot::Reading);
         drop(inner);
         let result = read();
         let mut inner = self.lock();
         inner.reads += 1;
         match &result {
-            Ok(block) => {
-                inner.slots.insert(
-                    id,
-                    Slot::Read {
-                        block: *block,
-                        taken: 1,
-                    },
-                );
+            Ok(value) => {
+                inner.pack_files += value.files();
+                let value = value.clone();
+                table(&mut inner).insert(id, Slot::Read { value, taken: 1 });
             }
             Err(_) => {
-                inner.slots.remove(&id);
+                table(&mut inner).remove(&id);
             }
         }
         drop(inner);
@@ -179,9 +277,9 @@ impl SharedReads {
         let mut inner = self.lock();
         inner.live = inner.live.saturating_sub(1);
         let live = inner.live;
-        inner
-            .slots
-            .retain(|_, s| !matches!(s, Slot::Read { taken, .. } if *taken >= live));
+        release(&mut inner.blocks, live);
+        let released = release(&mut inner.packs, live);
+        inner.pack_files -= released;
         drop(inner);
         self.ready.notify_all();
     }
@@ -194,15 +292,12 @@ impl SharedReads {
         }
     }
 
-    /// Blocks remembered now (for tests of the bound).
+    /// Blocks and packs remembered now (for tests of the bound).
     pub fn remembered(&self) -> usize {
-        self.lock().slots.len()
+        self.lock().entries()
     }
 
-    fn read_unshared<E>(
-        &self,
-        read: impl FnOnce() -> Result<BlockRead, E>,
-    ) -> Result<BlockRead, E> {
+    fn read_unshared<T, E>(&self, read: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
         let result = read();
         self.lock().reads += 1;
         result
@@ -328,6 +423,80 @@ mod tests {
         assert_eq!(shared.counts().reads - reads_before, 500);
         // What it read itself waits for the other session, until that one ends.
         assert_eq!(shared.remembered(), 500);
+        shared.leave();
+        assert_eq!(shared.remembered(), 0);
+    }
+
+    fn pack(n: u8, files: usize) -> PackRead {
+        PackRead {
+            hash: [n; 32],
+            secret: Secret([n; 32]),
+            files: vec![[n; 32]; files],
+        }
+    }
+
+    #[test]
+    fn a_pack_is_read_once_for_every_session_and_a_changed_file_makes_another() {
+        let shared = SharedReads::new(2);
+        let (a, b) = (
+            PackKey::of(&[key(1), key(2)]),
+            PackKey::of(&[key(1), key(3)]),
+        );
+        assert_ne!(a, b);
+        let mut changed = key(2);
+        changed.ctime_ns = 9;
+        assert_ne!(
+            a,
+            PackKey::of(&[key(1), changed]),
+            "a rewritten second file"
+        );
+        let first = shared.pack(a, 2, || Ok::<_, ()>(pack(1, 2))).unwrap();
+        let second = shared
+            .pack(a, 2, || -> Result<PackRead, ()> { panic!("read again") })
+            .unwrap();
+        assert_eq!(first, second);
+        assert_eq!(second.files.len(), 2);
+        assert_eq!(shared.remembered(), 0, "both sessions took it");
+        let other = shared.pack(b, 2, || Ok::<_, ()>(pack(2, 2))).unwrap();
+        assert_eq!(other.hash, [2; 32]);
+        assert_eq!(
+            shared.counts(),
+            SharedCounts {
+                reads: 2,
+                shared: 1
+            }
+        );
+    }
+
+    #[test]
+    fn the_hashes_packs_keep_are_bounded() {
+        let shared = SharedReads::new(2);
+        let files = 1024;
+        let packs = MAX_PACK_FILES / files;
+        for i in 0..packs as u64 + 10 {
+            shared
+                .pack(PackKey::of(&[key(i)]), files, || {
+                    Ok::<_, ()>(pack(1, files))
+                })
+                .unwrap();
+        }
+        assert_eq!(
+            shared.remembered(),
+            packs,
+            "beyond the bound, packs are not kept"
+        );
+        for i in 0..packs as u64 + 10 {
+            shared
+                .pack(PackKey::of(&[key(i)]), files, || {
+                    Ok::<_, ()>(pack(1, files))
+                })
+                .unwrap();
+        }
+        assert_eq!(
+            shared.remembered(),
+            10,
+            "what the second session read itself waits for the first"
+        );
         shared.leave();
         assert_eq!(shared.remembered(), 0);
     }

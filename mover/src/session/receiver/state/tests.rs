@@ -487,3 +487,208 @@ fn listings_and_attributes_are_checked() {
     }
     assert!(check_link_target(&p("l"), &vec![b'a'; MAX_LINK_TARGET + 1]).is_err());
 }
+
+fn pack_announce(file_ids: &[u64]) -> pb::PackAnnounce {
+    pb::PackAnnounce {
+        file_ids: file_ids.to_vec(),
+        hash: vec![7; 32],
+        proof: vec![8; 32],
+    }
+}
+
+fn pack_header(pack_id: u64, raw_len: u64, hash: u8) -> pb::PackHeader {
+    pb::PackHeader {
+        pack_id,
+        raw_len: raw_len as u32,
+        codec: 0,
+        hash: vec![hash; 32],
+    }
+}
+
+/// A state with `n` small files of `size` bytes each asked for; their ids.
+fn with_small(n: usize, size: u64) -> (St, Vec<u64>) {
+    let mut st = St::default();
+    let ids = (0..n)
+        .map(|i| st.want_small(p(&format!("f{i}")), size, "x").unwrap())
+        .collect();
+    (st, ids)
+}
+
+#[test]
+fn a_pack_names_small_files_in_flight_whose_bytes_a_store_keeps() {
+    let (mut st, ids) = with_small(4, MIB / 2);
+    // 2 MiB of files: a pack, named by its first file.
+    let claimed = st.claim_pack(&pack_announce(&ids)).unwrap();
+    assert_eq!(claimed.pack_id, ids[0]);
+    assert_eq!(claimed.len, 2 * MIB);
+    assert_eq!(claimed.paths, vec![p("f0"), p("f1"), p("f2"), p("f3")]);
+    assert_eq!(claimed.announced.hash.as_bytes(), &[7; 32]);
+    assert_eq!(st.packed_files(), 4);
+    // Its files no longer come in a batch, nor in another pack.
+    assert_eq!(
+        st.claim_batch(
+            vec![bf(ids[1], (MIB / 2) as u32, (MIB / 2) as u32)],
+            (MIB / 2) as usize
+        )
+        .unwrap_err(),
+        SenderViolation::WrongFileKind {
+            frame: "batch",
+            what: "packed",
+            id: ids[1]
+        }
+    );
+    assert!(matches!(
+        st.claim_pack(&pack_announce(&ids[1..])),
+        Err(SenderViolation::WrongFileKind {
+            frame: "PackAnnounce",
+            what: "packed",
+            ..
+        })
+    ));
+    // Still in flight until their bytes come: a session cannot finish without them.
+    assert!(matches!(
+        st.check_finished(),
+        Err(SenderViolation::Incomplete { count: 4, .. })
+    ));
+}
+
+#[test]
+fn a_pack_outside_what_a_store_keeps_or_malformed_claims_nothing() {
+    let (mut st, ids) = with_small(10, MIB / 2);
+    // Under 1 MiB, over 4 MiB, no file, an unknown id, a file named twice.
+    assert_eq!(
+        st.claim_pack(&pack_announce(&ids[..1])).unwrap_err(),
+        SenderViolation::PackSize { len: MIB / 2 }
+    );
+    assert_eq!(
+        st.claim_pack(&pack_announce(&ids[..9])).unwrap_err(),
+        SenderViolation::PackSize { len: 9 * MIB / 2 }
+    );
+    assert_eq!(
+        st.claim_pack(&pack_announce(&[])).unwrap_err(),
+        SenderViolation::PackFiles(0)
+    );
+    assert!(matches!(
+        st.claim_pack(&pack_announce(&[ids[0], 999])),
+        Err(SenderViolation::UnknownFile {
+            frame: "PackAnnounce",
+            id: 999
+        })
+    ));
+    assert_eq!(
+        st.claim_pack(&pack_announce(&[ids[0], ids[1], ids[0]]))
+            .unwrap_err(),
+        SenderViolation::Duplicate("f0".into())
+    );
+    let mut short = pack_announce(&ids[..4]);
+    short.proof.pop();
+    assert!(matches!(
+        st.claim_pack(&short),
+        Err(SenderViolation::MalformedPack { .. })
+    ));
+    // None of that claimed anything: the files still come in a batch.
+    assert_eq!(st.packed_files(), 0);
+    let half = (MIB / 2) as u32;
+    st.claim_batch(vec![bf(ids[0], half, half)], half as usize)
+        .unwrap();
+    // A large file is no part of a pack.
+    let (big, _) = st
+        .want_large(p("big"), 2 * MIB, BlockSet::new(), "big")
+        .unwrap();
+    assert!(matches!(
+        st.claim_pack(&pack_announce(&[ids[1], big])),
+        Err(SenderViolation::WrongFileKind { what: "large", .. })
+    ));
+}
+
+#[test]
+fn a_pack_frame_comes_only_when_asked_for_and_as_announced() {
+    let (mut st, ids) = with_small(3, MIB);
+    let claimed = st.claim_pack(&pack_announce(&ids)).unwrap();
+    let id = claimed.pack_id;
+    // Not asked for (the receiver took it from a store, or leaves it to a fellow destination).
+    assert_eq!(
+        st.claim_pack_data(&pack_header(id, 3 * MIB, 7))
+            .unwrap_err(),
+        SenderViolation::UnknownPack(id)
+    );
+    st.pack_on_wire(id).unwrap();
+    assert_eq!(
+        st.pack_on_wire(id).unwrap_err(),
+        SenderViolation::UnknownPack(id),
+        "asked once"
+    );
+    // Another length or another hash than announced.
+    assert!(matches!(
+        st.claim_pack_data(&pack_header(id, 3 * MIB - 1, 7)),
+        Err(SenderViolation::PackMismatch { .. })
+    ));
+    assert!(matches!(
+        st.claim_pack_data(&pack_header(id, 3 * MIB, 6)),
+        Err(SenderViolation::PackMismatch { .. })
+    ));
+    // Asked for, it comes once: the files in the pack's order, out of flight.
+    let files = st.claim_pack_data(&pack_header(id, 3 * MIB, 7)).unwrap();
+    let paths: Vec<_> = files.iter().map(|f| (f.path.clone(), f.size)).collect();
+    assert_eq!(paths, vec![(p("f0"), MIB), (p("f1"), MIB), (p("f2"), MIB)]);
+    assert_eq!(st.in_flight(), 0);
+    assert_eq!(st.packed_files(), 0);
+    st.check_finished().unwrap();
+    assert_eq!(
+        st.claim_pack_data(&pack_header(id, 3 * MIB, 7))
+            .unwrap_err(),
+        SenderViolation::UnknownPack(id)
+    );
+    // Their paths may be offered again (they then find the files).
+    st.want_small(p("f0"), MIB, "x").unwrap();
+}
+
+#[test]
+fn a_pack_a_store_handed_over_is_taken_once_and_not_from_the_wire() {
+    let (mut st, ids) = with_small(2, MIB);
+    let id = st.claim_pack(&pack_announce(&ids)).unwrap().pack_id;
+    assert_eq!(st.take_pack(id).unwrap().len(), 2);
+    assert_eq!(
+        st.take_pack(id).unwrap_err(),
+        SenderViolation::UnknownPack(id)
+    );
+    assert_eq!(
+        st.pack_on_wire(id).unwrap_err(),
+        SenderViolation::UnknownPack(id)
+    );
+    // Once asked of the sender, a late store copy is not taken (the wire's is).
+    let (mut st, ids) = with_small(2, MIB);
+    let id = st.claim_pack(&pack_announce(&ids)).unwrap().pack_id;
+    st.pack_on_wire(id).unwrap();
+    assert_eq!(
+        st.take_pack(id).unwrap_err(),
+        SenderViolation::UnknownPack(id)
+    );
+    assert_eq!(
+        st.claim_pack_data(&pack_header(id, 2 * MIB, 7))
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn packs_come_only_with_the_capability_and_the_store() {
+    let mut plain = StreamRules::new(0, true, true);
+    assert_eq!(
+        plain.route(FrameType::PackAnnounce),
+        Err(SenderViolation::NotNegotiated(FrameType::PackAnnounce))
+    );
+    assert_eq!(
+        plain.route(FrameType::Pack),
+        Err(SenderViolation::NotNegotiated(FrameType::Pack))
+    );
+    let mut no_store = StreamRules::new(0, false, true).with_packs(true);
+    assert!(no_store.route(FrameType::PackAnnounce).is_err());
+    let mut fan_out = StreamRules::new(0, true, true).with_packs(true);
+    assert_eq!(
+        fan_out.route(FrameType::PackAnnounce),
+        Ok(Route::PackAnnounce)
+    );
+    assert_eq!(fan_out.route(FrameType::Pack), Ok(Route::Data));
+}
