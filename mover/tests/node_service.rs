@@ -959,6 +959,127 @@ async fn a_pack_whose_bytes_do_not_match_its_hash_writes_none_of_its_files() {
     }
 }
 
+/// Where a fetched block or pack goes in [`a_fellow_that_makes_no_pack_still_serves_its_blocks`].
+struct Collect {
+    path: Vec<u8>,
+    pack: Option<Vec<ferry_mover::tree::peer_path::PeerPath>>,
+    got: std::sync::Mutex<Vec<BlockHash>>,
+}
+
+impl node::swarm::FetchSink for Collect {
+    fn deliver(
+        &self,
+        a: &ferry_mover::cas::dedup::AnnouncedBlock,
+        _: bytes::Bytes,
+    ) -> Result<(), String> {
+        self.got.lock().unwrap().push(a.hash);
+        Ok(())
+    }
+    fn file_id(&self) -> u64 {
+        1
+    }
+    fn path(&self) -> &[u8] {
+        &self.path
+    }
+    fn pack_paths(&self) -> Option<&[ferry_mover::tree::peer_path::PeerPath]> {
+        self.pack.as_deref()
+    }
+}
+
+/// A fellow destination that never makes a pack (it held some of the Offer's files already)
+/// costs that pack's wait once: the pack is asked of the sender at the end, later packs it
+/// owns are not waited for, and its blocks are still taken from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fellow_that_makes_no_pack_still_serves_its_blocks() {
+    use ferry_mover::cas::dedup::AnnouncedBlock;
+    use ferry_mover::tree::peer_path::PeerPath;
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let f = fan_out(&ca, 2).await;
+    let pki = Pki::scoped(&ca, CLUSTER, "fan-d1-1", 1);
+    let swarm = node::swarm::SwarmPeers::connect(
+        &f.addrs,
+        1,
+        &[],
+        &pki.files(Role::Receiver),
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap();
+    let fetches = Arc::new(node::swarm::Fetches::new(Arc::new(swarm), true));
+    // A pack and a block destination 0 owns; only the block is in its store.
+    let pack_path = (0..)
+        .map(|i| format!("p/{i}.jpg"))
+        .find(|p| pack_owner(p, 2) == 0)
+        .unwrap();
+    assert_eq!(fetches.pack_owner(pack_path.as_bytes()), Some(0));
+    let index = (0..2)
+        .find(|&i| fetches.owner(b"big.bin", i) == Some(0))
+        .unwrap();
+    let block = random_bytes(BLOCK_SIZE, 77);
+    let mut c = raw_client(&pki, Role::Receiver, &f.services[0])
+        .await
+        .unwrap();
+    c.put(pb::PutRequest {
+        hash: BlockHash::of(&block).as_bytes().to_vec(),
+        data: block.clone().into(),
+    })
+    .await
+    .unwrap();
+    let key = PopKey::derive(&Nonce([3; 32]));
+    let never = b"a pack nobody makes".repeat(100_000);
+    let sink = |path: &str, pack: bool| {
+        Arc::new(Collect {
+            path: path.as_bytes().to_vec(),
+            pack: pack.then(|| vec![PeerPath::parse(path.as_bytes()).unwrap()]),
+            got: Default::default(),
+        })
+    };
+    let pack_sink = sink(&pack_path, true);
+    let pack = AnnouncedBlock {
+        index: 0,
+        hash: BlockHash::of(&never),
+        proof: key.prove(&never),
+    };
+    let started = std::time::Instant::now();
+    assert_eq!(fetches.admit(1), 1);
+    fetches.start(&key, vec![(0, pack)], pack_sink.clone());
+    let idle = fetches.clone();
+    let orphans = tokio::task::spawn_blocking(move || idle.wait_idle())
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(10),
+        "waited {waited:?} for the pack"
+    );
+    assert_eq!(
+        orphans.len(),
+        1,
+        "the pack is asked of the sender at the end"
+    );
+    assert_eq!(orphans[0].blocks, vec![pack]);
+    assert!(pack_sink.got.lock().unwrap().is_empty());
+    // Destination 0 owns no pack from now on, and still its blocks.
+    assert_eq!(fetches.pack_owner(pack_path.as_bytes()), None);
+    assert_eq!(fetches.owner(b"big.bin", index), Some(0));
+    let block_sink = sink("big.bin", false);
+    let announced = AnnouncedBlock {
+        index,
+        hash: BlockHash::of(&block),
+        proof: key.prove(&block),
+    };
+    assert_eq!(fetches.admit(1), 1);
+    fetches.start(&key, vec![(0, announced)], block_sink.clone());
+    let idle = fetches.clone();
+    let orphans = tokio::task::spawn_blocking(move || idle.wait_idle())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(orphans.is_empty());
+    assert_eq!(*block_sink.got.lock().unwrap(), vec![BlockHash::of(&block)]);
+}
+
 /// Destinations that wanted only some of an Offer's small files (they hold the rest) get no
 /// pack: every destination asks for what it lacks in Batch frames, as without a fan-out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

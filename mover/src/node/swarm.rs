@@ -35,6 +35,12 @@ const MAX_FETCHES_PER_PEER: usize = 10;
 /// Blocks a session may leave to its peers at once (64 GiB of data, about 1.2 MiB of
 /// bookkeeping); beyond it, blocks come from the source instead.
 const MAX_OWED_BLOCKS: usize = 16384;
+/// How long a Take waits for a pack of small files (at most; `--swarm-wait` when shorter). A
+/// pack exists only where a destination asked for every small file of its Offer: a sibling that
+/// held some of them already (a node that had the dataset before a file was added) never makes
+/// it. The owner of a pack that is coming has it within seconds (packs flow at the links' rate,
+/// a few MiB behind), so waiting longer only delays the first packs of such a sibling.
+const PACK_WAIT: Duration = Duration::from_secs(30);
 
 /// Fetch threads that may take from one peer at once in a fan-out to `destinations`: an equal
 /// share of [`MAX_FETCHES`], so a peer that lags (its own share of the source comes slowly)
@@ -229,10 +235,12 @@ pub struct Orphans {
     pub blocks: Vec<AnnouncedBlock>,
 }
 
-/// Why a fetch stopped: the peer (its blocks can come from the source instead) or this end
-/// (writing a block failed: the session fails whatever the peers do).
+/// Why a fetch stopped: the peer (its blocks can come from the source instead), the peer did
+/// not have them within the wait, or this end (writing a block failed: the session fails
+/// whatever the peers do).
 enum FetchError {
     Peer(String),
+    Late(String),
     Local(String),
 }
 
@@ -257,6 +265,9 @@ struct Queue {
     owed: usize,
     /// Peers that failed a fetch: they own nothing from then on.
     failed: std::collections::BTreeSet<usize>,
+    /// Peers that did not deliver a pack in time: they own no pack from then on (they may not
+    /// be making the same packs), and still their blocks.
+    no_packs: std::collections::BTreeSet<usize>,
     /// Blocks failed peers did not deliver.
     orphans: Vec<Orphans>,
 }
@@ -333,6 +344,14 @@ impl Fetches {
         (!q.failed.contains(&owner)).then_some(owner)
     }
 
+    /// The peer to take the pack whose first file is at `path` from: the owner of its block 0,
+    /// unless that peer failed or did not deliver a pack in time in this session.
+    pub fn pack_owner(&self, path: &[u8]) -> Option<usize> {
+        let owner = self.peers.owner(path, 0)?;
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        (!q.failed.contains(&owner) && !q.no_packs.contains(&owner)).then_some(owner)
+    }
+
     /// The first failure of a fetch, if any.
     pub fn failure(&self) -> Option<String> {
         self.failure
@@ -387,27 +406,34 @@ impl Fetches {
     fn work(&self, mut job: Job) {
         loop {
             // After a fatal failure the session fails anyway: the rest is not fetched.
+            let pack = job.sink.pack_paths().is_some();
             let failed_peer = {
                 let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-                q.failed.contains(&job.owner)
+                q.failed.contains(&job.owner) || (pack && q.no_packs.contains(&job.owner))
+            };
+            let wait = match self.peers.wait_for(job.owner) {
+                w if pack => w.min(PACK_WAIT),
+                w => w,
             };
             let outcome = match &self.peers.peers[job.owner] {
                 _ if self.failure().is_some() => Ok(()),
-                // Blocks queued for a peer that failed meanwhile are not asked of it.
+                // Blocks queued for a peer that failed meanwhile are not asked of it (nor packs
+                // of one that did not deliver a pack in time).
+                Some(_) if failed_peer && pack => {
+                    Err((FetchError::Late(String::new()), job.blocks.clone()))
+                }
                 Some(_) if failed_peer => {
                     Err((FetchError::Peer(String::new()), job.blocks.clone()))
                 }
                 Some((addr, client)) => self
-                    .fetch(
-                        client,
-                        self.peers.wait_for(job.owner),
-                        &job.key,
-                        &job.blocks,
-                        job.sink.as_ref(),
-                    )
+                    .fetch(client, wait, &job.key, &job.blocks, job.sink.as_ref())
                     .map_err(|(e, undelivered)| match e {
                         FetchError::Peer(msg) => (
                             FetchError::Peer(format!("fan-out peer {addr}: {msg}")),
+                            undelivered,
+                        ),
+                        FetchError::Late(msg) => (
+                            FetchError::Late(format!("fan-out peer {addr}: {msg}")),
                             undelivered,
                         ),
                         local => (local, undelivered),
@@ -417,7 +443,24 @@ impl Fetches {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             match outcome {
                 Ok(()) => {}
-                Err((FetchError::Peer(msg), undelivered)) if self.refetch => {
+                // A pack late: that peer may not be making this session's packs.
+                Err((FetchError::Late(msg), undelivered)) if self.refetch && pack => {
+                    if q.no_packs.insert(job.owner) {
+                        tracing::warn!(
+                            "{msg}; the packs of small files it owns now come from the source \
+                             (its blocks still from it), and those it did not deliver are asked \
+                             of the sender at the end"
+                        );
+                    }
+                    q.orphans.push(Orphans {
+                        sink: job.sink.clone(),
+                        blocks: undelivered,
+                    });
+                }
+                Err((FetchError::Peer(msg) | FetchError::Late(msg), undelivered))
+                    if self.refetch =>
+                {
+                    q.no_packs.insert(job.owner);
                     if q.failed.insert(job.owner) {
                         tracing::warn!(
                             "{msg}; the blocks it owns now come from the source, and those it \
@@ -431,7 +474,10 @@ impl Fetches {
                         });
                     }
                 }
-                Err((FetchError::Peer(msg) | FetchError::Local(msg), _)) => {
+                Err((
+                    FetchError::Peer(msg) | FetchError::Late(msg) | FetchError::Local(msg),
+                    _,
+                )) => {
                     tracing::warn!("fan-out: {msg}");
                     let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
                     f.get_or_insert(msg);
@@ -483,7 +529,7 @@ impl Fetches {
                     blocks.len(),
                     wait.as_secs()
                 );
-                Err((FetchError::Peer(msg), missing))
+                Err((FetchError::Late(msg), missing))
             }
         }
     }

@@ -78,7 +78,7 @@ fn leave_to(sh: &Session, pack: &ClaimedPack) -> Result<Option<usize>, ReceiveEr
     let Some(f) = &sh.fetches else {
         return Ok(None);
     };
-    let Some(owner) = f.owner(pack.paths[0].as_bytes(), 0) else {
+    let Some(owner) = f.pack_owner(pack.paths[0].as_bytes()) else {
         return Ok(None);
     };
     if sh.state()?.packed_files() > MAX_PACKED_WAITING || f.admit(1) == 0 {
