@@ -12,7 +12,7 @@ use ferry_proto::wire::v1 as pb;
 
 use super::ReceiveError;
 use super::effects::{FileMeta, Session, write_small, write_small_files};
-use super::state::{ClaimedPack, PackedFile, SenderViolation};
+use super::state::{ClaimedPack, MAX_PACKED_WAITING, PackedFile, SenderViolation};
 use crate::cas::BlockHash;
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::PopKey;
@@ -20,12 +20,6 @@ use crate::cas::store::BlockSink;
 use crate::session::compress;
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{Bitmap, FrameType, codec};
-
-/// Files of packs that may wait for fellow destinations at once. A pack waiting for its owner
-/// keeps its files in flight, and the session holds at most `MAX_IN_FLIGHT` files: beyond this
-/// half of it, packs come from the source instead, so a fellow that lags never makes this
-/// session refuse an honest sender's offers.
-const MAX_PACKED_WAITING: usize = super::state::MAX_IN_FLIGHT / 2;
 
 /// One PackAnnounce: claim the pack's files, take the pack from this node's store when it
 /// holds it (proof of possession as for blocks), else leave it to the fellow destination that

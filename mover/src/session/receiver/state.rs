@@ -21,11 +21,18 @@ use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MA
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
 
+/// Most files of packs that wait for a fellow destination of a fan-out (their Offer answered,
+/// their bytes to come from another node's store). The receiver leaves no more packs to its
+/// fellows beyond it (they come from the source), so a lagging fellow never fills
+/// [`MAX_IN_FLIGHT`].
+pub const MAX_PACKED_WAITING: usize = 64 * 1024;
 /// Most files the receiver tracks as "offered, not yet complete" at once. It must exceed what an
 /// honest sender can have outstanding: on each stream, the offers of its window plus the one
-/// whose data is being written and the one being read, each up to a full offer. About 25 MiB of
-/// bookkeeping at the cap, so a hostile sender still cannot grow it without bound.
-pub const MAX_IN_FLIGHT: usize = MAX_STREAMS as usize * (OFFER_WINDOW + 2) * MAX_OFFER_ENTRIES;
+/// whose data is being written and the one being read, each up to a full offer; and in a
+/// fan-out the packs left to fellows. About 35 MiB of bookkeeping at the cap, so a hostile
+/// sender still cannot grow it without bound.
+pub const MAX_IN_FLIGHT: usize =
+    MAX_STREAMS as usize * (OFFER_WINDOW + 2) * MAX_OFFER_ENTRIES + MAX_PACKED_WAITING;
 /// Most large files (cut into blocks) in flight per session. An honest sender ends each Offer
 /// after its first large file, so it has at most one per Offer it may have outstanding: this
 /// bounds the staging files (two descriptors each) a peer can make the receiver hold.
