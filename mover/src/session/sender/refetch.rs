@@ -252,6 +252,47 @@ mod tests {
     }
 
     #[test]
+    fn a_packs_refetch_names_files_the_transfer_sends() {
+        let pack = |paths: &[&[u8]], hash_len: usize| pb::RefetchPack {
+            pack_id: 3,
+            paths: paths.iter().map(|p| p.to_vec()).collect(),
+            hash: vec![1; hash_len],
+        };
+        let rules = Filter::new([(false, "*.key")]).unwrap();
+        let (paths, hash) =
+            check_pack_refetch(&pack(&[b"d/a.jpg", b"d/b.jpg"], 32), &rules, None).unwrap();
+        assert_eq!(paths.len(), 2);
+        assert_eq!(hash, [1; 32]);
+        for (bad, why) in [
+            (
+                pack(&[b"d/a.jpg", b"../etc/passwd"], 32),
+                "outside the tree",
+            ),
+            (
+                pack(&[b"d/a.jpg", b"tls.key"], 32),
+                "left out by the filter",
+            ),
+            (pack(&[], 32), "no file"),
+            (pack(&[b"d/a.jpg"], 31), "a short hash"),
+        ] {
+            assert!(
+                matches!(
+                    check_pack_refetch(&bad, &rules, None),
+                    Err(ReceiverViolation::BadRefetch(_))
+                ),
+                "{why}"
+            );
+        }
+        let many: Vec<Vec<u8>> = (0..1025).map(|i| format!("f{i}").into_bytes()).collect();
+        let too_many = pb::RefetchPack {
+            pack_id: 3,
+            paths: many,
+            hash: vec![1; 32],
+        };
+        assert!(check_pack_refetch(&too_many, &rules, None).is_err());
+    }
+
+    #[test]
     fn a_malformed_refetch_is_refused() {
         let none = Filter::default();
         let mut r = refetch(b"a", 2);
