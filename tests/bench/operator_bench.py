@@ -111,10 +111,12 @@ def mover_image(cluster: Path) -> str:
 
 
 def start_operator(cluster: Path, name: str, nodes: tuple[str, ...],
-                   extra: tuple[str, ...] = (), block_service: str = "") -> tuple[subprocess.Popen, str, str]:
+                   extra: tuple[str, ...] = (), block_service: str = "",
+                   log_mode: str = "w") -> tuple[subprocess.Popen, str, str]:
     """An operator process for `cluster`, named `name` (also its cluster name); returns it, its
     metrics address and its cross-cluster API address. Receivers use the node service at
-    `block_service` (host:port), or no block store when it is empty."""
+    `block_service` (host:port), or no block store when it is empty. `log_mode` "a" keeps the
+    log of an earlier process of the same name."""
     for crd in ("transfers", "peers"):
         kubectl("apply", "--server-side", "-f", str(REPO / f"crds/ferry.dev_{crd}.yaml"), cluster=cluster)
     kubectl("apply", "--server-side", "-f", str(REPO / "deploy/rbac.yaml"), cluster=cluster)
@@ -126,7 +128,7 @@ def start_operator(cluster: Path, name: str, nodes: tuple[str, ...],
     for node in nodes:
         owned_dir(node_path(node, ROOT, cluster))
     log_path = cluster / "logs" / f"ferry-operator-{name}.log"
-    log = open(log_path, "w")
+    log = open(log_path, log_mode)
     p = subprocess.Popen([str(TARGET / "ferry-operator"), "--namespace", "ferry-system", "--cluster-name", name,
                           "--host-root", f"*={ROOT}", "--block-service", block_service,
                           "--mover-image", mover_image(cluster),
