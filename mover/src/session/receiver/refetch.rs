@@ -60,9 +60,7 @@ where
                 .map(|b| (b.index, *b.hash.as_bytes()))
                 .collect();
             while !left.is_empty() {
-                let msg = reader.expect().await?;
-                shared.saw(&msg);
-                match msg {
+                match next_owed(shared, reader).await? {
                     Message::Block { header, data } => {
                         // Only a block this Refetch named, with the hash announced for it.
                         let asked = header.file_id == file_id
@@ -82,16 +80,7 @@ where
                             .run(move || effects::handle_block(&sh, &header, &data))
                             .await??;
                     }
-                    Message::Keepalive | Message::Busy(_) => {}
-                    Message::Error(e) => return Err(ReceiveError::from_peer(e)),
-                    other => {
-                        return Err(SenderViolation::OutOfOrder {
-                            stream: 0,
-                            kind: other.frame_type(),
-                            when: "while refetched blocks are owed",
-                        }
-                        .into());
-                    }
+                    other => return Err(out_of_order(&other, "while refetched blocks are owed")),
                 }
             }
         }
@@ -130,28 +119,42 @@ where
         }))
         .await?;
     writer.flush().await?;
+    let when = "while a refetched pack is owed";
+    match next_owed(shared, reader).await? {
+        // The state takes only this pack, with its announced length and hash.
+        Message::Pack { header, data } if header.pack_id == pack_id => {
+            let sh = shared.clone();
+            shared
+                .blocking
+                .run(move || super::packs::handle_pack(&sh, &header, &data))
+                .await?
+        }
+        other => Err(out_of_order(&other, when)),
+    }
+}
+
+/// The sender's next frame while refetched data is owed, past Keepalive and Busy frames; its
+/// Error frame ends the session.
+async fn next_owed<R: AsyncRead + Unpin>(
+    shared: &Session,
+    reader: &mut FrameReader<R>,
+) -> Result<Message, ReceiveError> {
     loop {
         let msg = reader.expect().await?;
         shared.saw(&msg);
         match msg {
-            // The state takes only this pack, with its announced length and hash.
-            Message::Pack { header, data } if header.pack_id == pack_id => {
-                let sh = shared.clone();
-                return shared
-                    .blocking
-                    .run(move || super::packs::handle_pack(&sh, &header, &data))
-                    .await?;
-            }
             Message::Keepalive | Message::Busy(_) => {}
             Message::Error(e) => return Err(ReceiveError::from_peer(e)),
-            other => {
-                return Err(SenderViolation::OutOfOrder {
-                    stream: 0,
-                    kind: other.frame_type(),
-                    when: "while a refetched pack is owed",
-                }
-                .into());
-            }
+            m => return Ok(m),
         }
     }
+}
+
+fn out_of_order(msg: &Message, when: &'static str) -> ReceiveError {
+    SenderViolation::OutOfOrder {
+        stream: 0,
+        kind: msg.frame_type(),
+        when,
+    }
+    .into()
 }
