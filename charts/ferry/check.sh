@@ -274,6 +274,29 @@ awk '/^kind: DaemonSet/,/^---/' "$work/pvstore.yaml" | grep -Fq 'storageClassNam
 render "$work/pvstore-class.yaml" --set nodeService.persistentVolume.enabled=true --set nodeService.persistentVolume.storageClassName=fast-local --set nodeService.persistentVolume.size=60Gi
 grep -Fq 'storageClassName: "fast-local"' "$work/pvstore-class.yaml" || fail 'the store claim does not name its class'
 grep -Fq 'storage: "60Gi"' "$work/pvstore-class.yaml" || fail 'the store claim does not request its size'
+grep -Fq -- '--node-store-volumes' "$work/pvstore.yaml" && fail 'a claim per pod renders --node-store-volumes'
+grep -Fq -- 'ferry.dev/node-store' "$work/pvstore.yaml" && fail 'a claim per pod selects the per-node volumes or grants their ClusterRole'
+render "$work/pvstore-node.yaml" --set nodeService.persistentVolume.enabled=true \
+  --set nodeService.persistentVolume.perNode=true --set nodeService.persistentVolume.storageClassName=ferry-node-store
+awk '/^kind: DaemonSet/,/^---/' "$work/pvstore-node.yaml" | grep -Fq 'ferry.dev/node-store: "true"' \
+  || fail 'perNode: the store claims do not select the volumes labelled ferry.dev/node-store'
+grep -Fq -- '--node-store-volumes' "$work/pvstore-node.yaml" || fail 'perNode: the operator is not given --node-store-volumes'
+# The extra ClusterRole and its binding equal deploy/rbac-node-store.yaml's: their kinds, names,
+# rules, role and subjects, line for line (labels and comments aside).
+node_store_rbac() { # node_store_rbac FILE
+  awk '
+    function flush() { if (doc ~ /\n  name: ferry-operator-node-store\n/) printf "%s", doc; doc = "\n" }
+    BEGIN { doc = "\n" }
+    /^---/ { flush(); next }
+    /^ *(- )?(kind|name|apiGroups|resources|verbs|apiGroup|namespace):/ { doc = doc $0 "\n" }
+    END { flush() }
+  ' "$1" | sed '/^$/d'
+}
+diff <(node_store_rbac "$repo/deploy/rbac-node-store.yaml") <(node_store_rbac "$work/pvstore-node.yaml") \
+  || fail 'perNode: the node-store ClusterRole or binding differs from deploy/rbac-node-store.yaml'
+[[ $(node_store_rbac "$work/pvstore-node.yaml" | grep -c '^kind: ClusterRole') == 2 ]] \
+  || fail 'perNode: no ClusterRole and ClusterRoleBinding ferry-operator-node-store rendered'
+ok "nodeService.persistentVolume.perNode: claims select ferry.dev/node-store volumes, --node-store-volumes, RBAC equal to deploy/rbac-node-store.yaml"
 if [[ $have_yaml == 1 ]]; then
   python3 - "$work/full.yaml" "$work/default.yaml" <<'EOF'
 import json, sys, yaml

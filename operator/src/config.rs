@@ -112,6 +112,10 @@ pub struct Config {
     /// HOST:PORT of the node services (the `ferry-node` DaemonSet behind a Service that keeps
     /// traffic on the node) that receivers take blocks from; `None` turns dedup off everywhere.
     pub block_service: Option<String>,
+    /// Whether to pre-bind each node-service pod's store claim to its node's PersistentVolume
+    /// (labelled `ferry.dev/node-store`), so a node's store outlives its pod
+    /// ([`crate::store_volumes`]).
+    pub node_store_volumes: bool,
     /// Transfers with running movers at once, in the cluster and per node (0 = no limit).
     pub max_active: usize,
     pub max_active_per_node: usize,
@@ -160,6 +164,7 @@ impl Default for Config {
             allow_privileged_readers: false,
             host_roots: Vec::new(),
             block_service: Some("ferry-node.ferry-system.svc:7443".into()),
+            node_store_volumes: false,
             max_active: 0,
             max_active_per_node: 0,
             max_active_per_namespace: 0,

@@ -114,6 +114,9 @@ pub async fn run(
             config.cert_days,
         );
     }
+    if config.node_store_volumes {
+        crate::store_volumes::spawn_keeper(client.clone(), config.namespace.clone());
+    }
     let (wake_tx, mut wake_rx) = mpsc::channel::<ObjectRef<Transfer>>(1024);
     let (caches, triggers) = cache::start(&client, &config.namespace);
     let peers = caches.peers.clone();

@@ -26,6 +26,7 @@ pub mod progress;
 pub mod provision;
 pub mod runs;
 pub mod status;
+pub mod store_volumes;
 pub mod uninstall;
 
 /// The API group all ferry resources live in.

@@ -46,6 +46,11 @@ struct Cli {
     /// node-local Service); default `ferry-node.<--namespace>.svc:7443`; empty turns dedup off.
     #[arg(long)]
     block_service: Option<String>,
+    /// Pre-bind each node-service pod's store claim to its node's PersistentVolume labelled
+    /// ferry.dev/node-store (the chart's nodeService.persistentVolume.perNode), so a node keeps
+    /// its store when its pod is replaced. Needs the ferry-operator-node-store ClusterRole.
+    #[arg(long)]
+    node_store_volumes: bool,
     /// Most Transfers with running movers at once (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_active: usize,
@@ -173,6 +178,7 @@ fn main() -> anyhow::Result<()> {
         host_roots: cli.host_roots,
         allow_privileged_readers: cli.allow_privileged_readers,
         block_service,
+        node_store_volumes: cli.node_store_volumes,
         max_active: cli.max_active,
         max_active_per_node: cli.max_active_per_node,
         max_active_per_namespace: cli.max_active_per_namespace,

@@ -200,6 +200,9 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- if $v.allowRootMovers }}
 {{- $args = append $args "--allow-root-movers" }}
 {{- end }}
+{{- if (include "ferry.nodeStorePerNode" .) }}
+{{- $args = append $args "--node-store-volumes" }}
+{{- end }}
 {{- if $v.allowPrivilegedReaders }}
 {{- $args = append $args "--allow-privileged-readers" }}
 {{- end }}
@@ -263,4 +266,14 @@ The node service's DaemonSet, Service and Secret name.
 */}}
 {{- define "ferry.nodeServiceName" -}}
 ferry-node
+{{- end }}
+
+{{/*
+"true" when each node's store is kept on that node's own PersistentVolume across pod
+replacements (the claims select labelled volumes and the operator binds them again), else "".
+*/}}
+{{- define "ferry.nodeStorePerNode" -}}
+{{- $ns := .Values.nodeService }}
+{{- $pv := $ns.persistentVolume | default dict }}
+{{- if and $ns.enabled $pv.enabled $pv.perNode }}true{{ end }}
 {{- end }}

@@ -83,6 +83,7 @@ pub fn install_crd_and_rbac_in(cluster: Cluster) -> anyhow::Result<()> {
         "crds/ferry.dev_transfers.yaml",
         "crds/ferry.dev_peers.yaml",
         "deploy/rbac.yaml",
+        "deploy/rbac-node-store.yaml",
     ] {
         kubectl_in(cluster, &["apply", "--server-side", "-f", &repo_file(file)])?;
     }
@@ -119,9 +120,14 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
         .args(["--set-string", &format!("moverImage.tag={tag}")])
         .args(["--set-string", &format!("image.tag={tag}")])
         .args(["--set", "nodeService.capacity=4Gi"])
-        // Each store on a volume of its own from the cluster's default class (local-path), so
-        // the tests cover the claim path; the chart's default (hostPath) runs in the install test.
+        // Each store on its node's own PersistentVolume, kept when the pod is replaced, so the
+        // tests cover the claim path; the chart's default (hostPath) runs in the install test.
         .args(["--set", "nodeService.persistentVolume.enabled=true"])
+        .args(["--set", "nodeService.persistentVolume.perNode=true"])
+        .args([
+            "--set",
+            &format!("nodeService.persistentVolume.storageClassName={STORE_CLASS}"),
+        ])
         // On node-x too, so a fan-out can lose a destination node and its service.
         .args([
             "--set-json",
@@ -135,7 +141,56 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    offer_store_volumes(cluster)?;
     apply_file(cluster, "node-service.yaml", &out.stdout)
+}
+
+/// The StorageClass of the node stores' volumes in the local clusters.
+pub const STORE_CLASS: &str = "ferry-node-store";
+/// Where each node's store volume is, on that node's own disk.
+pub const STORE_VOLUME_PATH: &str = "/mnt/disks/ferry-store";
+
+/// One local PersistentVolume per node of `cluster` offered to the node stores (labelled
+/// `ferry.dev/node-store`, kept when released), as an admin provides them.
+fn offer_store_volumes(cluster: Cluster) -> anyhow::Result<()> {
+    let nodes = kubectl_in(
+        cluster,
+        &["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"],
+    )?;
+    let mut docs = vec![serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": STORE_CLASS},
+        "provisioner": "kubernetes.io/no-provisioner",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Retain",
+    })];
+    for node in nodes.split_whitespace() {
+        std::fs::create_dir_all(
+            cluster
+                .node_root(node)
+                .join(STORE_VOLUME_PATH.trim_start_matches('/')),
+        )?;
+        docs.push(serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": format!("{STORE_CLASS}-{node}"), "labels": {"ferry.dev/node-store": "true"}},
+            "spec": {
+                "capacity": {"storage": "4Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": STORE_CLASS,
+                "local": {"path": STORE_VOLUME_PATH},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                ]}]}},
+            },
+        }));
+    }
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    apply_file(
+        cluster,
+        "node-store-volumes.json",
+        &serde_json::to_vec(&list)?,
+    )
 }
 
 /// Writes `manifest` to `name` in the cluster's directory and applies it server-side (taking
@@ -278,6 +333,7 @@ impl OperatorProcess {
             cmd.args(["--mover-image", &crate::mover_image()]);
         }
         cmd.args([
+            "--node-store-volumes",
             "--namespace",
             "ferry-system",
             "--host-root",

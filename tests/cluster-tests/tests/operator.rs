@@ -483,8 +483,8 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
         second.bytes,
         first.bytes
     );
-    // The blocks sit in node-b's store, which the tests keep on a volume the provisioner made
-    // on node-b (the chart's nodeService.persistentVolume), not in a host directory.
+    // The blocks sit in node-b's store, which the tests keep on node-b's own PersistentVolume
+    // (the chart's nodeService.persistentVolume.perNode), not in a host directory.
     let store = node_store_volume(NODE_B).await?;
     let large = std::fs::read(src_host.join("large.bin"))?;
     for block in large.chunks(4 << 20) {
@@ -512,8 +512,8 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
     ns.delete().await
 }
 
-/// Where `node`'s block store lives on the node's disk: its node-service pod's claim, bound by
-/// the local-path provisioner to a volume on that node.
+/// Where `node`'s block store lives on the node's disk: its node-service pod's claim, bound to
+/// the volume offered for that node's store.
 async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
     let pods: Api<Pod> = Api::namespaced(ferry_cluster_tests::client().await?, "ferry-system");
     let pod = pods
@@ -540,7 +540,11 @@ async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
         bail!("the store claim {claim} is not Bound: {pv_name}");
     };
     let (class, pv) = rest.split_once('/').context("claim fields")?;
-    assert_eq!(class, "local-path", "the store claim took another class");
+    assert_eq!(
+        class,
+        ferry_cluster_tests::operator::STORE_CLASS,
+        "the store claim took another class"
+    );
     let pv = kubectl(&[
         "get",
         "pv",
