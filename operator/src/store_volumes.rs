@@ -26,6 +26,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use crate::cache::NODE_SERVICE_COMPONENT;
+use crate::plan::parse_quantity;
 
 /// The label that offers a PersistentVolume to the node services' claims.
 pub const STORE_VOLUME_LABEL: &str = "ferry.dev/node-store";
@@ -52,6 +53,8 @@ pub struct StoreVolume {
     /// `None`: its affinity names no single node; such a volume is never pre-bound.
     pub node: Option<VolumeNode>,
     pub class: Option<String>,
+    /// Bytes of `spec.capacity.storage`, when readable.
+    pub capacity: Option<u64>,
     pub phase: Option<String>,
     /// `(namespace, name)` of the claim its `claimRef` names.
     pub claim: Option<(String, String)>,
@@ -63,6 +66,8 @@ pub struct StoreVolume {
 pub struct WaitingClaim {
     pub name: String,
     pub class: Option<String>,
+    /// Bytes the claim requests, when readable.
+    pub request: Option<u64>,
     pub node: String,
     /// The node's `kubernetes.io/hostname` label.
     pub hostname: Option<String>,
@@ -94,6 +99,15 @@ impl StoreVolume {
                 ns == namespace && !claims.contains(name)
             }
             _ => false,
+        }
+    }
+
+    /// Whether it is large enough for `claim` (the PV controller refuses a smaller one, which
+    /// would then stay reserved for a claim it never binds). Unknown sizes are left to it.
+    fn fits(&self, claim: &WaitingClaim) -> bool {
+        match (self.capacity, claim.request) {
+            (Some(have), Some(want)) => have >= want,
+            _ => true,
         }
     }
 
@@ -132,9 +146,9 @@ pub fn plan(
         if pre_bound {
             continue;
         }
-        let found = free
-            .iter()
-            .find(|v| !taken.contains(&v.name) && v.is_on(claim) && v.class == claim.class);
+        let found = free.iter().find(|v| {
+            !taken.contains(&v.name) && v.is_on(claim) && v.class == claim.class && v.fits(claim)
+        });
         if let Some(v) = found {
             taken.insert(v.name.clone());
             binds.push(PreBind {
@@ -185,6 +199,10 @@ fn store_volume(pv: &PersistentVolume) -> StoreVolume {
         name: pv.name_any(),
         node: volume_node(pv),
         class: spec.and_then(|s| s.storage_class_name.clone()),
+        capacity: spec
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| parse_quantity(&q.0)),
         phase: pv.status.as_ref().and_then(|s| s.phase.clone()),
         claim: spec.and_then(|s| s.claim_ref.as_ref()).map(|c| {
             (
@@ -310,6 +328,11 @@ async fn keep(client: &Client, namespace: &str) -> anyhow::Result<()> {
             waiting.push(WaitingClaim {
                 name,
                 class: spec.and_then(|s| s.storage_class_name.clone()),
+                request: spec
+                    .and_then(|s| s.resources.as_ref())
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|r| r.get("storage"))
+                    .and_then(|q| parse_quantity(&q.0)),
                 node: node.clone(),
                 hostname,
             });
@@ -362,6 +385,7 @@ mod tests {
             name: name.into(),
             node: Some(VolumeNode::Hostname(node.into())),
             class: Some("local".into()),
+            capacity: Some(4 << 30),
             phase: Some(phase.into()),
             claim: claim.map(|(ns, n)| (ns.into(), n.into())),
             resource_version: Some(format!("rv-{name}")),
@@ -372,6 +396,7 @@ mod tests {
         WaitingClaim {
             name: name.into(),
             class: Some("local".into()),
+            request: Some(4 << 30),
             node: node.into(),
             hostname: Some(node.into()),
         }
@@ -441,6 +466,11 @@ mod tests {
             StoreVolume {
                 class: Some("fast".into()),
                 ..volume("fast", "node-a", "Available", None)
+            },
+            // too small for the claim
+            StoreVolume {
+                capacity: Some(1 << 30),
+                ..volume("small", "node-a", "Available", None)
             },
             // failed or pending
             volume("failed", "node-a", "Failed", Some((NS, "gone"))),

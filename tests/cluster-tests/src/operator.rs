@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 
 use crate::{Cluster, cluster_dir, wait_until};
 
@@ -253,6 +255,20 @@ pub async fn wait_node_service_in(cluster: Cluster, nodes: &[&str]) -> anyhow::R
         },
     )
     .await
+}
+
+/// The node-service pod scheduled on `node` of the main cluster and not going away, if any.
+pub async fn node_service_pod(node: &str) -> anyhow::Result<Option<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(crate::client().await?, "ferry-system");
+    Ok(pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
+        .await?
+        .items
+        .into_iter()
+        .find(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+        }))
 }
 
 /// A kubeconfig that authenticates as the operator's service account (a bound token), written by

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ferry_cluster_tests::operator::{STORE_CLASS, kubectl, wait_node_service_in};
+use ferry_cluster_tests::operator::{STORE_CLASS, kubectl, node_service_pod, wait_node_service_in};
 use ferry_cluster_tests::transfers::{
     self, NODE_A, NODE_B, SharedOperator, assert_same_tree, make_tree, transfer, wait_phase,
 };
@@ -18,7 +18,7 @@ use ferry_cluster_tests::{Cluster, TestNamespace, wait_until};
 use ferry_operator::api::{Phase, Transfer, WireStatus};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 
 const HOST_ROOT: &str = "/data/ferry-store-e2e";
 
@@ -28,20 +28,10 @@ fn node_dir(node: &str, ns: &str, name: &str) -> anyhow::Result<(String, PathBuf
     transfers::node_dir(HOST_ROOT, node, ns, name)
 }
 
-/// `node`'s node-service pod (scheduled there, not going away) and the volume its store claim
-/// is bound to, if it is bound; `None` while there is no such pod.
+/// `node`'s node-service pod and the volume its store claim is bound to, if it is bound;
+/// `None` while no pod is scheduled there.
 async fn store_pod_and_volume(node: &str) -> anyhow::Result<Option<(Pod, Option<String>)>> {
-    let pods: Api<Pod> = Api::namespaced(ferry_cluster_tests::client().await?, "ferry-system");
-    let Some(pod) = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
-        .await?
-        .items
-        .into_iter()
-        .find(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-                && p.metadata.deletion_timestamp.is_none()
-        })
-    else {
+    let Some(pod) = node_service_pod(node).await? else {
         return Ok(None);
     };
     let claim = format!("{}-store", pod.name_any());

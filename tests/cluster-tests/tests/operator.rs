@@ -515,16 +515,8 @@ async fn the_same_dataset_again_to_the_same_node_comes_from_its_block_store() ->
 /// Where `node`'s block store lives on the node's disk: its node-service pod's claim, bound to
 /// the volume offered for that node's store.
 async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
-    let pods: Api<Pod> = Api::namespaced(ferry_cluster_tests::client().await?, "ferry-system");
-    let pod = pods
-        .list(&ListParams::default().labels("app.kubernetes.io/component=node-service"))
+    let pod = ferry_cluster_tests::operator::node_service_pod(node)
         .await?
-        .items
-        .into_iter()
-        .find(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-                && p.metadata.deletion_timestamp.is_none()
-        })
         .with_context(|| format!("no node-service pod on {node}"))?;
     let claim = format!("{}-store", pod.name_any());
     let pv_name = kubectl(&[
