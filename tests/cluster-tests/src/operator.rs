@@ -271,6 +271,21 @@ pub async fn node_service_pod(node: &str) -> anyhow::Result<Option<Pod>> {
         }))
 }
 
+/// The fields `jsonpath` selects of the claim that holds `pod`'s block store (a node-service
+/// pod's `store` ephemeral volume, named after the pod).
+pub fn store_claim_fields(pod: &Pod, jsonpath: &str) -> anyhow::Result<String> {
+    let claim = format!("{}-store", kube::ResourceExt::name_any(pod));
+    kubectl(&[
+        "-n",
+        "ferry-system",
+        "get",
+        "pvc",
+        &claim,
+        "-o",
+        &format!("jsonpath={jsonpath}"),
+    ])
+}
+
 /// A kubeconfig that authenticates as the operator's service account (a bound token), written by
 /// the script the benchmarks use too.
 fn operator_kubeconfig(cluster: Cluster, path: &Path) -> anyhow::Result<()> {

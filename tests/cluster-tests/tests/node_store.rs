@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ferry_cluster_tests::operator::{STORE_CLASS, kubectl, node_service_pod, wait_node_service_in};
+use ferry_cluster_tests::operator::{
+    STORE_CLASS, node_service_pod, store_claim_fields, wait_node_service_in,
+};
 use ferry_cluster_tests::transfers::{
     self, NODE_A, NODE_B, SharedOperator, assert_same_tree, make_tree, transfer, wait_phase,
 };
@@ -34,16 +36,7 @@ async fn store_pod_and_volume(node: &str) -> anyhow::Result<Option<(Pod, Option<
     let Some(pod) = node_service_pod(node).await? else {
         return Ok(None);
     };
-    let claim = format!("{}-store", pod.name_any());
-    let volume = kubectl(&[
-        "-n",
-        "ferry-system",
-        "get",
-        "pvc",
-        &claim,
-        "-o",
-        "jsonpath={.spec.volumeName}",
-    ])?;
+    let volume = store_claim_fields(&pod, "{.spec.volumeName}")?;
     Ok(Some((pod, Some(volume).filter(|v| !v.is_empty()))))
 }
 

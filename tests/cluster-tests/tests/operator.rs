@@ -518,18 +518,12 @@ async fn node_store_volume(node: &str) -> anyhow::Result<PathBuf> {
     let pod = ferry_cluster_tests::operator::node_service_pod(node)
         .await?
         .with_context(|| format!("no node-service pod on {node}"))?;
-    let claim = format!("{}-store", pod.name_any());
-    let pv_name = kubectl(&[
-        "-n",
-        "ferry-system",
-        "get",
-        "pvc",
-        &claim,
-        "-o",
-        "jsonpath={.status.phase}/{.spec.storageClassName}/{.spec.volumeName}",
-    ])?;
+    let pv_name = ferry_cluster_tests::operator::store_claim_fields(
+        &pod,
+        "{.status.phase}/{.spec.storageClassName}/{.spec.volumeName}",
+    )?;
     let Some(("Bound", rest)) = pv_name.split_once('/') else {
-        bail!("the store claim {claim} is not Bound: {pv_name}");
+        bail!("the store claim on {node} is not Bound: {pv_name}");
     };
     let (class, pv) = rest.split_once('/').context("claim fields")?;
     assert_eq!(
