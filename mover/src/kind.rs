@@ -399,6 +399,7 @@ impl SendError {
             | SendError::RefetchMismatch { .. }
             | SendError::DigestMismatch { .. }
             | SendError::NoProgress { .. }
+            | SendError::BusyTooLong { .. }
             | SendError::ShutDown(_)
             | SendError::DigestIncomplete
             | SendError::Channel
@@ -427,7 +428,7 @@ impl SendError {
             | SendError::Digest(_) => ErrorKind::Source,
             // The destination does not hold what the source holds.
             SendError::DigestMismatch { .. } => ErrorKind::Destination,
-            SendError::NoProgress { .. } => ErrorKind::Timeout,
+            SendError::NoProgress { .. } | SendError::BusyTooLong { .. } => ErrorKind::Timeout,
             // The peer may retry; a rerun resumes.
             SendError::ShutDown(_) => ErrorKind::Network,
             SendError::DigestIncomplete

@@ -783,6 +783,7 @@ async fn send_failing(
         on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
         shared: None,
+        source_file: None,
     };
     let progress = Arc::new(Progress::new(transfer_id, "sender"));
     let r = tokio::time::timeout(

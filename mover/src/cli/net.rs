@@ -580,6 +580,7 @@ pub fn run_send(args: SendArgs) -> anyhow::Result<ExitCode> {
         // Set to the process's signals inside the runtime.
         shutdown: session::Shutdown::never(),
         shared: None,
+        source_file: anchored.file().cloned(),
     };
     let destinations = targets.len();
     if destinations > 1 {

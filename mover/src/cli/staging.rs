@@ -42,9 +42,17 @@ pub fn run(args: CleanStagingArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{} does not exist: nothing to clean", args.root.display());
             return Ok(ExitCode::SUCCESS);
         }
+        Err(SubPathError::NotRegular { .. }) => {
+            eprintln!("the sub path is not a directory: nothing to clean");
+            return Ok(ExitCode::SUCCESS);
+        }
         Err(e) => return Err(e.into()),
     };
-    if !anchored.effective().is_dir() {
+    // A sub path naming a file was opened (without following a symlink) when it was resolved:
+    // it holds no staging, and its name is not looked up again, where a symlink swapped in
+    // since would lead to a directory outside the root. Without a sub path `--root` is trusted
+    // as given; with one naming a directory, `effective()` is the handle held since.
+    if anchored.file().is_some() || !anchored.effective().is_dir() {
         eprintln!(
             "{} is not a directory: nothing to clean",
             anchored.shown_dir().display()

@@ -10,7 +10,8 @@
 //! owner's service hands out only what the asking receiver was announced. Each block is hashed
 //! here before it is written. A peer that cannot be reached when the session starts owns
 //! nothing (its blocks come from the source). One that fails later (it does not deliver in
-//! time, or its service goes away) owns nothing from then on either, and the blocks left to it
+//! time, its service goes away, or a Take of it exceeds its budget of time and bytes: see
+//! [`take_budget`]) owns nothing from then on either, and the blocks left to it
 //! become [`Orphans`]: with the refetch capability the receiver asks the sender for them once
 //! the rest of the data is in, so a failed destination costs its siblings no retry. A sender
 //! without it leaves the old answer: the session fails (retryable), and the retry resumes.
@@ -41,6 +42,23 @@ const MAX_OWED_BLOCKS: usize = 16384;
 /// it. The owner of a pack that is coming has it within seconds (packs flow at the links' rate,
 /// a few MiB behind), so waiting longer only delays the first packs of such a sibling.
 const PACK_WAIT: Duration = Duration::from_secs(30);
+/// What one Take from a peer may take beyond the wait it was given, as one deadline on the
+/// whole Take (a deadline per message a peer could meet for ever, one repeated block at a
+/// time): [`TAKE_MARGIN`], and [`TAKE_MARGIN_PER_BLOCK`] for each block asked, 4 MiB in 5 s,
+/// so that [`MAX_FETCHES`] Takes at once still fit a link of about 200 Mbit/s.
+const TAKE_MARGIN: Duration = Duration::from_secs(10);
+const TAKE_MARGIN_PER_BLOCK: Duration = Duration::from_secs(5);
+
+/// What a Take of `blocks` blocks that waits up to `wait` may cost before its peer counts as
+/// failed: the time (see [`TAKE_MARGIN`]) and the bytes. An honest peer sends each block asked
+/// at most once; a repeat is skipped, and one is allowed (each position once plus one repeat,
+/// each at most a full block), but a peer that answered a Take with one valid block over and
+/// over kept a receiver from ever finishing.
+fn take_budget(wait: Duration, blocks: usize) -> (Duration, u64) {
+    let time = wait + TAKE_MARGIN + TAKE_MARGIN_PER_BLOCK * blocks as u32;
+    let bytes = (blocks as u64 + 1) * crate::cas::BLOCK_SIZE as u64;
+    (time, bytes)
+}
 
 /// Fetch threads that may take from one peer at once in a fan-out to `destinations`: an equal
 /// share of [`MAX_FETCHES`], so a peer that lags (its own share of the source comes slowly)
@@ -534,7 +552,8 @@ impl Fetches {
         }
     }
 
-    /// One Take per [`super::MAX_TAKE`] blocks; marks each block delivered once written.
+    /// One Take per [`super::MAX_TAKE`] blocks, each within its [`take_budget`]; marks each
+    /// block delivered once written.
     fn take_all(
         &self,
         client: &NodeStoreClient,
@@ -550,27 +569,42 @@ impl Fetches {
             // Each reply is awaited on the client's runtime and handled here, on this blocking
             // thread (the sink writes files and may wait on the put queue).
             let rt = client.runtime();
-            let patience = wait + Duration::from_secs(10);
+            let (patience, budget) = take_budget(wait, part.len());
+            let deadline = tokio::time::Instant::now() + patience;
+            let mut bytes_left = budget;
             let status =
                 |s: tonic::Status| FetchError::Peer(format!("{:?}: {}", s.code(), s.message()));
-            let late = || FetchError::Peer(format!("no answer within {} s", patience.as_secs()));
+            let late = || {
+                FetchError::Peer(format!(
+                    "a Take of {} blocks did not end within {} s",
+                    part.len(),
+                    patience.as_secs()
+                ))
+            };
             let mut c = client.grpc();
             let mut stream = super::client::TakenBlocks::new(
-                rt.block_on(tokio::time::timeout(patience, c.take(request)))
+                rt.block_on(tokio::time::timeout_at(deadline, c.take(request)))
                     .map_err(|_| late())?
                     .map_err(status)?
                     .into_inner(),
             );
             loop {
                 let next = rt
-                    .block_on(tokio::time::timeout(patience, stream.next()))
+                    .block_on(tokio::time::timeout_at(deadline, stream.next()))
                     .map_err(|_| late())?
                     .map_err(status)?;
                 let Some(b) = next else { break };
                 let (pos, a) = super::client::checked_block(part, &b)
                     .map_err(|e| FetchError::Peer(e.to_owned()))?;
+                let len = b.data.len() as u64;
+                bytes_left = bytes_left.checked_sub(len).ok_or_else(|| {
+                    FetchError::Peer(format!(
+                        "it sent more than the {budget} bytes a Take of {} blocks may bring \
+                         (each block once, and one repeat)",
+                        part.len()
+                    ))
+                })?;
                 if !delivered[base + pos] {
-                    let len = b.data.len() as u64;
                     sink.deliver(a, b.data).map_err(FetchError::Local)?;
                     delivered[base + pos] = true;
                     self.blocks.fetch_add(1, Ordering::Relaxed);
@@ -656,6 +690,16 @@ mod tests {
             .map(|i| take_from(1, 1, true, &[0, 2, 3], i).unwrap())
             .collect();
         assert_eq!(picked, [0, 2, 3, 0, 2, 3]);
+    }
+
+    #[test]
+    fn a_take_may_bring_each_block_once_and_one_repeat_within_its_wait_and_a_margin() {
+        const MIB: u64 = 1 << 20;
+        let (time, bytes) = take_budget(Duration::from_secs(120), 16);
+        assert_eq!(time, Duration::from_secs(120 + 10 + 16 * 5));
+        assert_eq!(bytes, 17 * 4 * MIB);
+        let (time, bytes) = take_budget(Duration::from_secs(1), 1);
+        assert_eq!((time, bytes), (Duration::from_secs(16), 8 * MIB));
     }
 
     #[test]

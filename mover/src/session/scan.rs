@@ -7,8 +7,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{Mode, OFlags};
-
 use ferry_proto::wire::v1 as pb;
 use tokio::sync::mpsc;
 
@@ -181,8 +179,31 @@ pub const MAX_XATTR_BYTES: usize = 64 * 1024;
 /// none when the filesystem has none, they cannot be read, or they exceed [`MAX_XATTR_BYTES`].
 /// Reading them is the sender's duty; whether they are applied is the receiver's choice.
 pub fn user_xattrs(path: &Path) -> Vec<pb::Xattr> {
+    collect_xattrs(
+        &path.display(),
+        |names| rustix::fs::llistxattr(path, names),
+        |name, value| rustix::fs::lgetxattr(path, name, value),
+    )
+}
+
+/// [`user_xattrs`] of the file `f` holds (a single file given as the source: read from its
+/// handle, never by name).
+fn user_xattrs_of(f: &File, shown: &dyn std::fmt::Display) -> Vec<pb::Xattr> {
+    collect_xattrs(
+        shown,
+        |names| rustix::fs::flistxattr(f, names),
+        |name, value| rustix::fs::fgetxattr(f, name, value),
+    )
+}
+
+/// The `user.*` attributes `list` names and `get` reads (see [`user_xattrs`]).
+fn collect_xattrs(
+    shown: &dyn std::fmt::Display,
+    list: impl FnOnce(&mut [u8]) -> rustix::io::Result<usize>,
+    get: impl Fn(&[u8], &mut [u8]) -> rustix::io::Result<usize>,
+) -> Vec<pb::Xattr> {
     let mut names = vec![0u8; MAX_XATTR_BYTES];
-    let len = match rustix::fs::llistxattr(path, &mut names[..]) {
+    let len = match list(&mut names[..]) {
         Ok(0) | Err(_) => return Vec::new(),
         Ok(n) => n,
     };
@@ -193,14 +214,14 @@ pub fn user_xattrs(path: &Path) -> Vec<pb::Xattr> {
         if !name.starts_with(b"user.") {
             continue;
         }
-        let n = match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+        let n = match get(name, &mut value[..]) {
             Ok(n) => n,
             Err(_) => continue, // removed meanwhile, or too large: not sent
         };
         total += name.len() + n;
         if total > MAX_XATTR_BYTES {
             tracing::warn!(
-                path = %path.display(),
+                path = %shown,
                 "extended attributes above {MAX_XATTR_BYTES} bytes: none sent for this entry"
             );
             return Vec::new();
@@ -211,6 +232,15 @@ pub fn user_xattrs(path: &Path) -> Vec<pb::Xattr> {
         });
     }
     out
+}
+
+/// Opens a file the walk met for reading: from the walk's own handle when it holds one (a
+/// single file given as the source: see [`tree::Entry::file`]), else by name in its directory.
+fn open_entry(entry: &tree::Entry) -> std::io::Result<File> {
+    match &entry.file {
+        Some(f) => tree::confine::reopen(f),
+        None => open_in(&entry.parent, entry.rel.file_name()),
+    }
 }
 
 /// `root/rel` for messages and for the few opens by path; `rel` is raw bytes as on the wire.
@@ -230,6 +260,15 @@ pub struct Collect {
     pub unreadable: OnUnreadable,
 }
 
+/// The single file a file source sends: its name in the directory walked, and the file itself
+/// when it is held open already (see [`tree::Scanner::only_file_at_root`]): its name is then
+/// not looked up at all.
+#[derive(Debug, Clone, Copy)]
+pub struct Only<'a> {
+    pub name: &'a [u8],
+    pub file: Option<&'a Arc<File>>,
+}
+
 /// Walks `root`, sending groups of entries; returns the hard links to create at the end. Every
 /// stat and open is relative to its directory's handle (the engine's [`Scanner`]), so a file
 /// costs no path walk.
@@ -237,9 +276,11 @@ pub struct Collect {
 /// Feeds the digest's `tree`: directories and symlinks as they are met; files as expected
 /// entries whose content hash comes later, unless `collect.checksum` (then the walk reads each file
 /// anyway and computes both hashes in that one read). Hard links are not part of the tree.
+///
+/// `only` is the single file a file source sends (see [`Only`]).
 pub fn scan(
     root: &Path,
-    only: Option<&[u8]>,
+    only: Option<Only<'_>>,
     filter: &Arc<Filter>,
     collect: Collect,
     tx: mpsc::Sender<Vec<pb::Entry>>,
@@ -260,7 +301,11 @@ pub fn scan(
         .exclude_at_root(STAGING_DIR.as_bytes())
         .with_filter(filter.clone());
     let scanner = match only {
-        Some(name) => scanner.only_at_root(name),
+        Some(Only {
+            name,
+            file: Some(file),
+        }) => scanner.only_file_at_root(name, file.clone()),
+        Some(Only { name, file: None }) => scanner.only_at_root(name),
         None => scanner,
     };
 
@@ -318,7 +363,7 @@ pub fn scan(
                 let opened = if who.may_read(&entry.meta) {
                     None
                 } else {
-                    match open_in(&entry.parent, entry.rel.file_name()) {
+                    match open_entry(&entry) {
                         Ok(f) => Some(f),
                         Err(e) if is_denied(&e) => {
                             left_out(
@@ -343,13 +388,16 @@ pub fn scan(
                 }
                 let mut e = entry_of(rel, m, pb::EntryKind::File);
                 if collect.xattrs {
-                    e.xattrs = user_xattrs(&beneath(&entry.parent, entry.rel.file_name()));
+                    e.xattrs = match &entry.file {
+                        Some(f) => user_xattrs_of(f, &entry.rel),
+                        None => user_xattrs(&beneath(&entry.parent, entry.rel.file_name())),
+                    };
                 }
                 if collect.checksum {
                     let abs = source_path(root, &e.path);
                     let mut f = match opened {
                         Some(f) => f,
-                        None => open_in(&entry.parent, entry.rel.file_name()).map_err(io(&abs))?,
+                        None => open_entry(&entry).map_err(io(&abs))?,
                     };
                     let mut counted = digest::CountingReader {
                         inner: &mut f,
@@ -404,15 +452,12 @@ fn walk_error(root: &Path, e: tree::ScanError) -> ScanError {
     }
 }
 
-/// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf.
+/// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf,
+/// and only a regular file, without blocking on a FIFO ([`tree::confine::open_file_in`]): a
+/// FIFO swapped in for a file after the walk saw it, or named by a receiver's Refetch, is
+/// refused instead of holding the sender for ever.
 pub fn open_in(dir: &DirFd, name: &[u8]) -> std::io::Result<File> {
-    let fd = rustix::fs::openat(
-        dir.as_fd(),
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(File::from(fd))
+    tree::confine::open_file_in(dir.as_fd(), name)
 }
 
 /// Largest listing sent for `--delete`; a bigger directory keeps its extraneous entries.
@@ -478,6 +523,8 @@ pub fn walk_dirs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::fs::{Mode, OFlags};
+    use std::os::unix::fs::OpenOptionsExt as _;
 
     /// The groups the walk of `root` sends.
     fn groups(root: &Path) -> Vec<Vec<pb::Entry>> {
@@ -523,5 +570,47 @@ mod tests {
         // Each full group holds as many as fit: 13 files of 300 KiB.
         assert_eq!(sizes[0], 13 * (300 << 10), "{sizes:?}");
         assert_eq!(sizes.iter().sum::<u64>(), 40 * (300 << 10));
+    }
+
+    /// A FIFO where a regular file is to be read (swapped in after the walk saw a file, or named
+    /// by a receiver) is refused at once: a blocking open would wait for a writer forever. On
+    /// failure the test opens the FIFO's write end itself, so a blocked open returns and the
+    /// test fails instead of hanging.
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fifo = tmp.path().join("pipe");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .expect("mkfifo");
+        std::fs::write(tmp.path().join("file"), b"x").expect("write");
+        let dir: DirFd = Arc::new(File::open(tmp.path()).expect("dir").into());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_in(&d, b"pipe").map(|_| ()));
+        });
+        let got = match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(got) => got,
+            Err(_) => {
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&fifo);
+                panic!("opening a FIFO blocked");
+            }
+        };
+        let err = got.expect_err("a FIFO was opened for reading");
+        assert!(tree::confine::is_not_regular(&err), "{err}");
+        assert!(err.to_string().contains("FIFO"), "{err}");
+        // A regular file opens, in blocking mode again.
+        let f = open_in(&dir, b"file").expect("a regular file");
+        let flags = rustix::fs::fcntl_getfl(&f).expect("flags");
+        assert!(!flags.contains(OFlags::NONBLOCK), "{flags:?}");
     }
 }

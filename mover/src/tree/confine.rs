@@ -31,6 +31,57 @@ pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
 
+/// What [`open_file_in`] found where it was to read a regular file.
+#[derive(Debug, thiserror::Error)]
+#[error("not a regular file but a {0}: only regular files are read")]
+pub struct NotRegular(pub &'static str);
+
+/// Opens `name` in the directory `dir` for reading, never following a symlink at the leaf
+/// (`ELOOP`), and only a regular file (else an error holding [`NotRegular`]). The open does not
+/// block (`O_NONBLOCK`): a FIFO put where a file was, or named by a peer, would otherwise hold
+/// the open until a writer came, for ever. Once the handle is known to be a regular file the
+/// flag is cleared again.
+pub fn open_file_in(dir: BorrowedFd<'_>, name: &[u8]) -> std::io::Result<std::fs::File> {
+    use rustix::fs::FileType;
+    let fd = openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let what = match FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) {
+        FileType::RegularFile => {
+            // F_SETFL with no flags: of the flags above, O_NONBLOCK is the only one it changes.
+            rustix::fs::fcntl_setfl(&fd, OFlags::empty())?;
+            return Ok(std::fs::File::from(fd));
+        }
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::CharacterDevice | FileType::BlockDevice => "device",
+        FileType::Directory => "directory",
+        _ => "special file",
+    };
+    Err(std::io::Error::other(NotRegular(what)))
+}
+
+/// `file` opened again for reading, with an offset of its own, through `/proc/self/fd`: the
+/// very file the handle holds, whatever its name has become since (a file held since it was
+/// checked is read from it, never looked up by name again).
+pub fn reopen(file: &std::fs::File) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let fd = rustix::fs::open(
+        format!("/proc/self/fd/{}", file.as_raw_fd()),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// Whether `e` is [`open_file_in`]'s refusal of something that is not a regular file.
+pub fn is_not_regular(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
+}
+
 /// Opens the directory `rel` beneath `root`, refusing symlinks in every component.
 pub fn open_dir_beneath(
     root: BorrowedFd<'_>,

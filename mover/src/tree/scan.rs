@@ -33,6 +33,9 @@ pub struct Entry {
     pub parent: DirFd,
     /// For directories: the directory's own handle.
     pub dir: Option<DirFd>,
+    /// The file itself, when the walk holds it open already (a single file given as the source:
+    /// see [`Scanner::only_file_at_root`]): read from this handle, never by its name.
+    pub file: Option<Arc<std::fs::File>>,
 }
 
 /// Splits a source as given on a command line: a directory (or a symlink to one) is walked as
@@ -102,6 +105,8 @@ struct Level {
     rel: Option<RelPath>,
     meta: Meta,
     failed: bool,
+    /// Its listing is not read (the root of a walk of one held file: that file is all there is).
+    unlisted: bool,
 }
 
 /// Streaming source walker (an iterator of `Result<ScanEvent, ScanError>`).
@@ -113,6 +118,9 @@ pub struct Scanner {
     /// The only name directly under the root that is part of the tree (a single file given as
     /// the source is walked as its directory holding just that name).
     root_only: Option<Vec<u8>>,
+    /// The single file under the root that is the whole tree, open already (see
+    /// [`Scanner::only_file_at_root`]); taken once it was reported.
+    held: Option<(Vec<u8>, Arc<std::fs::File>)>,
     /// `--exclude` / `--include`: entries it excludes are not reported (directories not walked).
     filter: Option<Arc<Filter>>,
     links: HashMap<(u64, u64), RelPath>,
@@ -145,9 +153,11 @@ impl Scanner {
                 rel: None,
                 meta,
                 failed: false,
+                unlisted: false,
             }],
             root_exclude: None,
             root_only: None,
+            held: None,
             filter: None,
             links: HashMap::new(),
             root_meta: meta,
@@ -165,6 +175,49 @@ impl Scanner {
     pub fn only_at_root(mut self, name: &[u8]) -> Scanner {
         self.root_only = Some(name.to_vec());
         self
+    }
+
+    /// The walk is of the single file `name` directly under the root, open already as `file`
+    /// (checked to be a regular file): it is reported from that handle (its metadata, and
+    /// [`Entry::file`]) without listing the root or looking the name up, so whatever is put
+    /// under the name later (a symlink to a directory elsewhere) is never walked nor read.
+    pub fn only_file_at_root(mut self, name: &[u8], file: Arc<std::fs::File>) -> Scanner {
+        self.root_only = Some(name.to_vec());
+        self.held = Some((name.to_vec(), file));
+        if let Some(root) = self.stack.first_mut() {
+            root.unlisted = true;
+        }
+        self
+    }
+
+    /// The entry of the held single file (see [`Scanner::only_file_at_root`]); None when the
+    /// filter leaves it out.
+    fn held_entry(
+        &self,
+        name: &[u8],
+        file: Arc<std::fs::File>,
+    ) -> Result<Option<ScanEvent>, ScanError> {
+        let rel = RelPath::child_of(None, name).map_err(|source| ScanError::Name {
+            dir: display_opt(None),
+            source,
+        })?;
+        let st =
+            rustix::fs::fstat(&*file).map_err(|e| ScanError::io("stat", rel.to_string(), e))?;
+        let meta = Meta::from_stat(&st);
+        if let Some(f) = &self.filter
+            && f.excludes(rel.as_bytes(), false)
+        {
+            return Ok(None);
+        }
+        Ok(Some(ScanEvent::Entry(Entry {
+            rel,
+            meta,
+            link_target: None,
+            hardlink_of: None,
+            parent: self.root.clone(),
+            dir: None,
+            file: Some(file),
+        })))
     }
 
     /// Leaves out what `filter` excludes.
@@ -217,6 +270,7 @@ impl Scanner {
             hardlink_of: None,
             parent,
             dir: None,
+            file: None,
         };
         match meta.kind {
             Kind::Dir => {
@@ -232,6 +286,7 @@ impl Scanner {
                     rel: Some(entry.rel.clone()),
                     meta,
                     failed: false,
+                    unlisted: false,
                 });
             }
             Kind::Symlink => {
@@ -256,9 +311,20 @@ impl Iterator for Scanner {
     type Item = Result<ScanEvent, ScanError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some((name, file)) = self.held.take() {
+            match self.held_entry(&name, file) {
+                Ok(Some(event)) => return Some(Ok(event)),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
         loop {
             let top = self.stack.last_mut()?;
-            let next = if top.failed { None } else { top.entries.read() };
+            let next = if top.failed || top.unlisted {
+                None
+            } else {
+                top.entries.read()
+            };
             match next {
                 None => {
                     let level = self.stack.pop()?;

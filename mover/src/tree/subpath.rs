@@ -9,16 +9,19 @@
 //!
 //! The result is an [`Anchored`] directory handle that stays open for the whole process. The rest
 //! of the mover reaches it through `/proc/self/fd/<n>`, which names that directory's dentry and not
-//! a path: a component swapped for a symlink after the lookup cannot redirect it.
+//! a path: a component swapped for a symlink after the lookup cannot redirect it. A sender's sub
+//! path may name a single file: it is opened through its directory's handle with `O_NOFOLLOW`
+//! (and must be a regular file), and the sender reads that handle, never the name again.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, mkdirat, openat, statat};
 use rustix::io::Errno;
 
 use super::RelPath;
-use super::confine::{Resolve, open_dir_beneath};
+use super::confine::{Resolve, is_not_regular, open_dir_beneath, open_file_in};
 
 /// Mode of the directories a receiver creates on the way to its sub path.
 pub const CREATED_DIR_MODE: u32 = 0o755;
@@ -61,6 +64,18 @@ pub enum SubPathError {
         root: PathBuf,
         component: String,
     },
+    #[error(
+        "{} path {component} (beneath {}) is neither a directory nor a regular file ({source})",
+        side.noun(),
+        root.display()
+    )]
+    NotRegular {
+        side: Side,
+        root: PathBuf,
+        component: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{} root {} does not exist", side.noun(), root.display())]
     RootMissing { side: Side, root: PathBuf },
     #[error("{} path {component} does not exist beneath {}", side.noun(), root.display())]
@@ -86,6 +101,7 @@ impl SubPathError {
             SubPathError::Invalid { .. } => None,
             SubPathError::Symlink { side, .. }
             | SubPathError::NotDirectory { side, .. }
+            | SubPathError::NotRegular { side, .. }
             | SubPathError::Missing { side, .. }
             | SubPathError::RootMissing { side, .. }
             | SubPathError::Io { side, .. } => Some(*side),
@@ -142,8 +158,9 @@ pub struct Anchored {
     /// The directory the mover works in (the sub path, or for a single file its parent);
     /// `None` without a sub path: then `--root` is used as given, as it always was.
     dir: Option<OwnedFd>,
-    /// For a single file named by the sub path: its name in `dir`.
-    file: Option<Vec<u8>>,
+    /// For a single file named by the sub path: its name in `dir`, and the file itself, opened
+    /// when it was resolved (see [`Anchored::file`]).
+    file: Option<(Vec<u8>, Arc<std::fs::File>)>,
     shown: PathBuf,
 }
 
@@ -153,9 +170,16 @@ impl Anchored {
     pub fn effective(&self) -> PathBuf {
         let dir = self.effective_dir();
         match &self.file {
-            Some(name) => dir.join(std::ffi::OsStr::from_bytes(name)),
+            Some((name, _)) => dir.join(std::ffi::OsStr::from_bytes(name)),
             None => dir,
         }
+    }
+    /// For a single file named by the sub path: the file, opened through its directory's
+    /// handle without following a symlink and checked to be a regular file. Its name is not
+    /// looked up again: whatever is swapped in for it later (a symlink to a directory outside
+    /// the root, most of all) is never what is read.
+    pub fn file(&self) -> Option<&Arc<std::fs::File>> {
+        self.file.as_ref().map(|(_, f)| f)
     }
     /// The prefix of [`Anchored::effective`] that messages should show as
     /// [`Anchored::shown_dir`].
@@ -317,10 +341,35 @@ fn resolve(root: &Path, sub: Option<&RelPath>, side: Side) -> Result<Anchored, S
                     });
                 }
                 Found::File if last && side == Side::Source => {
-                    // A single file: the mover sends it from its parent's handle.
+                    // A single file: opened now, through its parent's handle and without
+                    // following a symlink (one swapped in since the check above is refused
+                    // here), and read from this handle from now on.
+                    let file = open_file_in(current.as_fd(), name).map_err(|e| {
+                        if e.raw_os_error() == Some(libc::ELOOP) {
+                            SubPathError::Symlink {
+                                side,
+                                root: root.to_owned(),
+                                component: component(),
+                            }
+                        } else if is_not_regular(&e) {
+                            SubPathError::NotRegular {
+                                side,
+                                root: root.to_owned(),
+                                component: component(),
+                                source: e,
+                            }
+                        } else {
+                            SubPathError::Io {
+                                side,
+                                op: "open",
+                                shown: shown(root, &prefix),
+                                source: e,
+                            }
+                        }
+                    })?;
                     return Ok(Anchored {
                         dir: Some(current),
-                        file: Some(name.to_vec()),
+                        file: Some((name.to_vec(), Arc::new(file))),
                         shown: root.join(std::ffi::OsStr::from_bytes(
                             sub.parent().as_ref().map_or(&b""[..], |p| p.as_bytes()),
                         )),
@@ -470,5 +519,44 @@ mod tests {
         assert_eq!(got.shown_dir(), tmp.path().join("a/b/c/d"));
         assert!(tmp.path().join("a/b/c/d").is_dir());
         assert_eq!(std::fs::read_dir(outside.path()).expect("ls").count(), 0);
+    }
+
+    /// A sub path naming a single file holds the file from its resolution on: a symlink (to a
+    /// directory outside the root) swapped in for its name afterwards changes nothing of what
+    /// is read. The swap between the check and the open inside `resolve` cannot be timed from
+    /// here; the open refuses a symlink there, as it does one that is there from the start.
+    #[test]
+    fn a_single_file_is_held_open_from_its_resolution() {
+        use std::io::Read as _;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("secret"), b"secret").expect("write");
+        std::fs::create_dir_all(tmp.path().join("d")).expect("mkdir");
+        std::fs::write(tmp.path().join("d/f"), b"the file").expect("write");
+        let rel = |s: &str| parse(s).expect("valid");
+        let anchored = open_source(tmp.path(), rel("d/f").as_ref()).expect("a file");
+        std::fs::rename(tmp.path().join("d/f"), tmp.path().join("d/old")).expect("rename");
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("d/f")).expect("symlink");
+        let mut read = String::new();
+        crate::tree::confine::reopen(anchored.file().expect("held"))
+            .expect("reopen")
+            .read_to_string(&mut read)
+            .expect("read");
+        assert_eq!(read, "the file");
+        // Resolved now, the symlink is refused, and so is a FIFO.
+        let err = open_source(tmp.path(), rel("d/f").as_ref()).expect_err("a symlink");
+        assert!(matches!(err, SubPathError::Symlink { .. }), "{err}");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            tmp.path().join("d/pipe"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .expect("mkfifo");
+        let err = open_source(tmp.path(), rel("d/pipe").as_ref()).expect_err("a FIFO");
+        assert!(matches!(err, SubPathError::NotRegular { .. }), "{err}");
+        assert!(err.to_string().contains("FIFO"), "{err}");
+        assert!(err.permanent());
     }
 }

@@ -25,7 +25,6 @@ use crate::session::{
     tell_peer,
 };
 use crate::session::{OFFER_WINDOW, SMALL_FILE_MAX};
-use crate::tree::split_source;
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
 
 use super::effects::*;
@@ -200,7 +199,7 @@ where
     let (work_tx, work_rx) = mpsc::channel(2 * n as usize);
     let (block_tx, block_rx) = mpsc::channel(n as usize);
     // A single file is sent as its directory holding just that name.
-    let (root_dir, only) = split_source(&cfg.root);
+    let (root_dir, only) = cfg.source_parts();
     let src = std::fs::File::open(&root_dir).map_err(|source| SendError::Read {
         path: root_dir.clone(),
         source,
@@ -213,6 +212,7 @@ where
         root: root_dir.clone(),
         blocking: crate::session::blocking::BlockingPool::for_streams(n),
         src: Arc::new(src.into()),
+        single: only.clone().zip(cfg.source_file.clone()),
         policy: CodecPolicy::new(cfg.compress, negotiated, cfg.bandwidth_limit),
         limiter: cfg.bandwidth_limit.map(Limiter::new),
         progress: progress.clone(),
@@ -232,17 +232,23 @@ where
         batch_buffers: BufferPool::new(BATCH_BUFFER, n as usize + 2),
         block_buffers: BufferPool::new(BLOCK_SIZE, 2 * n as usize + 2),
         shared: cfg.shared.clone(),
+        announced_bytes: AtomicU64::new(0),
     });
     let p = progress.clone();
     let filter = cfg.filter.clone();
     let xattrs = negotiated & caps::XATTRS != 0;
     let on_unreadable = cfg.on_unreadable;
     let walk_ctx = ctx.clone();
+    let held = cfg.source_file.clone();
     // The walk lives as long as the session: a thread of its own (see `session::blocking`).
     let mut scanner = tokio::task::spawn_blocking(move || {
+        let only = only.as_deref().map(|name| scan::Only {
+            name,
+            file: held.as_ref(),
+        });
         let r = scan::scan(
             &root_dir,
-            only.as_deref(),
+            only,
             &filter,
             scan::Collect {
                 checksum,
@@ -334,7 +340,7 @@ where
         }
         let (dirs, links) = finish(cfg, &ctx, reader, writer, hardlinks, negotiated).await?;
         let mut work = 0;
-        let summary = match next_reply(reader, ctx.progress_timeout, &mut work).await {
+        let summary = match next_reply(reader, &ctx, &mut work).await {
             Ok(Message::Summary(s)) => s,
             Ok(Message::Error(e)) => return Err(SendError::from_peer(e)),
             Ok(other) => {
@@ -471,7 +477,7 @@ where
             }))
             .await?;
         writer.flush().await?;
-        read_want(reader, &mut replies, ctx.progress_timeout).await?;
+        read_want(reader, &mut replies, ctx).await?;
     }
     let (tx, mut rx) = mpsc::channel(16);
     let root = cfg.root.clone();
@@ -479,10 +485,11 @@ where
     let xattrs = negotiated & caps::XATTRS != 0;
     let filter = cfg.filter.clone();
     let on_unreadable = cfg.on_unreadable;
+    let single = cfg.source_parts().1.is_some();
     // As long as the directories take: a thread of its own (see `session::blocking`).
     let walker = tokio::task::spawn_blocking(move || {
         // A single file has no directory of its own to finish (nor siblings to delete).
-        if split_source(&root).1.is_some() {
+        if single {
             return Ok(());
         }
         scan::walk_dirs(&root, &filter, with_names, xattrs, on_unreadable, tx)
@@ -502,28 +509,63 @@ where
     Ok((dirs.finish(), links.finish()))
 }
 
+/// How long a receiver's Busy frames may hold the progress deadline off while this end waits for
+/// one reply, when the source holds `source_bytes`: [`BUSY_TIMEOUTS`] progress timeouts (`limit`),
+/// plus the time to read the whole source at [`BUSY_MIN_RATE`]. An honest receiver is busy that
+/// long at most: hashing for `--checksum`, reading unchanged files for its digest at Finish, or
+/// waiting for its fan-out peers' blocks, it reads or writes no more than the source holds (at
+/// the rate of a slow disk or link). A receiver that sends growing Busy counters for ever (any
+/// receiver can count up) so fails, with [`SendError::BusyTooLong`], rather than holding the
+/// sender, and in a fan-out the other destinations' shared sender, for ever.
+fn busy_allowance(limit: Duration, source_bytes: u64) -> Duration {
+    limit * BUSY_TIMEOUTS + Duration::from_secs(source_bytes / BUSY_MIN_RATE)
+}
+
 /// The receiver's next reply on this stream, past Keepalive and Busy frames. Fails when the
-/// receiver makes no progress for `limit`: no reply, and no Busy frame whose work counter grew
-/// (keepalives and trickled bytes do not count).
+/// receiver makes no progress for the session's progress timeout: no reply, and no Busy frame
+/// whose work counter grew (keepalives and trickled bytes do not count); and when Busy frames
+/// held the deadline off for longer than [`busy_allowance`].
 pub(super) async fn next_reply<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    limit: Duration,
+    ctx: &Ctx,
     last_work: &mut u64,
 ) -> Result<Message, SendError> {
-    let mut deadline = tokio::time::Instant::now() + limit;
+    let source_bytes = ctx.progress.bytes_total.load(Ordering::Relaxed);
+    reply_within(reader, ctx.progress_timeout, source_bytes, last_work).await
+}
+
+/// [`next_reply`] with the progress timeout `limit`, for a source of `source_bytes`.
+async fn reply_within<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    limit: Duration,
+    source_bytes: u64,
+    last_work: &mut u64,
+) -> Result<Message, SendError> {
+    let started = tokio::time::Instant::now();
+    let ceiling = started + busy_allowance(limit, source_bytes);
+    let mut deadline = started + limit;
     loop {
-        let msg = tokio::time::timeout_at(deadline, reader.expect())
-            .await
-            .map_err(|_| SendError::NoProgress {
-                stream: reader.stream(),
-                secs: limit.as_secs(),
-            })??;
+        let msg = match tokio::time::timeout_at(deadline, reader.expect()).await {
+            Ok(msg) => msg?,
+            Err(_) if deadline >= ceiling => {
+                return Err(SendError::BusyTooLong {
+                    stream: reader.stream(),
+                    secs: started.elapsed().as_secs(),
+                });
+            }
+            Err(_) => {
+                return Err(SendError::NoProgress {
+                    stream: reader.stream(),
+                    secs: limit.as_secs(),
+                });
+            }
+        };
         match msg {
             Message::Keepalive => {}
             Message::Busy(b) => {
                 if b.work > *last_work {
                     *last_work = b.work;
-                    deadline = tokio::time::Instant::now() + limit;
+                    deadline = (tokio::time::Instant::now() + limit).min(ceiling);
                 }
             }
             m => return Ok(m),
@@ -535,10 +577,10 @@ pub(super) async fn next_reply<R: AsyncRead + Unpin>(
 async fn read_want<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     replies: &mut Replies<()>,
-    limit: Duration,
+    ctx: &Ctx,
 ) -> Result<(), SendError> {
     let mut work = 0;
-    match next_reply(reader, limit, &mut work).await? {
+    match next_reply(reader, ctx, &mut work).await? {
         Message::Want(w) => {
             replies.on_want(w)?;
             Ok(())
@@ -671,7 +713,7 @@ where
                 None => break,
             }
         }
-        let msg = next_reply(reader, ctx.progress_timeout, &mut last_work).await?;
+        let msg = next_reply(reader, &ctx, &mut last_work).await?;
         match msg {
             Message::Want(want) => {
                 if !replies.owes_want() && offers_open {
@@ -758,7 +800,7 @@ async fn handle_want(
         let path = Arc::new(scan::source_path(&ctx.root, &e.path));
         let file = {
             let (c, rel) = (ctx.clone(), e.path.clone());
-            let opened = ctx.blocking.run(move || open_beneath(&c.src, &rel)).await?;
+            let opened = ctx.blocking.run(move || open_beneath(&c, &rel)).await?;
             Arc::new(opened.map_err(|source| SendError::Read {
                 path: path.to_path_buf(),
                 source,
@@ -847,6 +889,8 @@ async fn handle_want(
                     block_tx.send(job).await.map_err(|_| SendError::Channel)?;
                 }
                 if let Some(msg) = msg {
+                    let bytes: u64 = indexes.iter().map(|&i| block_len(e.size, i)).sum();
+                    ctx.announced_bytes.fetch_add(bytes, Ordering::Relaxed);
                     replies.announced(Announced {
                         file_id,
                         size: e.size,
@@ -868,6 +912,7 @@ async fn handle_want(
             .blocking
             .run(move || super::packs::build_pack_announce(&c, &d, c.shared.as_deref(), small))
             .await??;
+        ctx.announced_bytes.fetch_add(spec.len, Ordering::Relaxed);
         replies.announced(Announced {
             file_id: spec.pack_id,
             size: spec.len,
@@ -961,5 +1006,81 @@ fn frame_len(m: &Message) -> usize {
             data.len() + 128
         }
         _ => 64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A receiver on the far end of a pipe that sends a Busy frame every second for `busy_for`
+    /// (its counter growing when `grows`), then a Done frame (never, with `None`).
+    fn busy_receiver(
+        busy_for: Option<Duration>,
+        grows: bool,
+    ) -> FrameReader<tokio::io::DuplexStream> {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let mut w = FrameWriter::new(theirs, 0, Duration::from_secs(3600), Default::default());
+            let started = tokio::time::Instant::now();
+            let mut work = 0;
+            while busy_for.is_none_or(|b| started.elapsed() < b) {
+                work += u64::from(grows);
+                if w.send(&Message::Busy(pb::Busy { work })).await.is_err()
+                    || w.flush().await.is_err()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let _ = w.send(&Message::Done(pb::Done::default())).await;
+            let _ = w.flush().await;
+            // Keeps the pipe open until the reader is done with it.
+            std::future::pending::<()>().await;
+        });
+        FrameReader::new(ours, 0, Duration::from_secs(3600), Default::default())
+    }
+
+    /// Growing Busy counters hold the deadline off (an honest receiver busy hashing), but for
+    /// one reply no longer than the busy allowance: four timeouts plus the source at 16 MiB/s.
+    /// Busy frames whose counter does not grow buy nothing.
+    #[tokio::test(start_paused = true)]
+    async fn busy_frames_hold_the_deadline_off_for_a_bounded_time() {
+        let limit = Duration::from_secs(10);
+        let secs = |t: tokio::time::Instant| t.elapsed().as_secs();
+        // Busy for three timeouts, then the reply: it is waited for.
+        let mut r = busy_receiver(Some(Duration::from_secs(30)), true);
+        let (t, mut work) = (tokio::time::Instant::now(), 0);
+        let got = reply_within(&mut r, limit, 0, &mut work).await;
+        assert!(matches!(got, Ok(Message::Done(_))), "{got:?}");
+        assert_eq!(secs(t), 30);
+        // Busy for ever: cut off at four timeouts.
+        let mut r = busy_receiver(None, true);
+        let (t, mut work) = (tokio::time::Instant::now(), 0);
+        let err = reply_within(&mut r, limit, 0, &mut work)
+            .await
+            .expect_err("held for ever");
+        assert!(
+            matches!(err, SendError::BusyTooLong { secs: 40, .. }),
+            "{err}"
+        );
+        assert_eq!(secs(t), 40);
+        assert!(err.to_string().contains("only Busy frames"), "{err}");
+        // A source of 160 MiB allows 10 s more.
+        let mut r = busy_receiver(None, true);
+        let (t, mut work) = (tokio::time::Instant::now(), 0);
+        let err = reply_within(&mut r, limit, 160 << 20, &mut work)
+            .await
+            .expect_err("held for ever");
+        assert!(matches!(err, SendError::BusyTooLong { .. }), "{err}");
+        assert_eq!(secs(t), 50);
+        // Busy without work: one timeout.
+        let mut r = busy_receiver(None, false);
+        let (t, mut work) = (tokio::time::Instant::now(), 0);
+        let err = reply_within(&mut r, limit, 0, &mut work)
+            .await
+            .expect_err("no progress");
+        assert!(matches!(err, SendError::NoProgress { .. }), "{err}");
+        assert_eq!(secs(t), 10);
     }
 }

@@ -102,6 +102,9 @@ pub(super) struct Ctx {
     pub(super) blocking: crate::session::blocking::BlockingPool,
     /// The source root's handle; small files are opened beneath it.
     pub(super) src: DirFd,
+    /// A single file given as the source and held open (`SenderConfig::source_file`), with
+    /// its name: read from that handle, never by name.
+    pub(super) single: Option<(Vec<u8>, Arc<std::fs::File>)>,
     pub(super) policy: CodecPolicy,
     pub(super) limiter: Option<Limiter>,
     pub(super) progress: Arc<Progress>,
@@ -134,6 +137,9 @@ pub(super) struct Ctx {
     pub(super) block_buffers: Arc<crate::session::buffers::BufferPool>,
     /// Blocks shared with the other sessions of this sender (see [`SharedReads`]).
     pub(super) shared: Option<Arc<SharedReads>>,
+    /// Bytes of the blocks and packs announced to the receiver (BlockAnnounce, PackAnnounce):
+    /// what its Refetches may ask for again (see `refetch::Allowance`).
+    pub(super) announced_bytes: AtomicU64,
 }
 
 impl Ctx {
@@ -297,7 +303,7 @@ impl UnchangedFiles {
             let c = ctx.clone();
             ctx.pool
                 .submit(move || {
-                    let f = open_beneath(&c.src, &fd.entry.path)
+                    let f = open_beneath(&c, &fd.entry.path)
                         .map_err(|err| HashError::new(path.display().to_string(), err))?;
                     hash_source_blocks(&c, &fd, &f, &path, &all)
                 })
@@ -357,7 +363,7 @@ pub(super) fn hash_source_blocks(
 
 /// Reads and hashes small source files for the digest only (the receiver had them).
 pub(super) fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(), HashError> {
-    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut dirs = SourceDirs::of(ctx);
     let mut data = Vec::with_capacity(SMALL_FILE_MAX as usize + 1);
     for e in files {
         let shown = || scan::source_path(&ctx.root, &e.path).display().to_string();
@@ -376,13 +382,10 @@ pub(super) fn hash_small_sources(ctx: &Ctx, files: Vec<pb::Entry>) -> Result<(),
 }
 
 /// Opens a source file beneath the root handle: no symlink is followed on the way (a directory
-/// swapped for a symlink after the walk fails the open), and only a regular file is read.
-pub(super) fn open_beneath(src: &DirFd, rel: &[u8]) -> std::io::Result<std::fs::File> {
-    let f = SourceDirs::new(src).open(rel)?;
-    if !f.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file any more"));
-    }
-    Ok(f)
+/// swapped for a symlink after the walk fails the open), and only a regular file is read (see
+/// [`scan::open_in`]: a FIFO is refused without blocking).
+pub(super) fn open_beneath(ctx: &Ctx, rel: &[u8]) -> std::io::Result<std::fs::File> {
+    SourceDirs::of(ctx).open(rel)
 }
 
 /// BLAKE3 of the given blocks of a source file, read from its handle (on every core).
@@ -419,7 +422,7 @@ pub(super) fn build_batches(
     // file, no regrowth) and reused once a frame was written.
     let buffers = &ctx.batch_buffers;
     let mut data = buffers.take(0);
-    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut dirs = SourceDirs::of(ctx);
     for (file_id, e) in files {
         let rerr = |source| SendError::Read {
             path: scan::source_path(&ctx.root, &e.path),
@@ -470,14 +473,39 @@ pub(super) fn build_batches(
 pub(super) struct SourceDirs<'a> {
     pub(super) root: &'a DirFd,
     pub(super) last: Option<(Vec<u8>, DirFd)>,
+    /// A single file given as the source and held open, with its name (see [`Ctx::single`]).
+    single: Option<(&'a [u8], &'a std::fs::File)>,
 }
 
 impl<'a> SourceDirs<'a> {
     pub(super) fn new(root: &'a DirFd) -> Self {
-        Self { root, last: None }
+        Self {
+            root,
+            last: None,
+            single: None,
+        }
+    }
+
+    /// The source files of the session of `ctx`.
+    pub(super) fn of(ctx: &'a Ctx) -> Self {
+        Self {
+            single: ctx.single.as_ref().map(|(n, f)| (n.as_slice(), &**f)),
+            ..Self::new(&ctx.src)
+        }
     }
 
     pub(super) fn open(&mut self, path: &[u8]) -> std::io::Result<std::fs::File> {
+        // A held single file is the whole source: read from its handle, whatever its name
+        // holds now. No other path is part of this transfer.
+        if let Some((name, file)) = self.single {
+            if path != name {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "not the single file this transfer sends",
+                ));
+            }
+            return crate::tree::confine::reopen(file);
+        }
         let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(cut) => (Some(&path[..cut]), &path[cut + 1..]),
             None => (None, path),

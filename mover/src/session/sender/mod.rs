@@ -37,6 +37,14 @@ const BATCH_BUFFER: usize = BATCH_BYTES + super::SMALL_FILE_MAX as usize + 1;
 const ANNOUNCE_CHUNK: usize = 16;
 /// Blocks per ResumeCheck (about 40 KiB of hashes; the receiver accepts up to 65 536).
 const RESUME_CHUNK: usize = 1024;
+/// A receiver's Busy frames hold the wait for one reply off for at most this many progress
+/// timeouts (8 min at the default 120 s), for work that does not grow with the source (its
+/// directory metadata, fsync with `--sync`, a burst of other sessions), plus the time to read
+/// the whole source at [`BUSY_MIN_RATE`] bytes per second: see `driver::busy_allowance`.
+const BUSY_TIMEOUTS: u32 = 4;
+/// 16 MiB/s: slower than any disk or link a destination reads or fetches a source's worth of
+/// data from while it is busy (1 TiB of source allows a busy receiver about 18 h per reply).
+const BUSY_MIN_RATE: u64 = 16 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -69,6 +77,13 @@ pub enum SendError {
          work counter)"
     )]
     NoProgress { stream: u32, secs: u64 },
+    #[error(
+        "stream {stream}: the receiver answered nothing for {secs} s, only Busy frames; a \
+         receiver's Busy frames hold this end's progress deadline off for at most {BUSY_TIMEOUTS} \
+         progress timeouts plus the time to read the source at 16 MiB/s (a larger \
+         --progress-timeout allows a receiver that is busy longer)"
+    )]
+    BusyTooLong { stream: u32, secs: u64 },
     #[error("failed to read source file {path}")]
     Read {
         path: PathBuf,
@@ -152,6 +167,31 @@ pub struct SenderConfig {
     /// The blocks this session shares with the other sessions of the same sender (one source,
     /// several destinations), so that each is read once; None for a lone session.
     pub shared: Option<Arc<shared::SharedReads>>,
+    /// A single file given as the source (a sub path naming a file), opened without following
+    /// a symlink when the source was resolved: the session sends this handle's file under the
+    /// last component of `root` and never looks that name up (a symlink swapped in for it
+    /// since would otherwise be followed). None: `root` is looked up as given, a directory or
+    /// a single file.
+    pub source_file: Option<Arc<std::fs::File>>,
+}
+
+impl SenderConfig {
+    /// The directory the session walks and, for a single-file source, the one name it sends
+    /// from there: without a lookup when the file is held (`source_file`), else as
+    /// [`crate::tree::split_source`] finds it.
+    pub(crate) fn source_parts(&self) -> (PathBuf, Option<Vec<u8>>) {
+        use std::os::unix::ffi::OsStrExt as _;
+        match (&self.source_file, self.root.file_name()) {
+            (Some(_), Some(name)) => {
+                let dir = match self.root.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                    _ => PathBuf::from("."),
+                };
+                (dir, Some(name.as_bytes().to_vec()))
+            }
+            _ => crate::tree::split_source(&self.root),
+        }
+    }
 }
 
 pub use driver::{send_session, send_session_gated};

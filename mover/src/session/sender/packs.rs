@@ -53,7 +53,7 @@ fn read_files<'a>(
     buf: &mut Vec<u8>,
     mut each: impl FnMut(&pb::Entry, &[u8]),
 ) -> Result<(), SendError> {
-    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut dirs = SourceDirs::of(ctx);
     for e in files {
         let rerr = |source| SendError::Read {
             path: scan::source_path(&ctx.root, &e.path),
@@ -131,7 +131,7 @@ fn pack_key<'a>(
     ctx: &Ctx,
     files: impl IntoIterator<Item = &'a pb::Entry>,
 ) -> Result<PackKey, SendError> {
-    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut dirs = SourceDirs::of(ctx);
     let mut keys = Vec::new();
     for e in files {
         let rerr = |source| SendError::Read {
@@ -183,7 +183,7 @@ pub(super) fn build_refetched_pack(
     paths: &[PeerPath],
     hash: [u8; 32],
 ) -> Result<Message, SendError> {
-    let mut dirs = SourceDirs::new(&ctx.src);
+    let mut dirs = SourceDirs::of(ctx);
     let mut files = Vec::with_capacity(paths.len());
     for p in paths {
         let rerr = |source| SendError::Read {

@@ -4,9 +4,12 @@
 //! file of this transfer (a path beneath the source root that the walk would have sent) and
 //! the source still hashes to what was announced for it, so a receiver learns nothing it was
 //! not sent already. A pack of small files (packs capability) likewise: its files' contents
-//! back to back must still hash to the pack's announced hash.
+//! back to back must still hash to the pack's announced hash. What the Refetches of one session
+//! may cost is bounded (see [`Allowance`]).
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -29,6 +32,61 @@ pub(super) const MAX_REFETCH_BLOCKS: usize = 1024;
 pub(super) struct Asked {
     pub(super) path: PeerPath,
     pub(super) blocks: Vec<(u64, [u8; 32])>,
+}
+
+/// What the Refetches of one session may still cost. An honest receiver asks again only for
+/// blocks and packs that were announced to it and that it left to a fellow destination that
+/// failed, and for each of them once (each is in one list of orphans, asked once: see
+/// `receiver::refetch`). So each block (a path and an index) and each pack (its hash) is sent
+/// again at most once per session, and all of them together at most the bytes announced to the
+/// receiver: a destination that fails can cost its siblings no more than the data announced to
+/// them, never more. Without these bounds a receiver that repeated one Refetch made the sender
+/// read and send 480 MiB in 3.5 s, for as long as it liked.
+#[derive(Debug, Default)]
+pub(super) struct Allowance {
+    /// Blocks sent again, by their path's BLAKE3 (16 bytes of it: a path may be 4 KiB long)
+    /// and index. Each entry stands for at least 1 MiB within the bytes announced, so the set
+    /// stays small beside what it bounds.
+    blocks: HashSet<([u8; 16], u64)>,
+    /// Packs sent again, by their hash.
+    packs: HashSet<[u8; 32]>,
+    /// Bytes sent again so far.
+    spent: u64,
+}
+
+impl Allowance {
+    /// Block `index` of `path` is asked for: refused if it was sent again already. Checked
+    /// before the block is read.
+    pub(super) fn block(&mut self, path: &PeerPath, index: u64) -> Result<(), ReceiverViolation> {
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&blake3::hash(path.as_bytes()).as_bytes()[..16]);
+        if !self.blocks.insert((key, index)) {
+            return Err(ReceiverViolation::RefetchRepeated {
+                what: format!("block {index} of {path}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// The pack of `hash` is asked for: refused if it was sent again already.
+    pub(super) fn pack(&mut self, hash: &[u8; 32]) -> Result<(), ReceiverViolation> {
+        if !self.packs.insert(*hash) {
+            return Err(ReceiverViolation::RefetchRepeated {
+                what: format!("the pack {}", crate::digest::hex(hash)),
+            });
+        }
+        Ok(())
+    }
+
+    /// `len` more bytes are to be sent again, of the `announced` bytes: refused beyond them.
+    pub(super) fn spend(&mut self, len: u64, announced: u64) -> Result<(), ReceiverViolation> {
+        let spent = self.spent.saturating_add(len);
+        if spent > announced {
+            return Err(ReceiverViolation::RefetchBudget { limit: announced });
+        }
+        self.spent = spent;
+        Ok(())
+    }
 }
 
 fn bad(why: &str) -> ReceiverViolation {
@@ -115,10 +173,12 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let only = crate::tree::split_source(&cfg.root).1;
+    let only = cfg.source_parts().1;
     let mut work = 0;
+    let mut allowance = Allowance::default();
+    let announced = || ctx.announced_bytes.load(Ordering::Relaxed);
     loop {
-        let r = match super::driver::next_reply(reader, ctx.progress_timeout, &mut work).await? {
+        let r = match super::driver::next_reply(reader, ctx, &mut work).await? {
             Message::Refetch(r) => r,
             Message::Error(e) => return Err(SendError::from_peer(e)),
             other => {
@@ -132,6 +192,7 @@ where
         };
         if let Some(p) = &r.pack {
             let (paths, hash) = check_pack_refetch(p, &cfg.filter, only.as_deref())?;
+            allowance.pack(&hash)?;
             let (c, pack_id) = (ctx.clone(), p.pack_id);
             let msg = ctx
                 .blocking
@@ -141,6 +202,7 @@ where
                 Message::Pack { header, .. } => header.raw_len,
                 _ => 0,
             });
+            allowance.spend(len, announced())?;
             if let Some(l) = &ctx.limiter {
                 l.take(len as usize).await;
             }
@@ -161,7 +223,7 @@ where
         let (c, rel) = (ctx.clone(), r.path.clone());
         let file = ctx
             .blocking
-            .run(move || open_beneath(&c.src, &rel))
+            .run(move || open_beneath(&c, &rel))
             .await?
             .map_err(read_err)?;
         let size = file.metadata().map_err(read_err)?.len();
@@ -181,6 +243,7 @@ where
             if !storable(len as usize) {
                 return Err(mismatch(index));
             }
+            allowance.block(&asked.path, index)?;
             let (c, job) = (ctx.clone(), src.job(r.file_id, index, len));
             let msg = ctx.blocking.run(move || read_block(&c, job)).await??;
             // What the receiver was promised: the source as announced, or nothing.
@@ -190,6 +253,7 @@ where
             if header.hash.as_slice() != hash {
                 return Err(mismatch(index));
             }
+            allowance.spend(len, announced())?;
             if let Some(l) = &ctx.limiter {
                 l.take(len as usize).await;
             }
@@ -290,6 +354,37 @@ mod tests {
             hash: vec![1; 32],
         };
         assert!(check_pack_refetch(&too_many, &rules, None).is_err());
+    }
+
+    #[test]
+    fn each_block_and_pack_is_refetched_once_and_all_within_what_was_announced() {
+        const MIB: u64 = 1 << 20;
+        let mut a = Allowance::default();
+        let path = |p: &[u8]| PeerPath::parse(p).unwrap();
+        a.block(&path(b"d/a.bin"), 0).unwrap();
+        a.block(&path(b"d/a.bin"), 1).unwrap();
+        a.block(&path(b"d/b.bin"), 0).unwrap();
+        let again = a.block(&path(b"d/a.bin"), 1).unwrap_err();
+        assert!(
+            matches!(&again, ReceiverViolation::RefetchRepeated { what } if what == "block 1 of d/a.bin"),
+            "{again}"
+        );
+        a.pack(&[7; 32]).unwrap();
+        a.pack(&[8; 32]).unwrap();
+        assert!(matches!(
+            a.pack(&[7; 32]),
+            Err(ReceiverViolation::RefetchRepeated { .. })
+        ));
+        // 12 MiB announced: three 4 MiB blocks fit, a fourth does not, nor does one more byte.
+        for _ in 0..3 {
+            a.spend(4 * MIB, 12 * MIB).unwrap();
+        }
+        let over = a.spend(1, 12 * MIB).unwrap_err();
+        assert_eq!(over, ReceiverViolation::RefetchBudget { limit: 12 * MIB });
+        assert!(over.to_string().contains("12582912 bytes"), "{over}");
+        // Nothing announced: nothing may be sent again.
+        assert!(Allowance::default().spend(MIB, 0).is_err());
+        assert!(Allowance::default().spend(u64::MAX, u64::MAX - 1).is_err());
     }
 
     #[test]

@@ -42,6 +42,16 @@ pub enum ReceiverViolation {
     NeedBlocksFor { got: u64, expected: u64 },
     #[error("refused a Refetch: {0}")]
     BadRefetch(String),
+    #[error(
+        "refused a Refetch: it asks again for {what}, which this session sent it already (a \
+         block or pack is refetched at most once per session)"
+    )]
+    RefetchRepeated { what: String },
+    #[error(
+        "refused a Refetch: the receiver's refetches would come to more than the {limit} bytes \
+         this session announced to it (a receiver refetches only announced blocks and packs)"
+    )]
+    RefetchBudget { limit: u64 },
 }
 
 /// What a Want asks of one offered file.
