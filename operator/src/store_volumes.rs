@@ -11,10 +11,20 @@
 //! uid) and the PV controller binds the two: the new pod starts on the store the old one filled.
 //!
 //! What it may change is narrow on purpose, since a volume bound to the wrong claim hands its data
-//! to that claim's owner: only labelled volumes, only when free (`Available` naming no claim) or
-//! left by a claim of the operator's own namespace that no longer exists, and only to the claim of
-//! a node-service pod on the volume's node, of the same StorageClass. A pre-bound volume cannot be
-//! taken by any other claim, so a tenant's claim of the same class never gets a store.
+//! to that claim's owner:
+//! - only labelled volumes, and the label only offers a volume: which node a volume is for comes
+//!   from its own `spec.nodeAffinity.required` (one term naming one node, `kubernetes.io/hostname
+//!   In [node]` as a `local` volume has, or `metadata.name In [node]`), the rule the scheduler
+//!   enforces, never from a label anyone could put on it. A volume whose affinity names no single
+//!   node is a store for no node;
+//! - only when free (`Available` naming no claim) or left by a claim that no longer exists of the
+//!   operator's own namespace, and only to a claim of that same namespace: the blocks a claim of
+//!   one namespace left are never handed to a claim of another;
+//! - only to the claim of a node-service pod on the volume's node, of the same StorageClass and
+//!   no larger than the volume.
+//!
+//! A pre-bound volume cannot be taken by any other claim, so a tenant's claim of the same class
+//! never gets a store.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -64,6 +74,7 @@ pub struct StoreVolume {
 /// A node-service pod's claim that no volume is bound to yet.
 #[derive(Clone, Debug)]
 pub struct WaitingClaim {
+    pub namespace: String,
     pub name: String,
     pub class: Option<String>,
     /// Bytes the claim requests, when readable.
@@ -90,13 +101,26 @@ impl StoreVolume {
         }
     }
 
-    /// Free to pre-bind: naming no claim, or a claim of `namespace` that is gone (`claims` holds
-    /// every claim that exists there).
-    fn is_free(&self, namespace: &str, claims: &BTreeSet<String>) -> bool {
+    /// Free to pre-bind to `claim`: naming no claim, or naming a claim of `namespace` (the
+    /// operator's) that is gone (`claims` holds every claim that exists there), and only when
+    /// `claim` is of `namespace` too. Blocks left by a claim of another namespace stay its
+    /// owner's, and a claim of another namespace never gets a store, even one nobody used yet.
+    fn is_free_for(
+        &self,
+        namespace: &str,
+        claims: &BTreeSet<String>,
+        claim: &WaitingClaim,
+    ) -> bool {
+        if claim.namespace != namespace {
+            return false;
+        }
         match (self.phase.as_deref(), &self.claim) {
             (Some("Available"), None) => true,
             (Some("Available" | "Released"), Some((ns, name))) => {
-                ns == namespace && !claims.contains(name)
+                ns == namespace
+                    && *ns == claim.namespace
+                    && !name.is_empty()
+                    && !claims.contains(name)
             }
             _ => false,
         }
@@ -129,25 +153,26 @@ pub fn plan(
     claims: &BTreeSet<String>,
 ) -> Vec<PreBind> {
     let mut waiting: Vec<&WaitingClaim> = waiting.iter().collect();
-    waiting.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut free: Vec<&StoreVolume> = volumes
-        .iter()
-        .filter(|v| v.is_free(namespace, claims))
-        .collect();
-    free.sort_by(|a, b| (!a.held_a_store(), &a.name).cmp(&(!b.held_a_store(), &b.name)));
+    waiting.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut candidates: Vec<&StoreVolume> = volumes.iter().collect();
+    candidates.sort_by(|a, b| (!a.held_a_store(), &a.name).cmp(&(!b.held_a_store(), &b.name)));
     let mut taken = BTreeSet::new();
     let mut binds = Vec::new();
     for claim in waiting {
         let pre_bound = volumes.iter().any(|v| {
             v.claim
                 .as_ref()
-                .is_some_and(|(ns, n)| ns == namespace && *n == claim.name)
+                .is_some_and(|(ns, n)| *ns == claim.namespace && *n == claim.name)
         });
         if pre_bound {
             continue;
         }
-        let found = free.iter().find(|v| {
-            !taken.contains(&v.name) && v.is_on(claim) && v.class == claim.class && v.fits(claim)
+        let found = candidates.iter().find(|v| {
+            !taken.contains(&v.name)
+                && v.is_free_for(namespace, claims, claim)
+                && v.is_on(claim)
+                && v.class == claim.class
+                && v.fits(claim)
         });
         if let Some(v) = found {
             taken.insert(v.name.clone());
@@ -161,7 +186,12 @@ pub fn plan(
     binds
 }
 
-/// The volume's node, if its required affinity names exactly one.
+/// The volume's node, read from its own required node affinity (the rule the scheduler holds
+/// every pod using it to), never from its labels: exactly one term, with exactly one requirement
+/// on which node it is, `kubernetes.io/hostname In [one]` (a `local` volume's form) or the match
+/// field `metadata.name In [one]`. Requirements on other labels (a zone) only narrow further and
+/// are left to the scheduler. Several terms (any of them would do), several values, other
+/// operators or two requirements on the node's identity name no single node: `None`.
 pub fn volume_node(pv: &PersistentVolume) -> Option<VolumeNode> {
     let terms = &pv
         .spec
@@ -174,23 +204,26 @@ pub fn volume_node(pv: &PersistentVolume) -> Option<VolumeNode> {
     let [term] = terms.as_slice() else {
         return None;
     };
-    let single = |values: &Option<Vec<String>>| match values.as_deref() {
-        Some([v]) => Some(v.clone()),
-        _ => None,
+    let by_field = term
+        .match_fields
+        .iter()
+        .flatten()
+        .filter(|r| r.key == "metadata.name")
+        .map(|r| (r, VolumeNode::Name as fn(String) -> VolumeNode));
+    let by_label = term
+        .match_expressions
+        .iter()
+        .flatten()
+        .filter(|r| r.key == HOSTNAME_LABEL)
+        .map(|r| (r, VolumeNode::Hostname as fn(String) -> VolumeNode));
+    let mut naming = by_field.chain(by_label);
+    let (Some((req, node)), None) = (naming.next(), naming.next()) else {
+        return None;
     };
-    let by_field = term.match_fields.iter().flatten().find_map(|r| {
-        (r.key == "metadata.name" && r.operator == "In")
-            .then(|| single(&r.values))
-            .flatten()
-    });
-    let by_label = term.match_expressions.iter().flatten().find_map(|r| {
-        (r.key == HOSTNAME_LABEL && r.operator == "In")
-            .then(|| single(&r.values))
-            .flatten()
-    });
-    by_field
-        .map(VolumeNode::Name)
-        .or(by_label.map(VolumeNode::Hostname))
+    match (req.operator.as_str(), req.values.as_deref()) {
+        ("In", Some([v])) if !v.is_empty() => Some(node(v.clone())),
+        _ => None,
+    }
 }
 
 fn store_volume(pv: &PersistentVolume) -> StoreVolume {
@@ -326,6 +359,7 @@ async fn keep(client: &Client, namespace: &str) -> anyhow::Result<()> {
                 .await?
                 .and_then(|n| n.labels().get(HOSTNAME_LABEL).cloned());
             waiting.push(WaitingClaim {
+                namespace: claim.namespace().unwrap_or_default(),
                 name,
                 class: spec.and_then(|s| s.storage_class_name.clone()),
                 request: spec
@@ -394,6 +428,7 @@ mod tests {
 
     fn waiting(name: &str, node: &str) -> WaitingClaim {
         WaitingClaim {
+            namespace: NS.into(),
             name: name.into(),
             class: Some("local".into()),
             request: Some(4 << 30),
@@ -474,6 +509,8 @@ mod tests {
             },
             // failed or pending
             volume("failed", "node-a", "Failed", Some((NS, "gone"))),
+            // a claimRef of our namespace that names no claim
+            volume("nameless", "node-a", "Released", Some((NS, ""))),
         ];
         let binds = plan(
             NS,
@@ -482,6 +519,85 @@ mod tests {
             &existing(&["new-store", "other-store"]),
         );
         assert!(binds.is_empty(), "{binds:?}");
+    }
+
+    #[test]
+    fn blocks_left_by_a_claim_of_another_namespace_go_to_no_claim_of_ours() {
+        // Released by a tenant's claim that has the very name our new claim has: the name is
+        // the same, the namespace is not, and the tenant's blocks stay where they are.
+        let volumes = [
+            volume(
+                "pv-same-name",
+                "node-a",
+                "Released",
+                Some(("ml", "new-store")),
+            ),
+            volume("pv-other", "node-a", "Released", Some(("ml", "data"))),
+            volume("pv-pending", "node-a", "Available", Some(("ml", "gone"))),
+        ];
+        let binds = plan(
+            NS,
+            &volumes,
+            &[waiting("new-store", "node-a")],
+            &existing(&["new-store"]),
+        );
+        assert!(binds.is_empty(), "{binds:?}");
+    }
+
+    #[test]
+    fn a_claim_of_another_namespace_gets_no_store() {
+        // Even a volume left by a claim of its own namespace, or one nobody used yet: the keeper
+        // binds only node-service claims, which live in the operator's namespace.
+        let tenant = WaitingClaim {
+            namespace: "ml".into(),
+            ..waiting("data-store", "node-a")
+        };
+        let volumes = [
+            volume("pv-theirs", "node-a", "Released", Some(("ml", "gone"))),
+            volume("pv-ours", "node-a", "Released", Some((NS, "gone"))),
+            volume("pv-fresh", "node-a", "Available", None),
+        ];
+        let binds = plan(NS, &volumes, &[tenant], &existing(&[]));
+        assert!(binds.is_empty(), "{binds:?}");
+    }
+
+    #[test]
+    fn a_volume_labelled_for_one_node_serves_the_node_its_affinity_names() {
+        // Labels anyone who may label volumes can set; the affinity is what the scheduler holds
+        // the pod to, so only it says where the volume is.
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv-mislabelled", "resourceVersion": "7", "labels": {
+                "ferry.dev/node-store": "true",
+                "kubernetes.io/hostname": "node-a",
+                "ferry.dev/node": "node-a",
+            }},
+            "spec": {
+                "capacity": {"storage": "4Gi"},
+                "storageClassName": "local",
+                "local": {"path": "/mnt/disks/ferry"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}
+                ]}]}},
+            },
+            "status": {"phase": "Available"},
+        }))
+        .unwrap();
+        let volumes = [store_volume(&pv)];
+        let claims = existing(&["a-store", "b-store"]);
+        let on_a = plan(NS, &volumes, &[waiting("a-store", "node-a")], &claims);
+        assert!(
+            on_a.is_empty(),
+            "handed to the node its label names: {on_a:?}"
+        );
+        let on_b = plan(NS, &volumes, &[waiting("b-store", "node-b")], &claims);
+        assert_eq!(
+            on_b,
+            [PreBind {
+                volume: "pv-mislabelled".into(),
+                claim: "b-store".into(),
+                resource_version: Some("7".into()),
+            }]
+        );
     }
 
     #[test]
@@ -533,27 +649,77 @@ mod tests {
         assert!(!volume("other", "node-a", "Available", None).is_on(&claim));
     }
 
+    fn with_affinity(required: serde_json::Value) -> PersistentVolume {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pv"},
+            "spec": {"nodeAffinity": {"required": required}},
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn the_volume_node_is_read_from_a_single_affinity_value() {
-        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "pv"},
-            "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-c"]}
-            ]}]}}}
-        }))
-        .unwrap();
+        let host = |op: &str, values: serde_json::Value| serde_json::json!({"key": "kubernetes.io/hostname", "operator": op, "values": values});
+        let zone = serde_json::json!({"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]});
+        let name =
+            serde_json::json!({"key": "metadata.name", "operator": "In", "values": ["node-d"]});
+        let local = with_affinity(serde_json::json!({"nodeSelectorTerms": [
+            {"matchExpressions": [host("In", serde_json::json!(["node-c"])), zone]}
+        ]}));
         assert_eq!(
-            volume_node(&pv),
+            volume_node(&local),
             Some(VolumeNode::Hostname("node-c".into()))
         );
-        let two: PersistentVolume = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "pv"},
-            "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["a", "b"]}
-            ]}]}}}
-        }))
-        .unwrap();
-        assert_eq!(volume_node(&two), None);
+        let by_name = with_affinity(serde_json::json!({"nodeSelectorTerms": [
+            {"matchFields": [name.clone()]}
+        ]}));
+        assert_eq!(
+            volume_node(&by_name),
+            Some(VolumeNode::Name("node-d".into()))
+        );
+        let no_single_node = [
+            // two nodes, or any node but one, or any node with the label
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("In", serde_json::json!(["a", "b"]))]}
+            ]}),
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("NotIn", serde_json::json!(["a"]))]}
+            ]}),
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("Exists", serde_json::json!(null))]}
+            ]}),
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("In", serde_json::json!([""]))]}
+            ]}),
+            // either of two terms
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("In", serde_json::json!(["a"]))]},
+                {"matchExpressions": [host("In", serde_json::json!(["b"]))]}
+            ]}),
+            // the node named twice, which of the two checks to trust is a guess
+            serde_json::json!({"nodeSelectorTerms": [
+                {"matchExpressions": [host("In", serde_json::json!(["a"]))], "matchFields": [name]}
+            ]}),
+            serde_json::json!({"nodeSelectorTerms": [{"matchExpressions": [
+                host("In", serde_json::json!(["a"])),
+                host("In", serde_json::json!(["b"]))
+            ]}]}),
+            // only a zone
+            serde_json::json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z1"]}
+            ]}]}),
+        ];
+        for required in no_single_node {
+            assert_eq!(
+                volume_node(&with_affinity(required.clone())),
+                None,
+                "{required}"
+            );
+        }
+        let unpinned: PersistentVolume =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pv"}, "spec": {}}))
+                .unwrap();
+        assert_eq!(volume_node(&unpinned), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! their `Peer` objects), the client and server of it, and what the destination half remembers
 //! of its source half. See docs/cross-cluster.md.
 
+pub mod admission;
 pub mod client;
 pub mod leader;
 pub mod observe;

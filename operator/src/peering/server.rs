@@ -1,10 +1,12 @@
 //! The cross-cluster API server: mutual TLS (callers authenticated by their Peer's CA before any
-//! request is read), a bounded number of connections, a request-rate limit per peer cluster,
-//! small bodies, and handlers that only read Transfers and record what a source half reports.
+//! request is read), handshakes bounded in all and per source address, serving slots bounded in
+//! all and per peer cluster (`admission.rs` holds the rules), a request-rate limit per peer
+//! cluster, small bodies, and handlers that only read Transfers and record what a source half
+//! reports.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,19 +19,25 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use super::admission::{Admission, HandshakeLimits, PendingHandshakes, ServingShares, Ticket};
 use super::registry::{Counterpart, Registry};
 use super::trust::{self, PEERING_ID};
 use super::wire::{self, HalfRef, PairRequest, PairResponse, Refusal, Versions, WithdrawRequest};
 use crate::api::{Peer, Transfer};
 use crate::names;
 
-/// Authenticated connections served at once (each peer cluster is rate-limited besides).
+/// Authenticated connections served at once; one peer cluster holds at most half of those the
+/// others leave ([`super::admission::may_serve`]), and is rate-limited besides.
 const MAX_CONNECTIONS: usize = 64;
-/// TLS handshakes under way at once; a new connection beyond them ends the oldest.
+/// TLS handshakes under way at once, and from one source address (an IPv6 /64). An honest peer
+/// has a few in flight (one connection per call, each handshake done in a round trip; its
+/// operator makes at most 16 calls at once), so 8 leaves it room on a slow link while one
+/// flooding address holds an eighth of the places ([`PendingHandshakes`] has the whole rule).
 const MAX_HANDSHAKES: usize = 64;
+const MAX_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Handshake, then the whole exchange of one connection.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -167,20 +175,9 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     state: Arc<ApiState>,
 ) -> std::io::Result<()> {
-    accept_loop(listener, tls, move |tls, addr| {
+    accept_loop(listener, tls, peer_cluster, move |tls, addr, cluster| {
         let state = state.clone();
         async move {
-            // The verifier accepted only a peering identity of a cluster a Peer names.
-            let cluster = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|c| ferry_mover::net::Identity::from_cert_der(c).ok())
-                .filter(|id| id.transfer_id == PEERING_ID)
-                .and_then(|id| id.scope)
-                .map(|s| s.cluster);
-            let Some(cluster) = cluster else { return };
             let service = hyper::service::service_fn(move |req| {
                 let (state, cluster) = (state.clone(), cluster.clone());
                 async move { Ok::<_, Infallible>(handle(req, &cluster, &state).await) }
@@ -196,52 +193,104 @@ pub async fn serve(
     .await
 }
 
-/// Handshakes that have not finished yet, oldest first. A caller that never authenticates
-/// (an idle or trickling TCP connection) must not keep honest peers out: when every slot is
-/// taken, the oldest unfinished handshake is ended (an honest one takes milliseconds, so only
-/// stalled ones grow old).
-#[derive(Default)]
+/// The peer cluster of an authenticated connection (the verifier accepted only a peering
+/// identity of a cluster a Peer names).
+fn peer_cluster(conn: &rustls::ServerConnection) -> Option<String> {
+    conn.peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| ferry_mover::net::Identity::from_cert_der(c).ok())
+        .filter(|id| id.transfer_id == PEERING_ID)
+        .and_then(|id| id.scope)
+        .map(|s| s.cluster)
+}
+
+/// The handshakes under way: [`PendingHandshakes`] decides, this ends the tasks it evicts.
+#[derive(Debug)]
 struct HandshakeSlots {
-    pending: Mutex<VecDeque<(Arc<AtomicBool>, AbortHandle)>>,
+    inner: Mutex<(PendingHandshakes, HashMap<Ticket, AbortHandle>)>,
+}
+
+/// A handshake's place, given back when its task ends or drops it (done, failed, timed out,
+/// evicted).
+struct HandshakeTicket {
+    slots: Arc<HandshakeSlots>,
+    ticket: Ticket,
 }
 
 impl HandshakeSlots {
-    /// Makes room for one more handshake, ending the oldest unfinished one if need be.
-    fn make_room(&self) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.retain(|(handshaking, task)| handshaking.load(Ordering::Acquire) && !task.is_finished());
-        if p.len() >= MAX_HANDSHAKES
-            && let Some((_, oldest)) = p.pop_front()
-        {
-            oldest.abort();
-        }
+    fn new(limits: HandshakeLimits) -> Arc<HandshakeSlots> {
+        Arc::new(HandshakeSlots {
+            inner: Mutex::new((PendingHandshakes::new(limits), HashMap::new())),
+        })
     }
 
-    fn push(&self, handshaking: Arc<AtomicBool>, task: AbortHandle) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.push_back((handshaking, task));
+    /// A place for a handshake from `addr`, ending another's if the rule says so; `None`: close
+    /// the connection at once.
+    fn admit(self: &Arc<Self>, addr: IpAddr) -> Option<HandshakeTicket> {
+        let (ticket, evicted) = {
+            let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            match inner.0.admit(addr) {
+                Admission::Admit(t) => (t, None),
+                Admission::Evict { ticket, evicted } => (ticket, inner.1.remove(&evicted)),
+                Admission::Refuse => return None,
+            }
+        };
+        // Outside the lock: the ended task gives its (already freed) place back as it drops.
+        if let Some(task) = evicted {
+            task.abort();
+        }
+        Some(HandshakeTicket {
+            slots: self.clone(),
+            ticket,
+        })
+    }
+
+    /// Remembers the task of `ticket`, so that it can be ended, unless its handshake is over.
+    fn track(&self, ticket: Ticket, task: AbortHandle) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if inner.0.contains(ticket) {
+            inner.1.insert(ticket, task);
+        }
     }
 }
 
-/// Accepts connections: TLS under [`HANDSHAKE_TIMEOUT`] with at most [`MAX_HANDSHAKES`] at once
-/// (the oldest unfinished one gives way), then at most [`MAX_CONNECTIONS`] authenticated
-/// connections served by `serve_one` at once.
-async fn accept_loop<F, Fut>(
+impl Drop for HandshakeTicket {
+    fn drop(&mut self) {
+        let mut inner = self.slots.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.0.done(self.ticket);
+        inner.1.remove(&self.ticket);
+    }
+}
+
+/// Accepts connections: TLS under [`HANDSHAKE_TIMEOUT`] within the bounds of
+/// [`PendingHandshakes`] ([`MAX_HANDSHAKES`], [`MAX_HANDSHAKES_PER_SOURCE`]), then each
+/// authenticated connection of the peer `peer_of` names served by `serve_one` within its share of
+/// the [`MAX_CONNECTIONS`] slots.
+async fn accept_loop<P, F, Fut>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    peer_of: P,
     serve_one: F,
 ) -> std::io::Result<()>
 where
-    F: Fn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, std::net::SocketAddr) -> Fut
+    P: Fn(&rustls::ServerConnection) -> Option<String> + Send + Sync + 'static,
+    F: Fn(
+            tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+            std::net::SocketAddr,
+            String,
+        ) -> Fut
         + Send
         + Sync
         + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let serving = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let handshakes = Arc::new(HandshakeSlots::default());
-    let serve_one = Arc::new(serve_one);
+    let serving = ServingShares::new(MAX_CONNECTIONS);
+    let handshakes = HandshakeSlots::new(HandshakeLimits {
+        total: MAX_HANDSHAKES,
+        per_source: MAX_HANDSHAKES_PER_SOURCE,
+    });
+    let (peer_of, serve_one) = (Arc::new(peer_of), Arc::new(serve_one));
     loop {
         let (tcp, addr) = match listener.accept().await {
             Ok(c) => c,
@@ -252,10 +301,15 @@ where
                 continue;
             }
         };
-        handshakes.make_room();
-        let handshaking = Arc::new(AtomicBool::new(true));
-        let (acceptor, serving, serve_one) = (acceptor.clone(), serving.clone(), serve_one.clone());
-        let flag = handshaking.clone();
+        let Some(place) = handshakes.admit(addr.ip()) else {
+            // A flood comes this way at its own pace: not worth a line each.
+            tracing::debug!(%addr, "cross-cluster API: too many handshakes from its address");
+            drop(tcp);
+            continue;
+        };
+        let ticket = place.ticket;
+        let (acceptor, serving) = (acceptor.clone(), serving.clone());
+        let (peer_of, serve_one) = (peer_of.clone(), serve_one.clone());
         let task = tokio::spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
@@ -268,14 +322,21 @@ where
                     return;
                 }
             };
-            flag.store(false, Ordering::Release);
-            let Ok(_permit) = serving.try_acquire_owned() else {
-                tracing::warn!(%addr, "cross-cluster API: too many connections; dropping one");
+            drop(place);
+            let Some(peer) = peer_of(tls.get_ref().1) else {
                 return;
             };
-            serve_one(tls, addr).await;
+            let Some(_slot) = serving.take(&peer) else {
+                tracing::warn!(
+                    %addr,
+                    %peer,
+                    "cross-cluster API: peer cluster holds its share of the connections; dropping one"
+                );
+                return;
+            };
+            serve_one(tls, addr, peer).await;
         });
-        handshakes.push(handshaking, task.abort_handle());
+        handshakes.track(ticket, task.abort_handle());
     }
 }
 
@@ -474,9 +535,12 @@ async fn withdraw(r: WithdrawRequest, cluster: &str, st: &ApiState) -> Response<
 mod tests {
     use super::*;
     use ferry_mover::net::{self, Role};
+    use std::net::{Ipv4Addr, SocketAddr};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
-    /// TLS files of the test's two ends (the mover's own: any mutual-TLS pair will do here).
-    fn tls_pair(dir: &std::path::Path) -> (net::TlsFiles, net::TlsFiles) {
+    /// TLS settings of the test's two ends (the mover's own: any mutual-TLS pair will do here).
+    fn tls_pair(dir: &std::path::Path) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
         let certs = net::generate_certs("peering-test", 1).expect("certs");
         net::write_certs(dir, &certs).expect("write");
         let load = |role: Role| {
@@ -489,34 +553,209 @@ mod tests {
             )
             .expect("load")
         };
-        (load(Role::Receiver), load(Role::Sender))
+        let server = net::server_config(&load(Role::Receiver), &[Role::Sender]).expect("server");
+        let client = net::client_config(&load(Role::Sender), &[Role::Receiver]).expect("client");
+        (Arc::new(server), Arc::new(client))
+    }
+
+    /// A TCP connection to `server` from the loopback address `127.0.0.<local>`.
+    async fn connect_from(local: u8, server: SocketAddr) -> std::io::Result<TcpStream> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind((Ipv4Addr::new(127, 0, 0, local), 0).into())?;
+        socket.connect(server).await
+    }
+
+    /// TLS over `tcp`, with `name` as the server name the client sends.
+    async fn shake_hands(
+        client: &Arc<rustls::ClientConfig>,
+        tcp: TcpStream,
+        name: &str,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let name = rustls::pki_types::ServerName::try_from(name.to_owned())
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        tokio_rustls::TlsConnector::from(client.clone())
+            .connect(name, tcp)
+            .await
+    }
+
+    /// Waits (up to `limit`) until the server has closed `n` of `streams`; returns how many it
+    /// closed. The rest stay open until the returned set is dropped.
+    async fn closed_by_server(
+        streams: Vec<TcpStream>,
+        n: usize,
+        limit: Duration,
+    ) -> (usize, tokio::task::JoinSet<()>) {
+        let mut readers = tokio::task::JoinSet::new();
+        for mut s in streams {
+            // Nothing is ever sent to a caller that has not sent its hello: the first read
+            // ends with the server's close (an end of stream, or a reset).
+            readers.spawn(async move {
+                let _ = s.read(&mut [0u8; 1]).await;
+            });
+        }
+        let mut closed = 0;
+        let deadline = tokio::time::Instant::now() + limit;
+        while closed < n {
+            match tokio::time::timeout_at(deadline, readers.join_next()).await {
+                Ok(Some(_)) => closed += 1,
+                Ok(None) | Err(_) => break,
+            }
+        }
+        (closed, readers)
     }
 
     #[tokio::test]
-    async fn idle_connections_cannot_keep_an_honest_caller_out() {
+    async fn idle_connections_from_many_addresses_cannot_keep_an_honest_caller_out() {
         let dir = tempfile::tempdir().expect("tmp");
         let (server, client) = tls_pair(dir.path());
-        let server = Arc::new(net::server_config(&server, &[Role::Sender]).expect("server"));
-        let client = Arc::new(net::client_config(&client, &[Role::Receiver]).expect("client"));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (served_tx, mut served_rx) = mpsc::channel::<()>(4);
-        tokio::spawn(accept_loop(listener, server, move |_tls, _addr| {
+        let peer_of = |_: &rustls::ServerConnection| Some("west".to_owned());
+        let server_task = tokio::spawn(accept_loop(listener, server, peer_of, move |_, _, _| {
             let tx = served_tx.clone();
             async move {
                 let _ = tx.send(()).await;
             }
         }));
-        // Twice as many idle connections as handshake slots, all opened before the caller.
+        // Twice as many idle connections as handshake places, each address at its own limit,
+        // all opened before the caller: the table is full when it comes.
         let mut idle = Vec::new();
-        for _ in 0..2 * MAX_HANDSHAKES {
-            idle.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        let sources = (2 * MAX_HANDSHAKES).div_ceil(MAX_HANDSHAKES_PER_SOURCE);
+        for s in 0..sources {
+            for _ in 0..MAX_HANDSHAKES_PER_SOURCE {
+                let local = u8::try_from(10 + s).expect("few addresses");
+                idle.push(connect_from(local, addr).await.expect("connect"));
+            }
         }
-        let honest = net::connect_tls(addr, client, Duration::from_secs(5)).await;
+        let honest = connect_from(1, addr).await.expect("connect");
+        let honest = shake_hands(&client, honest, "ferry.invalid").await;
         assert!(honest.is_ok(), "honest caller refused: {:?}", honest.err());
         let served = tokio::time::timeout(Duration::from_secs(5), served_rx.recv()).await;
+        server_task.abort();
         assert_eq!(served, Ok(Some(())), "the honest connection was not served");
         drop(idle);
+    }
+
+    #[tokio::test]
+    async fn a_connect_flood_from_one_address_cannot_end_an_honest_handshake() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (server, client) = tls_pair(dir.path());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let peer_of = |_: &rustls::ServerConnection| Some("west".to_owned());
+        let server_task = tokio::spawn(accept_loop(
+            listener,
+            server,
+            peer_of,
+            move |mut tls, _, _| async move {
+                let mut ping = [0u8; 4];
+                if tls.read_exact(&mut ping).await.is_ok() && &ping == b"ping" {
+                    let _ = tls.write_all(b"pong").await;
+                    let _ = tls.shutdown().await;
+                }
+            },
+        ));
+        // The honest caller's connection is accepted first: the oldest handshake, the one an
+        // "evict the oldest" rule ends first.
+        let honest = connect_from(1, addr).await.expect("connect");
+        // Then four times as many connections as there are handshake places, from another
+        // address, that never send a byte.
+        let flood_size = 4 * MAX_HANDSHAKES;
+        let mut flood = Vec::new();
+        for _ in 0..flood_size {
+            flood.push(connect_from(2, addr).await.expect("connect"));
+        }
+        // The server has taken them all in once it has closed all but a table's worth.
+        let (closed, still_open) =
+            closed_by_server(flood, flood_size - MAX_HANDSHAKES, Duration::from_secs(5)).await;
+        assert!(
+            closed >= flood_size - MAX_HANDSHAKES,
+            "only {closed} closed"
+        );
+        // And the flood goes on (bounded) while the honest caller shakes hands and calls.
+        let flooding = tokio::spawn(async move {
+            let mut open = std::collections::VecDeque::new();
+            for _ in 0..2000 {
+                match connect_from(2, addr).await {
+                    Ok(s) => open.push_back(s),
+                    Err(_) => tokio::task::yield_now().await,
+                }
+                if open.len() > 256 {
+                    open.pop_front();
+                }
+            }
+        });
+        let call = async {
+            let mut tls = shake_hands(&client, honest, "ferry.invalid").await?;
+            tls.write_all(b"ping").await?;
+            let mut pong = [0u8; 4];
+            tls.read_exact(&mut pong).await?;
+            std::io::Result::Ok(pong)
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(5), call).await;
+        flooding.abort();
+        server_task.abort();
+        drop(still_open);
+        match answer {
+            Ok(Ok(pong)) => assert_eq!(&pong, b"pong"),
+            other => panic!("the honest caller was not served: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_peer_cluster_holding_its_share_leaves_slots_for_another() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (server, client) = tls_pair(dir.path());
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // The test's certificates all name one identity: the name a client sends stands for
+        // its peer cluster here.
+        let peer_of = |c: &rustls::ServerConnection| c.server_name().map(str::to_owned);
+        let release = Arc::new(tokio::sync::Notify::new());
+        let held = release.clone();
+        let server_task = tokio::spawn(accept_loop(
+            listener,
+            server,
+            peer_of,
+            move |mut tls, _, _| {
+                let held = held.clone();
+                async move {
+                    // Served: say so, and hold the slot until the test lets go.
+                    let _ = tls.write_all(b"s").await;
+                    let _ = tls.flush().await;
+                    held.notified().await;
+                }
+            },
+        ));
+        // Whether a connection of `peer` is served (a byte), or dropped after its handshake.
+        let served = |peer: &'static str| {
+            let client = client.clone();
+            async move {
+                let tcp = connect_from(1, addr).await?;
+                let mut tls = shake_hands(&client, tcp, peer).await?;
+                let mut b = [0u8; 1];
+                // A dropped connection ends without a TLS close: an error, not a byte.
+                let n = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut b))
+                    .await
+                    .map_err(|_| std::io::Error::other("no answer"))?
+                    .unwrap_or(0);
+                std::io::Result::Ok((n == 1 && b == *b"s", tls))
+            }
+        };
+        let share = MAX_CONNECTIONS / 2;
+        let mut west = Vec::new();
+        for i in 0..share {
+            let (ok, tls) = served("west.ferry.invalid").await.expect("west");
+            assert!(ok, "west's connection {i} was not served");
+            west.push(tls);
+        }
+        let (ok, _dropped) = served("west.ferry.invalid").await.expect("west");
+        assert!(!ok, "west was served beyond its share");
+        let (ok, _north) = served("north.ferry.invalid").await.expect("north");
+        assert!(ok, "north was kept out by west");
+        release.notify_waiters();
+        server_task.abort();
     }
 
     #[test]
