@@ -116,22 +116,28 @@ async fn waiting_takes(
 async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     const STREAMS: usize = 64;
     let dir = tempfile::tempdir().unwrap();
-    let certs = net::generate_certs_in(CLUSTER, 1, Some("bench")).unwrap();
-    net::write_certs(dir.path(), &certs).unwrap();
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    let (cert, key) = ca
+        .issue_for(&net::Identity::node_service(CLUSTER).unwrap())
+        .unwrap();
+    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.path().join("node.crt"), cert).unwrap();
+    std::fs::write(dir.path().join("node.key"), key).unwrap();
     let svc = spawn_service(dir.path());
     let pid = svc.child.id();
-    let p = |name: &str| dir.path().join(name);
-    let files = net::load_files(
-        &p("ca.crt"),
-        &p("receiver.crt"),
-        &p("receiver.key"),
-        CLUSTER,
-        Role::Receiver,
-    )
-    .unwrap();
+    // One connection per fan-out destination, each its own Transfer's receiver (the service
+    // bounds what one client may hold, waiting Takes included), as a service's fellow
+    // destinations connect to it.
     let mut clients = Vec::new();
-    for _ in 0..STREAMS.div_ceil(PER_CONNECTION) {
-        clients.push(NodeStoreClient::connect(&svc.addr, &files).await.unwrap());
+    let mut pkis = Vec::new();
+    for i in 0..1 + STREAMS.div_ceil(PER_CONNECTION) {
+        let pki = Pki::scoped(&ca, CLUSTER, &format!("dest-{i}"), 1);
+        clients.push(
+            NodeStoreClient::connect(&svc.addr, &pki.files(Role::Receiver))
+                .await
+                .unwrap(),
+        );
+        pkis.push(pki);
     }
     let held = random_bytes(BLOCK_SIZE, 1);
     let missing = random_bytes(BLOCK_SIZE, 2);
@@ -148,7 +154,7 @@ async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     let warm = waiting_takes(&clients[..1], &key, &held, &missing, PER_CONNECTION).await;
     let before = settled_rss_kib(pid).await;
     let started = Instant::now();
-    let rest = waiting_takes(&clients, &key, &held, &missing, STREAMS).await;
+    let rest = waiting_takes(&clients[1..], &key, &held, &missing, STREAMS).await;
     let after = settled_rss_kib(pid).await;
     let per_stream = after.saturating_sub(before) / STREAMS as u64;
     eprintln!(

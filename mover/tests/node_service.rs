@@ -11,81 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::node::*;
 use common::*;
 use ferry_mover::cas::pop::{Nonce, PopKey};
 use ferry_mover::cas::{BLOCK_SIZE, BlockHash};
-use ferry_mover::net::{self, Identity, Role};
+use ferry_mover::net::{self, Role};
 use ferry_mover::node::client::NodeStoreClient;
 use ferry_mover::node::{self, NodeServiceConfig};
 use ferry_mover::session::sender::shared::SharedReads;
 use ferry_mover::session::{Compress, Shutdown};
 use ferry_proto::blockstore::v1 as pb;
 use ferry_proto::blockstore::v1::block_store_client::BlockStoreClient;
-
-const CLUSTER: &str = "test";
-
-struct NodeService {
-    addr: SocketAddr,
-    store: PathBuf,
-    _dir: tempfile::TempDir,
-    _stop: ferry_mover::session::ShutdownTrigger,
-}
-
-/// A node service with certificates from `ca`, its store capped at `cap` bytes.
-async fn start_node_service(ca: &net::Ca, cap: u64) -> NodeService {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = ca
-        .issue_for(&Identity::node_service(CLUSTER).unwrap())
-        .unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("node.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("node.key"), key).unwrap();
-    let store = dir.path().join("cas");
-    let cfg = NodeServiceConfig {
-        store: store.clone(),
-        cap_bytes: cap,
-        listen: "127.0.0.1:0".parse().unwrap(),
-        metrics_listen: None,
-        ca: dir.path().join("ca.crt"),
-        cert: dir.path().join("node.crt"),
-        key: dir.path().join("node.key"),
-        gc_every: Duration::from_secs(3600),
-        node: "node-a".into(),
-        fsync: false,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, shutdown) = Shutdown::new();
-    tokio::spawn(async move { node::serve(cfg, listener, shutdown).await.unwrap() });
-    NodeService {
-        addr,
-        store,
-        _dir: dir,
-        _stop: stop,
-    }
-}
-
-async fn client_for(pki: &Pki, svc: &NodeService) -> NodeStoreClient {
-    NodeStoreClient::connect(&svc.addr.to_string(), &pki.files(Role::Receiver))
-        .await
-        .unwrap()
-}
-
-/// A raw gRPC client presenting `role`'s certificate of `pki` (the node service's rules apply).
-async fn raw_client(
-    pki: &Pki,
-    role: Role,
-    svc: &NodeService,
-) -> Result<BlockStoreClient<tonic::transport::Channel>, String> {
-    let files = pki.files(role);
-    let tls = std::sync::Arc::new(net::node_client_config(&files).unwrap());
-    let channel = net::tls_channel(svc.addr, tls, |e| e)
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    Ok(BlockStoreClient::new(channel)
-        .max_decoding_message_size(node::MAX_MESSAGE)
-        .max_encoding_message_size(node::MAX_MESSAGE))
-}
 
 fn dataset(root: &Path, seed: u64) {
     // Two files of two full blocks and a tail each, and one small file.
@@ -129,7 +65,7 @@ async fn receivers_of_two_transfers_share_the_node_store_through_the_service() {
     assert_same_tree(src.path(), dst1.path());
     assert_eq!(r1.dedup_blocks, 0, "{r1:?}");
 
-    let stats = client_for(&first_pki, &svc).await.stats().await.unwrap();
+    let stats = operator_stats(&first_pki, &svc).await;
     assert_eq!((stats.blocks, stats.inserted), (4, 4), "{stats:?}");
 
     // Another Transfer, another attempt: the four full blocks come from the node's store.
@@ -143,7 +79,7 @@ async fn receivers_of_two_transfers_share_the_node_store_through_the_service() {
         sent.wire_bytes < 64 * 1024,
         "only tails and metadata crossed the wire: {sent:?}"
     );
-    let stats = client_for(&second_pki, &svc).await.stats().await.unwrap();
+    let stats = operator_stats(&second_pki, &svc).await;
     assert_eq!(stats.hits, 4, "{stats:?}");
 }
 
@@ -184,7 +120,7 @@ async fn a_put_keeps_full_blocks_and_tails_of_at_least_1_mib_only() {
     let mut taken = c.take(req).await.unwrap().into_inner();
     let b = taken.message().await.unwrap().expect("the tail");
     assert!(b.data == tail, "the tail as stored");
-    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    let stats = operator_stats(&pki, &svc).await;
     assert_eq!(stats.blocks, 2, "{stats:?}");
 }
 
@@ -244,10 +180,11 @@ async fn blocks_go_out_only_against_a_proof_and_in_only_when_they_match_their_na
     assert_eq!(proven[0].position, 0);
     assert!(proven[0].data == block, "the block as stored");
 
-    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    // Misses count the wrong proof and the absent block alike.
+    let stats = operator_stats(&pki, &svc).await;
     assert_eq!(
         (stats.hits, stats.proofs_rejected, stats.blocks),
-        (1, 1, 1),
+        (1, 2, 1),
         "{stats:?}"
     );
 
@@ -330,7 +267,7 @@ async fn the_store_stays_under_its_cap() {
         .await
         .unwrap();
     }
-    let stats = c.stats(pb::StatsRequest {}).await.unwrap().into_inner();
+    let stats = operator_stats(&pki, &svc).await;
     assert_eq!(stats.inserted, 8);
     assert!(stats.bytes <= cap, "{stats:?}");
     assert_eq!(stats.cap_bytes, cap);
@@ -362,9 +299,8 @@ async fn only_this_clusters_receivers_get_in() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
     let svc = start_node_service(&ca, 1 << 30).await;
     let pki = Pki::scoped(&ca, CLUSTER, "who-1", 1);
-    let stats = |mut c: BlockStoreClient<tonic::transport::Channel>| async move {
-        c.stats(pb::StatsRequest {}).await.map(|_| ())
-    };
+    let stats =
+        |mut c: BlockStoreClient<tonic::transport::Channel>| async move { served(&mut c).await };
     // A sender of this cluster: refused in the handshake.
     let sender = raw_client(&pki, Role::Sender, &svc).await;
     let refused = match sender {
@@ -378,15 +314,28 @@ async fn only_this_clusters_receivers_get_in() {
     match NodeStoreClient::connect(&svc.addr.to_string(), &other.files(Role::Receiver)).await {
         Err(_) => {}
         Ok(c) => assert!(
-            c.stats().await.is_err(),
+            served(&mut c.grpc()).await.is_err(),
             "a foreign CA's receiver was served"
         ),
     }
-    // A receiver of this cluster is served.
-    assert!(
-        stats(raw_client(&pki, Role::Receiver, &svc).await.unwrap())
+    // A receiver of this cluster is served, but not the store's figures: those are the
+    // operator's.
+    let mut receiver = raw_client(&pki, Role::Receiver, &svc).await.unwrap();
+    assert!(stats(receiver.clone()).await.is_ok());
+    assert_eq!(
+        receiver
+            .stats(pb::StatsRequest {})
             .await
-            .is_ok()
+            .unwrap_err()
+            .code(),
+        tonic::Code::PermissionDenied
+    );
+    // The operator reads the figures and neither takes nor puts.
+    let mut operator = raw_client(&pki, Role::Operator, &svc).await.unwrap();
+    assert!(operator.stats(pb::StatsRequest {}).await.is_ok());
+    assert_eq!(
+        served(&mut operator).await.unwrap_err().code(),
+        tonic::Code::PermissionDenied
     );
 }
 
@@ -408,6 +357,7 @@ async fn certs_for_a_cluster_run_a_node_service_by_hand() {
         gc_every: Duration::from_secs(3600),
         node: "node-h".into(),
         fsync: false,
+        dedup_domain: node::DedupDomain::Cluster,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -426,11 +376,15 @@ async fn certs_for_a_cluster_run_a_node_service_by_hand() {
     let client = NodeStoreClient::connect(&addr, &load(Role::Receiver, "receiver"))
         .await
         .unwrap();
-    assert_eq!(client.stats().await.unwrap().node, "node-h");
+    served(&mut client.grpc()).await.unwrap();
+    let operator = NodeStoreClient::connect(&addr, &load(Role::Operator, "operator"))
+        .await
+        .unwrap();
+    assert_eq!(operator.stats().await.unwrap().node, "node-h");
     // Its sender certificate is not a receiver's: refused.
     match NodeStoreClient::connect(&addr, &load(Role::Sender, "sender")).await {
         Err(_) => {}
-        Ok(c) => assert!(c.stats().await.is_err(), "a sender was served"),
+        Ok(c) => assert!(served(&mut c.grpc()).await.is_err(), "a sender was served"),
     }
 }
 

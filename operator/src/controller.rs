@@ -1016,9 +1016,16 @@ async fn apply(
     });
     let remote = remote_ids.as_ref();
     let peer_ca = peer.as_ref().map(|p| p.spec.ca_bundle.clone());
+    let store = plan::tenancy::store_scope(t, plan.dedup);
+    let use_block_store = store.is_some() && ctx.config.block_service.is_some();
     for action in actions {
         match action {
             Action::CreateSecret { run, attempt } => {
+                let tenancy =
+                    plan::tenancy::receiver_tenancy(t, *run, store, ctx.authority.cluster())
+                        .map_err(|_| {
+                            Error::Malformed("namespace, uid or run a certificate can name")
+                        })?;
                 let files = match (remote, &peer_ca) {
                     (Some(r), Some(ca)) => {
                         let role = if t.is_source_half() {
@@ -1031,13 +1038,16 @@ async fn apply(
                             *attempt,
                             role,
                             &r.cluster,
+                            &tenancy,
                         )?;
                         files.insert(movers::PEER_CA_KEY.to_owned(), ca.clone());
                         files
                     }
-                    _ => ctx
-                        .authority
-                        .attempt_files(&names::transfer_id(&uid, *run), *attempt)?,
+                    _ => ctx.authority.attempt_files(
+                        &names::transfer_id(&uid, *run),
+                        *attempt,
+                        &tenancy,
+                    )?,
                 };
                 let secret = movers::attempt_secret(t, *run, *attempt, &files);
                 let name = names::secret_name(&uid, *run, *attempt);
@@ -1046,7 +1056,6 @@ async fn apply(
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };
-                let use_block_store = plan.dedup && ctx.config.block_service.is_some();
                 // A fan-out child takes blocks from its siblings until an attempt failed; a
                 // retry asks the source for all it lacks (a sibling may be what failed).
                 let swarm = match (&dst.node, &ctx.config.block_service) {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferry_mover::net::{Ca, CertsError, Identity, Role, TlsFiles};
+use ferry_mover::net::{Ca, CertsError, Identity, Role, Tenancy, TlsFiles};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -171,18 +171,22 @@ impl Authority {
             .map_err(|e| PkiError::Certs(CertsError::Identity(e)))
     }
 
-    /// The Secret data of one attempt: `ca.crt`, `sender.{crt,key}`, `receiver.{crt,key}`.
+    /// The Secret data of one attempt: `ca.crt`, `sender.{crt,key}`, `receiver.{crt,key}`; the
+    /// receiver's certificate also states its `tenancy` at its node's service.
     pub fn attempt_files(
         &self,
         transfer_id: &str,
         attempt: u32,
+        tenancy: &Tenancy,
     ) -> Result<BTreeMap<String, String>, PkiError> {
         let mut files = BTreeMap::new();
         files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
         for role in [Role::Sender, Role::Receiver] {
-            let (cert, key) = self
-                .ca
-                .issue_for(&self.identity(transfer_id, role, attempt)?)?;
+            let id = self.identity(transfer_id, role, attempt)?;
+            let (cert, key) = match role {
+                Role::Receiver => self.ca.issue_with_tenancy(&id, tenancy)?,
+                _ => self.ca.issue_for(&id)?,
+            };
             files.insert(format!("{role}.crt"), cert);
             files.insert(format!("{role}.key"), key);
         }
@@ -218,6 +222,7 @@ impl Authority {
         attempt: u32,
         role: Role,
         peer_cluster: &str,
+        tenancy: &Tenancy,
     ) -> Result<BTreeMap<String, String>, PkiError> {
         let mut files = BTreeMap::new();
         files.insert("ca.crt".to_owned(), self.ca.cert_pem().to_owned());
@@ -225,7 +230,10 @@ impl Authority {
             Identity::scoped_for_peer(transfer_id, role, &self.cluster, attempt, peer_cluster)
                 .map_err(|e| PkiError::Certs(CertsError::Identity(e)))?;
         {
-            let (cert, key) = self.ca.issue_for(&identity)?;
+            let (cert, key) = match role {
+                Role::Receiver => self.ca.issue_with_tenancy(&identity, tenancy)?,
+                _ => self.ca.issue_for(&identity)?,
+            };
             files.insert(format!("{role}.crt"), cert);
             files.insert(format!("{role}.key"), key);
         }
@@ -311,7 +319,16 @@ mod tests {
         let p = |n: &str| dir.path().join(n);
         std::fs::write(p("ca.crt"), a.ca.cert_pem()).expect("write");
         std::fs::write(p("s.crt"), &cert).expect("write");
-        let files = a.attempt_files("uid.1", 3).expect("files");
+        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_mover::net::StoreScope::Shared)
+            .expect("tenancy");
+        let files = a.attempt_files("uid.1", 3, &tenancy).expect("files");
+        // The receiver's certificate states its tenancy beside its identity.
+        let der =
+            rustls::pki_types::CertificateDer::pem_slice_iter(files["receiver.crt"].as_bytes())
+                .next()
+                .expect("one certificate")
+                .expect("pem");
+        assert_eq!(Tenancy::from_cert_der(&der), Some(tenancy));
         assert!(
             ferry_mover::net::Identity::scoped("uid.1", Role::Receiver, "test", 3)
                 .expect("id")
@@ -359,8 +376,10 @@ mod tests {
     #[test]
     fn cross_cluster_certificates_name_the_peer_cluster() {
         let a = Authority::ephemeral("east").expect("ca");
+        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_mover::net::StoreScope::Shared)
+            .expect("tenancy");
         let files = a
-            .cross_cluster_files("uid.1", 2, Role::Sender, "west")
+            .cross_cluster_files("uid.1", 2, Role::Sender, "west", &tenancy)
             .expect("files");
         let [id] = &sender_identities(&files)[..] else {
             panic!("one identity");

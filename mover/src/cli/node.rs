@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// fsync each block before publishing it.
     #[arg(long)]
     pub sync: bool,
+    /// One store for the whole cluster (`cluster`: the most hits) or one per namespace
+    /// (`namespace`: tenants learn nothing of each other's data), on the same volume; each
+    /// namespace's store is capped at `--cap`.
+    #[arg(long, value_enum, default_value = "cluster")]
+    pub dedup_domain: crate::node::DedupDomain,
 }
 
 /// The service allocates and frees 4 MiB block buffers on many threads. glibc's malloc raises
@@ -120,6 +125,7 @@ pub fn run(cmd: NodeCommand) -> anyhow::Result<ExitCode> {
                 gc_every: Duration::from_secs(a.gc_interval.max(1)),
                 node: a.node,
                 fsync: a.sync,
+                dedup_domain: a.dedup_domain,
             };
             return_block_buffers_to_the_system();
             tokio::runtime::Builder::new_multi_thread()

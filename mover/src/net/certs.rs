@@ -8,6 +8,7 @@ use rcgen::{
 };
 
 use super::identity::{Identity, IdentityError, Role};
+use super::tenancy::Tenancy;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertsError {
@@ -127,6 +128,24 @@ impl Ca {
     /// sender serving several Transfers at once, each receiver accepting it for its own. They
     /// must share the role and the issuing cluster ([`Identity::all_from_cert_der`]).
     pub fn issue_for_all(&self, ids: &[Identity]) -> Result<(String, String), CertsError> {
+        self.issue_leaf(ids, None)
+    }
+
+    /// Issues a receiver's leaf for `id` that also states its `tenancy` at its node's service
+    /// (a second URI SAN, which identity checks ignore).
+    pub fn issue_with_tenancy(
+        &self,
+        id: &Identity,
+        tenancy: &Tenancy,
+    ) -> Result<(String, String), CertsError> {
+        self.issue_leaf(std::slice::from_ref(id), Some(tenancy))
+    }
+
+    fn issue_leaf(
+        &self,
+        ids: &[Identity],
+        tenancy: Option<&Tenancy>,
+    ) -> Result<(String, String), CertsError> {
         let Some(first) = ids.first() else {
             return Err(CertsError::NoIdentity);
         };
@@ -142,7 +161,9 @@ impl Ca {
         p.distinguished_name.push(DnType::CommonName, name);
         p.subject_alt_names = ids
             .iter()
-            .map(|id| rcgen::string::Ia5String::try_from(id.uri()).map(SanType::URI))
+            .map(Identity::uri)
+            .chain(tenancy.map(Tenancy::uri))
+            .map(|uri| rcgen::string::Ia5String::try_from(uri).map(SanType::URI))
             .collect::<Result<_, _>>()
             .map_err(gen_err(&what))?;
         // Operators are clients of the movers' progress ports and both client and server of

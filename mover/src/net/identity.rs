@@ -166,14 +166,18 @@ impl Identity {
     }
 
     /// Checks the identity of a node service's client: a receiver whose certificate this
-    /// cluster's operator issued (any Transfer, any attempt, a cross-cluster one too).
-    pub fn check_receiver_of(peer: &Identity, cluster: &str) -> Result<(), IdentityError> {
+    /// cluster's operator issued (any Transfer, any attempt, a cross-cluster one too), or this
+    /// cluster's operator itself (it reads the store's figures, and nothing else).
+    pub fn check_node_client_of(peer: &Identity, cluster: &str) -> Result<(), IdentityError> {
         match &peer.scope {
             Some(s) if s.cluster == cluster && peer.role == Role::Receiver => Ok(()),
+            Some(s) if s.cluster == cluster && s.peer.is_none() && peer.role == Role::Operator => {
+                Ok(())
+            }
             _ => Err(IdentityError::Mismatch {
                 peer: peer.uri(),
                 local: format!("the node service of cluster {cluster}"),
-                accepted: format!("a receiver certificate issued by cluster {cluster}"),
+                accepted: format!("a receiver or operator certificate issued by cluster {cluster}"),
             }),
         }
     }

@@ -6,17 +6,24 @@
 //! progress port). Anything else fails inside the TLS handshake with an error naming both
 //! identities.
 
+mod admission;
 mod certs;
 mod grpc;
 mod identity;
 mod node_tls;
+mod tenancy;
 mod tls;
 mod transport;
 
+pub use admission::{
+    AcceptLimits, Admission, ConnActivity, ConnectionSlot, ConnectionSlots, InUse,
+    PendingHandshakes,
+};
 pub use certs::{Ca, CertsError, GeneratedCerts, generate_certs, generate_certs_in, write_certs};
 pub use grpc::{PeerIdentity, TlsConn, tls_channel, tls_incoming};
 pub use identity::{Identity, IdentityError, NODE_SERVICE_ID, Role, Scope};
 pub use node_tls::{node_client_config, node_server_config};
+pub use tenancy::{StoreScope, Tenancy, TenancyError};
 pub use tls::{
     PeerTrust, TlsError, TlsFiles, client_config, load_files, own_transfer_id, provider,
     server_config, with_peer,

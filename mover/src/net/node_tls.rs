@@ -107,7 +107,7 @@ impl ClientCertVerifier for ReceiverOfCluster {
         self.inner
             .verify_client_cert(end_entity, intermediates, now)?;
         let peer = Identity::from_cert_der(end_entity).map_err(identity_error)?;
-        Identity::check_receiver_of(&peer, &self.cluster).map_err(identity_error)?;
+        Identity::check_node_client_of(&peer, &self.cluster).map_err(identity_error)?;
         Ok(ClientCertVerified::assertion())
     }
 

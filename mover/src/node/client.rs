@@ -19,8 +19,17 @@ use crate::cas::store::BlockSink;
 use crate::cas::{BLOCK_SIZE, BlockHash};
 use crate::net::TlsFiles;
 
-/// How long one call may take before the blocks come over the wire instead.
+/// How long one Put may take before the block is left out of the store.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A Take must bring its next block (or its end) within this, and be done within
+/// [`TAKE_DEADLINE_BASE`] plus [`TAKE_DEADLINE_PER_BLOCK`] for each block asked: a service that
+/// stalls a reply (a hostile client holding its readers, a stuck disk) costs a bounded wait, and
+/// the blocks come over the wire.
+const TAKE_IDLE: Duration = Duration::from_secs(10);
+const TAKE_DEADLINE_BASE: Duration = Duration::from_secs(10);
+const TAKE_DEADLINE_PER_BLOCK: Duration = Duration::from_millis(250);
+/// Failed calls in a row after which a session stops asking the service (see [`Breaker`]).
+const FAILURES_TO_TRIP: u32 = 3;
 /// Failures are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -244,11 +253,45 @@ struct Counters {
     blocks_inserted: AtomicU64,
     failures: AtomicU64,
     last_log: Mutex<Option<Instant>>,
+    breaker: Breaker,
+}
+
+/// A session's circuit breaker on its node service: a service that misbehaves (a Take that
+/// stalls, or [`FAILURES_TO_TRIP`] failed calls in a row) costs the rest of the session its
+/// dedup, never the Transfer: from then on every block comes over the wire and none is put.
+#[derive(Default)]
+struct Breaker {
+    in_a_row: std::sync::atomic::AtomicU32,
+    open: std::sync::atomic::AtomicBool,
+}
+
+impl Breaker {
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    fn succeeded(&self) {
+        self.in_a_row.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a failure; `stalled` trips at once. Returns whether this one tripped it.
+    fn failed(&self, stalled: bool) -> bool {
+        let n = self.in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        (stalled || n >= FAILURES_TO_TRIP) && !self.open.swap(true, Ordering::Relaxed)
+    }
 }
 
 impl Counters {
     /// Counts a failed call and logs it (at most every [`LOG_EVERY`]); `cost` says what it cost.
     fn failed(&self, addr: &str, what: &str, cost: &str, status: &tonic::Status) {
+        let stalled = status.code() == tonic::Code::DeadlineExceeded;
+        if self.breaker.failed(stalled) {
+            tracing::warn!(
+                service = %addr, code = ?status.code(), message = status.message(),
+                "block store service misbehaves ({what} failed); this session takes every \
+                 block over the wire from now on"
+            );
+        }
         self.failures.fetch_add(1, Ordering::Relaxed);
         let mut last = self.last_log.lock().unwrap_or_else(|e| e.into_inner());
         if last.is_none_or(|t| t.elapsed() >= LOG_EVERY) {
@@ -312,28 +355,47 @@ impl NodeDedup {
     ) -> crate::cas::Result<Vec<bool>> {
         let mut need = vec![true; announced.len()];
         for (part_no, part) in announced.chunks(MAX_TAKE).enumerate() {
+            if self.counters.breaker.is_open() {
+                break;
+            }
             let base = part_no * MAX_TAKE;
             let request = take_request(key, part, Duration::ZERO);
             let mut client = self.client.client.clone();
-            let outcome = self.client.runtime.block_on(async {
+            let deadline = TAKE_DEADLINE_BASE + TAKE_DEADLINE_PER_BLOCK * part.len() as u32;
+            let stalled = || tonic::Status::deadline_exceeded("the service stalled the reply");
+            let take = async {
                 let mut req = tonic::Request::new(request);
-                req.set_timeout(CALL_TIMEOUT);
-                let mut stream = TakenBlocks::new(client.take(req).await?.into_inner());
+                req.set_timeout(deadline);
+                let reply = tokio::time::timeout(TAKE_IDLE, client.take(req))
+                    .await
+                    .map_err(|_| stalled())??;
+                let mut stream = TakenBlocks::new(reply.into_inner());
                 // Written as they come: at most one block is held here.
-                while let Some(b) = stream.next().await? {
+                while let Some(b) = tokio::time::timeout(TAKE_IDLE, stream.next())
+                    .await
+                    .map_err(|_| stalled())??
+                {
                     let done = self.write_taken(dst, part, &b)?;
                     need[base + done] = false;
                 }
                 Ok::<_, tonic::Status>(())
+            };
+            let outcome = self.client.runtime.block_on(async {
+                tokio::time::timeout(deadline, take)
+                    .await
+                    .unwrap_or_else(|_| Err(stalled()))
             });
-            if let Err(status) = outcome {
-                self.counters.failed(
-                    &self.client.addr,
-                    "take",
-                    "those blocks come over the wire",
-                    &status,
-                );
-                // What was written before the failure stays taken.
+            match outcome {
+                Ok(()) => self.counters.breaker.succeeded(),
+                Err(status) => {
+                    self.counters.failed(
+                        &self.client.addr,
+                        "take",
+                        "those blocks come over the wire",
+                        &status,
+                    );
+                    // What was written before the failure stays taken.
+                }
             }
         }
         Ok(need)
@@ -363,7 +425,7 @@ impl NodeDedup {
     /// and the streams' workers wait here while the service is busy, and a copy each made a
     /// receiver's peak heap about 70 MiB higher.
     pub fn insert_received(&self, hash: &BlockHash, bytes: Bytes) -> crate::cas::Result<()> {
-        if !crate::cas::storable(bytes.len()) {
+        if !crate::cas::storable(bytes.len()) || self.counters.breaker.is_open() {
             return Ok(());
         }
         let queue = self.puts.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -394,11 +456,20 @@ async fn put(client: &NodeStoreClient, counters: &Counters, hash: BlockHash, dat
         data,
     });
     req.set_timeout(CALL_TIMEOUT);
-    match c.put(req).await {
+    if counters.breaker.is_open() {
+        return;
+    }
+    let reply = tokio::time::timeout(CALL_TIMEOUT, c.put(req))
+        .await
+        .unwrap_or_else(|_| Err(tonic::Status::deadline_exceeded("the Put stalled")));
+    match reply {
+        // The service says "stored", never whether the block was new (that would tell this
+        // client what other tenants hold).
         Ok(r) if r.get_ref().inserted => {
+            counters.breaker.succeeded();
             counters.blocks_inserted.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(_) => {}
+        Ok(_) => counters.breaker.succeeded(),
         Err(status) => counters.failed(&client.addr, "put", "the block is not stored", &status),
     }
 }

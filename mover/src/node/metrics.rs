@@ -42,7 +42,7 @@ pub fn figures(node: &str, s: &StoreStats, c: &ServiceCounters) -> pb::StoreStat
         bytes: s.bytes,
         cap_bytes: s.cap_bytes.unwrap_or(0),
         hits: c.hits.load(Ordering::Relaxed),
-        proofs_rejected: c.proofs_rejected.load(Ordering::Relaxed),
+        proofs_rejected: c.misses.load(Ordering::Relaxed),
         inserted: c.inserted.load(Ordering::Relaxed),
         last_gc_unix: c.last_gc_unix.load(Ordering::Relaxed),
         evicted: c.evicted.load(Ordering::Relaxed),
@@ -51,7 +51,7 @@ pub fn figures(node: &str, s: &StoreStats, c: &ServiceCounters) -> pb::StoreStat
 }
 
 /// The figures in the text exposition format, labelled with the node.
-pub fn render(f: &pb::StoreStats, hit_bytes: u64) -> String {
+pub fn render(f: &pb::StoreStats, hit_bytes: u64, sends_expired: u64) -> String {
     let node = f.node.replace(['\\', '"', '\n'], "_");
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
@@ -90,9 +90,9 @@ pub fn render(f: &pb::StoreStats, hit_bytes: u64) -> String {
         hit_bytes,
     );
     metric(
-        "ferry_node_store_proofs_rejected_total",
+        "ferry_node_store_misses_total",
         "counter",
-        "Blocks asked for with a proof that did not match.",
+        "Blocks asked for and not handed out: absent, not proven or corrupt, alike.",
         f.proofs_rejected,
     );
     metric(
@@ -100,6 +100,12 @@ pub fn render(f: &pb::StoreStats, hit_bytes: u64) -> String {
         "counter",
         "Blocks receivers added.",
         f.inserted,
+    );
+    metric(
+        "ferry_node_store_sends_expired_total",
+        "counter",
+        "Blocks dropped because their client did not take them in time.",
+        sends_expired,
     );
     metric(
         "ferry_node_store_puts_refused_total",
@@ -132,6 +138,8 @@ pub async fn serve(
 ) {
     loop {
         let Ok((mut conn, _)) = listener.accept().await else {
+            // Out of descriptors, most likely: retrying at once would spin a core.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let (node, store, counters, scans) =
@@ -157,6 +165,7 @@ pub async fn serve(
                             render(
                                 &figures(&node, &s, &counters),
                                 counters.hit_bytes.load(Ordering::Relaxed),
+                                counters.sends_expired.load(Ordering::Relaxed),
                             ),
                         ),
                         Ok(Err(e)) => ("503 Service Unavailable", format!("{e}\n")),
@@ -192,7 +201,7 @@ mod tests {
             evicted: 0,
             puts_refused: 4,
         };
-        let text = render(&f, 8 << 20);
+        let text = render(&f, 8 << 20, 5);
         assert!(
             text.contains("ferry_node_store_blocks{node=\"node-a\"} 3\n"),
             "{text}"
@@ -200,6 +209,6 @@ mod tests {
         assert!(text.contains("ferry_node_store_cap_bytes{node=\"node-a\"} 1073741824\n"));
         assert!(text.contains("ferry_node_store_hit_bytes_total{node=\"node-a\"} 8388608\n"));
         assert!(text.contains("ferry_node_store_puts_refused_total{node=\"node-a\"} 4\n"));
-        assert_eq!(text.matches("# TYPE ").count(), 10);
+        assert_eq!(text.matches("# TYPE ").count(), 11);
     }
 }

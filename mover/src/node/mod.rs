@@ -3,6 +3,10 @@
 //! their namespace, so tenant pods never mount the store.
 //!
 //! - [`service`]: the gRPC `BlockStore` server: proven blocks out, verified blocks in, figures;
+//! - [`stores`]: which store a client's blocks go to (its domain's, or its run's);
+//! - [`shares`], [`outgoing`], [`gate`], [`waiters`]: what keeps one client from taking the
+//!   service away from the others (per-client shares, send deadlines, the Put gate, wake-ups
+//!   by hash);
 //! - [`client`]: a receiver's side of it (the [`crate::cas::dedup::BlockDedup`] over the wire);
 //! - [`prepare`]: makes the store directory usable by the unprivileged service (init container);
 //! - [`swarm`]: fan-out, a receiver taking blocks its fellow destinations own from their services;
@@ -10,13 +14,19 @@
 //! - [`run`]: serves, reloads a renewed certificate, collects garbage on its own schedule.
 
 pub mod client;
+pub mod gate;
 pub mod metrics;
+pub mod outgoing;
 pub mod prepare;
 mod run;
 pub mod service;
+pub mod shares;
+pub mod stores;
 pub mod swarm;
+pub mod waiters;
 
 pub use run::{NodeServiceConfig, serve};
+pub use stores::DedupDomain;
 
 /// Most blocks one `Take` may ask for: the receiver's own bound for one announce.
 pub const MAX_TAKE: usize = crate::cas::dedup::MAX_STORE_READS_PER_ANNOUNCE;

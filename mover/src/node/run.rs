@@ -11,10 +11,14 @@ use anyhow::Context;
 use ferry_proto::blockstore::v1::block_store_server::BlockStoreServer;
 
 use super::MAX_MESSAGE;
+use super::gate::GateLayer;
 use super::metrics::ScanCache;
 use super::service::{BlockStoreService, ServiceCounters};
+use super::shares::Shares;
+use super::stores::{DedupDomain, RUN_STORE_IDLE, Stores};
+use super::waiters::Waiters;
 use crate::cas::{CasOptions, CasStore};
-use crate::net::{self, NODE_SERVICE_ID, Role};
+use crate::net::{self, AcceptLimits, NODE_SERVICE_ID, Role};
 
 /// How often the certificate files are read again (a Secret volume is updated in place by the
 /// kubelet within about a minute of the operator renewing it).
@@ -33,6 +37,8 @@ pub struct NodeServiceConfig {
     /// The node's name, in metrics and `Stats`.
     pub node: String,
     pub fsync: bool,
+    /// How tenants' blocks are kept apart ([`DedupDomain`]).
+    pub dedup_domain: DedupDomain,
 }
 
 fn server_tls(cfg: &NodeServiceConfig) -> anyhow::Result<Arc<rustls::ServerConfig>> {
@@ -46,25 +52,30 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: crate::session::Shutdown,
 ) -> anyhow::Result<()> {
+    let opts = CasOptions {
+        cap_bytes: Some(cfg.cap_bytes),
+        fsync: cfg.fsync,
+    };
     let store = {
-        let (dir, opts) = (
-            cfg.store.clone(),
-            CasOptions {
-                cap_bytes: Some(cfg.cap_bytes),
-                fsync: cfg.fsync,
-            },
-        );
+        let (dir, opts) = (cfg.store.clone(), opts.clone());
         tokio::task::spawn_blocking(move || CasStore::open_with(&dir, opts))
             .await?
             .with_context(|| format!("failed to open the block store {}", cfg.store.display()))?
     };
     let store = Arc::new(store);
+    let stores = Arc::new(Stores::new(
+        store.clone(),
+        cfg.store.clone(),
+        opts,
+        cfg.dedup_domain,
+    ));
     let tls = Arc::new(RwLock::new(server_tls(&cfg)?));
     let counters = Arc::new(ServiceCounters::default());
     let scans = Arc::new(ScanCache::default());
     tracing::info!(
         node = %cfg.node, listen = %listener.local_addr()?, store = %cfg.store.display(),
-        cap_bytes = cfg.cap_bytes, "node service serving its block store"
+        cap_bytes = cfg.cap_bytes, dedup_domain = ?cfg.dedup_domain,
+        "node service serving its block store"
     );
     if let Some(addr) = cfg.metrics_listen {
         let l = tokio::net::TcpListener::bind(addr)
@@ -80,7 +91,7 @@ pub async fn serve(
     }
     tokio::spawn(reload_tls(cfg.clone(), tls.clone()));
     tokio::spawn(collect_garbage(
-        store.clone(),
+        stores.clone(),
         counters.clone(),
         cfg.gc_every,
     ));
@@ -90,30 +101,32 @@ pub async fn serve(
         listener,
         move || current.read().unwrap_or_else(|e| e.into_inner()).clone(),
         "block store",
+        AcceptLimits::default().within_fd_limit(),
     );
+    let shares = Arc::new(Shares::default());
     let service = BlockStoreServer::new(BlockStoreService {
-        store,
+        stores,
         counters,
         scans,
         node: cfg.node.clone(),
-        readers: Arc::new(tokio::sync::Semaphore::new(
-            super::service::MAX_CONCURRENT_TAKES,
-        )),
-        waiters: Arc::new(tokio::sync::Semaphore::new(
-            super::service::MAX_WAITING_TAKES,
-        )),
-        outgoing: Arc::new(tokio::sync::Semaphore::new(
-            super::service::MAX_OUTGOING_BLOCKS,
-        )),
+        shares: shares.clone(),
+        waiters: Arc::new(Waiters::default()),
     })
     .max_decoding_message_size(MAX_MESSAGE)
     .max_encoding_message_size(MAX_MESSAGE);
     tonic::transport::Server::builder()
-        // A block is 4 MiB: HTTP/2's default 64 KiB window would stall it on every round trip.
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(32 << 20))
-        // One receiver's streams share a connection; this bounds what one client keeps busy.
-        .concurrency_limit_per_connection(16)
+        // What a client may send before the service reads it: the windows bound the memory a
+        // connection's unread Puts take (a Put's body is read only once it has its turn).
+        // Puts come from receivers on this node, so small windows cost no speed.
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        // One receiver's streams share a connection; this bounds what one connection keeps busy.
+        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION))
+        .concurrency_limit_per_connection(STREAMS_PER_CONNECTION as usize)
+        // A client that is gone (or answers no ping) loses its connection and what it held.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .layer(GateLayer(shares))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, async move {
             shutdown.wait().await;
@@ -121,6 +134,12 @@ pub async fn serve(
         .await
         .context("node service failed")
 }
+
+/// HTTP/2 receive windows of the service (per stream and per connection).
+const STREAM_WINDOW: u32 = 1 << 20;
+const CONNECTION_WINDOW: u32 = 2 << 20;
+/// Requests open at once on one connection.
+const STREAMS_PER_CONNECTION: u32 = 16;
 
 async fn reload_tls(cfg: NodeServiceConfig, tls: Arc<RwLock<Arc<rustls::ServerConfig>>>) {
     loop {
@@ -135,9 +154,24 @@ async fn reload_tls(cfg: NodeServiceConfig, tls: Arc<RwLock<Arc<rustls::ServerCo
     }
 }
 
-async fn collect_garbage(store: Arc<CasStore>, counters: Arc<ServiceCounters>, every: Duration) {
+/// Every `every`: each open store down to its cap, and the stores of runs idle for an hour go.
+async fn collect_garbage(stores: Arc<Stores>, counters: Arc<ServiceCounters>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
+        let idle = stores.clone();
+        match tokio::task::spawn_blocking(move || idle.remove_idle_runs(RUN_STORE_IDLE)).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(runs = n, "removed the stores of runs idle for an hour"),
+            Err(e) => tracing::warn!(error = %e, "removing idle run stores panicked"),
+        }
+        for s in stores.all() {
+            collect_one(&s, &counters).await;
+        }
+    }
+}
+
+async fn collect_one(store: &Arc<CasStore>, counters: &ServiceCounters) {
+    {
         let s = store.clone();
         match tokio::task::spawn_blocking(move || s.gc(None)).await {
             Ok(Ok(report)) => {

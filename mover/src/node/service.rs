@@ -12,56 +12,52 @@ use std::time::Duration;
 use ferry_proto::blockstore::v1 as pb;
 use ferry_proto::blockstore::v1::block_store_server::BlockStore;
 use futures::Stream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::MAX_TAKE;
+use super::gate::client_of;
+use super::outgoing::{BLOCK_DEADLINE, Next, Outgoing};
+use super::shares::{ClientShare, Shares, TURN_WAIT, busy};
+use super::stores::Stores;
+use super::waiters::Waiters;
 use crate::cas::dedup::{AnnouncedBlock, DedupReceiver};
 use crate::cas::pop::{PopKey, Proof};
 use crate::cas::store::BlockSink;
-use crate::cas::{BLOCK_SIZE, BlockHash, CasError, CasStore, InsertOutcome};
-use crate::net::PeerIdentity;
+use crate::cas::{BLOCK_SIZE, BlockHash, CasError, InsertOutcome};
+use crate::net::{PeerIdentity, Role, Tenancy};
 
 /// What the service counted since it started (the store's own figures come from a scan).
 #[derive(Debug, Default)]
 pub struct ServiceCounters {
     pub hits: AtomicU64,
     pub hit_bytes: AtomicU64,
-    pub proofs_rejected: AtomicU64,
+    /// Blocks asked for and not handed out: absent, not proven or corrupt, counted alike once
+    /// a Take ends (a counter of refused proofs alone would tell a prober whether a node
+    /// holds a block it named with a wrong proof).
+    pub misses: AtomicU64,
     pub inserted: AtomicU64,
     pub put_refused: AtomicU64,
     pub last_gc_unix: AtomicU64,
     pub evicted: AtomicU64,
-    /// Woken on every insert: fan-out Takes waiting for blocks look again.
-    pub inserts: tokio::sync::Notify,
+    /// Blocks dropped because their client did not take them in time.
+    pub sends_expired: Arc<AtomicU64>,
 }
 
 pub struct BlockStoreService {
-    pub store: Arc<CasStore>,
+    /// The node's store and the stores of namespaces and runs ([`Stores`]).
+    pub stores: Arc<Stores>,
     pub counters: Arc<ServiceCounters>,
     pub scans: Arc<super::metrics::ScanCache>,
     pub node: String,
-    /// Store reads running at once, over all clients (each `Take` reads up to 256 blocks, one
-    /// at a time): more clients wait their turn instead of taking every thread.
-    pub readers: Arc<tokio::sync::Semaphore>,
-    /// Fan-out Takes allowed to wait at once ([`MAX_WAITING_TAKES`]).
-    pub waiters: Arc<tokio::sync::Semaphore>,
-    /// Blocks read for Takes and not yet sent, over all clients ([`MAX_OUTGOING_BLOCKS`]).
-    pub outgoing: Arc<tokio::sync::Semaphore>,
+    /// The service's bounds and each client's share of them.
+    pub shares: Arc<Shares>,
+    /// Fan-out Takes waiting for blocks, woken by the Put of their hash.
+    pub waiters: Arc<Waiters>,
 }
 
-/// Default for [`BlockStoreService::readers`].
-pub const MAX_CONCURRENT_TAKES: usize = 8;
 /// The longest a fan-out Take may wait for blocks to arrive.
 pub const MAX_TAKE_WAIT: Duration = Duration::from_secs(120);
-/// Fan-out Takes waiting at once (they hold no reader while waiting, only a small task).
-pub const MAX_WAITING_TAKES: usize = 256;
-/// Blocks (4 MiB each) read for Takes that may be in the service's memory at once, in the
-/// streams' queues or being sent: 64 MiB whatever the number of clients. A block holds its
-/// place from its copy until the stream asks for the message after its last piece, by when
-/// HTTP/2 has it on its way; a stream between blocks keeps at most a [`TAKE_PIECE`]. With
-/// [`MAX_CONCURRENT_TAKES`] read buffers this bounds what Takes cost, so the pod's memory limit
-/// holds however many destinations take from this node.
-pub const MAX_OUTGOING_BLOCKS: usize = 16;
 
 /// The most a Take's reply carries per message when the client takes blocks in pieces: what
 /// a stream keeps in buffers between blocks (gRPC keeps each stream's encoding buffer, as
@@ -70,41 +66,16 @@ pub const TAKE_PIECE: usize = 128 * 1024;
 
 type TakeStream = Pin<Box<dyn Stream<Item = Result<pb::TakenBlock, Status>> + Send>>;
 
-/// Blocks handed to the response stream as they are read; a client that went away stops the
-/// reading at its next block.
+/// Blocks handed to the response stream as they are read; a client that went away, or does
+/// not take its blocks in time, stops the reading at its next block.
 struct StreamSink {
     tx: tokio::sync::mpsc::Sender<Result<Outgoing, Status>>,
-    outgoing: Arc<tokio::sync::Semaphore>,
+    share: Arc<ClientShare>,
+    piece: usize,
+    expired: Arc<AtomicU64>,
+    /// Cancelled when a block of this Take was not taken in time.
+    cancelled: CancellationToken,
     runtime: tokio::runtime::Handle,
-}
-
-/// A block on its way to a client, holding its place among [`MAX_OUTGOING_BLOCKS`] until
-/// its last piece went out.
-struct Outgoing {
-    position: u32,
-    data: bytes::Bytes,
-    /// How much of `data` went out.
-    sent: usize,
-    _place: tokio::sync::OwnedSemaphorePermit,
-}
-
-impl Outgoing {
-    fn done(&self) -> bool {
-        self.sent >= self.data.len()
-    }
-
-    /// The next message: at most `piece` bytes of the block, a slice of it (not a copy).
-    fn next_piece(&mut self, piece: usize) -> pb::TakenBlock {
-        let end = self.data.len().min(self.sent.saturating_add(piece));
-        let more = end < self.data.len();
-        let data = self.data.slice(self.sent..end);
-        self.sent = end;
-        pb::TakenBlock {
-            position: self.position,
-            data,
-            more,
-        }
-    }
 }
 
 impl BlockSink for StreamSink {
@@ -112,17 +83,34 @@ impl BlockSink for StreamSink {
         let broken = || std::io::Error::from(std::io::ErrorKind::BrokenPipe);
         let position = u32::try_from(offset / BLOCK_SIZE as u64).unwrap_or(u32::MAX);
         // Called on a blocking thread: waiting here holds this read, never a runtime thread.
+        // Every wait ends when the Take is cancelled (a block of it was not taken in time).
         let place = self
             .runtime
-            .block_on(self.outgoing.clone().acquire_owned())
-            .map_err(|_| broken())?;
-        self.tx
-            .blocking_send(Ok(Outgoing {
-                position,
-                data: bytes::Bytes::copy_from_slice(data),
-                sent: 0,
-                _place: place,
-            }))
+            .block_on(
+                self.cancelled
+                    .run_until_cancelled(self.share.places.acquire(TURN_WAIT)),
+            )
+            .ok_or_else(broken)?
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::TimedOut))?;
+        let block = Outgoing::new(
+            position,
+            data,
+            self.piece,
+            place,
+            &self.runtime,
+            self.expired.clone(),
+            self.cancelled.clone(),
+        );
+        // The block ahead of this one leaves the queue within its own deadline, or the Take is
+        // cancelled: either way this wait ends.
+        self.runtime
+            .block_on(
+                self.cancelled.run_until_cancelled(
+                    self.tx
+                        .send_timeout(Ok(block), BLOCK_DEADLINE + Duration::from_secs(1)),
+                ),
+            )
+            .ok_or_else(broken)?
             .map_err(|_| broken())
     }
 
@@ -184,22 +172,16 @@ pub fn parse_put(req: &pb::PutRequest) -> Result<BlockHash, Status> {
     Ok(hash)
 }
 
-/// The lease name of a client: its transfer id (the verifier admitted only receivers).
-fn client_name<T>(req: &Request<T>) -> String {
-    req.extensions()
-        .get::<PeerIdentity>()
-        .and_then(|p| p.0.as_ref())
-        .map_or_else(|| "unknown".to_owned(), |i| i.transfer_id.clone())
-}
-
 /// One `Take`: reads the proven blocks it asked for, once or (fan-out) each time blocks arrive.
 struct Take {
-    store: Arc<CasStore>,
+    stores: Arc<Stores>,
+    tenancy: Option<Tenancy>,
     counters: Arc<ServiceCounters>,
-    readers: Arc<tokio::sync::Semaphore>,
-    outgoing: Arc<tokio::sync::Semaphore>,
+    share: Arc<ClientShare>,
     client: String,
     key: PopKey,
+    piece: usize,
+    cancelled: CancellationToken,
 }
 
 impl Take {
@@ -211,38 +193,40 @@ impl Take {
         tx: tokio::sync::mpsc::Sender<Result<Outgoing, Status>>,
     ) -> Result<Vec<AnnouncedBlock>, Status> {
         let turn = self
+            .share
             .readers
-            .clone()
-            .acquire_owned()
+            .acquire(TURN_WAIT)
             .await
-            .map_err(|_| Status::unavailable("the node service is stopping"))?;
-        let (store, counters, client, key) = (
-            self.store.clone(),
+            .ok_or_else(|| busy("every store reader is taken"))?;
+        let (stores, tenancy, counters, client, key) = (
+            self.stores.clone(),
+            self.tenancy.clone(),
             self.counters.clone(),
             self.client.clone(),
             self.key.clone(),
         );
-        let outgoing = self.outgoing.clone();
-        let runtime = tokio::runtime::Handle::current();
+        let sink = StreamSink {
+            tx,
+            share: self.share.clone(),
+            piece: self.piece,
+            expired: self.counters.sends_expired.clone(),
+            cancelled: self.cancelled.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        };
         tokio::task::spawn_blocking(move || {
             let _turn = turn;
-            let sink = StreamSink {
-                tx,
-                outgoing,
-                runtime,
-            };
+            let store = stores.of(tenancy.as_ref())?;
             // A lease per read pins the proven blocks while they are read.
-            let d = DedupReceiver::new(store, &client)?;
-            let need = d.materialize_announced(&key, &sink, &announced)?;
+            let d = DedupReceiver::new(store, &client).map_err(read_failed)?;
+            let need = d
+                .materialize_announced(&key, &sink, &announced)
+                .map_err(read_failed)?;
             let c = d.counters();
             counters.hits.fetch_add(c.dedup_blocks, Ordering::Relaxed);
             counters
                 .hit_bytes
                 .fetch_add(c.dedup_bytes, Ordering::Relaxed);
-            counters
-                .proofs_rejected
-                .fetch_add(c.proofs_rejected, Ordering::Relaxed);
-            Ok::<_, CasError>(
+            Ok::<_, Status>(
                 announced
                     .into_iter()
                     .zip(need)
@@ -252,11 +236,71 @@ impl Take {
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(|e| {
-            tracing::warn!(client = %self.client, error = %e, "block store read failed");
-            Status::unavailable(format!("block store read failed: {e}"))
+        .inspect_err(|e| {
+            tracing::warn!(client = %self.client, error = %e.message(), "block store read failed");
         })
     }
+}
+
+/// The reply stream of a Take: each block's pieces in turn; a block's place is given back when
+/// the stream is asked for the message after its last piece (by then HTTP/2 has that piece).
+fn reply_stream(
+    rx: tokio::sync::mpsc::Receiver<Result<Outgoing, Status>>,
+    in_use: Option<crate::net::InUse>,
+) -> TakeStream {
+    let state = (rx, None::<Outgoing>, in_use);
+    Box::pin(futures::stream::unfold(
+        state,
+        |(mut rx, mut sending, in_use)| async move {
+            loop {
+                if let Some(o) = sending.as_mut() {
+                    match o.next_message() {
+                        Next::Piece(message) => return Some((Ok(message), (rx, sending, in_use))),
+                        Next::Sent => drop(sending.take()),
+                        Next::Expired => {
+                            rx.close();
+                            let status = Status::deadline_exceeded(
+                                "a block was not taken in time; the stream is dropped",
+                            );
+                            return Some((Err(status), (rx, None, in_use)));
+                        }
+                    }
+                }
+                match rx.recv().await? {
+                    Ok(o) => sending = Some(o),
+                    Err(status) => return Some((Err(status), (rx, None, in_use))),
+                }
+            }
+        },
+    ))
+}
+
+fn read_failed(e: CasError) -> Status {
+    Status::unavailable(format!("block store read failed: {e}"))
+}
+
+/// What the client's certificate states of its tenancy.
+fn tenancy_of<T>(req: &Request<T>) -> Option<Tenancy> {
+    req.extensions()
+        .get::<PeerIdentity>()
+        .and_then(|p| p.tenancy.clone())
+}
+
+/// Whether a request comes from the operator (the only client served the store's figures).
+fn from_operator<T>(req: &Request<T>) -> bool {
+    req.extensions()
+        .get::<PeerIdentity>()
+        .and_then(|p| p.identity.as_ref())
+        .is_some_and(|i| i.role == Role::Operator)
+}
+
+fn receivers_only<T>(req: &Request<T>) -> Result<(), Status> {
+    if from_operator(req) {
+        return Err(Status::permission_denied(
+            "the operator reads the store's figures; it neither takes nor puts blocks",
+        ));
+    }
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -267,83 +311,101 @@ impl BlockStore for BlockStoreService {
         &self,
         req: Request<pb::TakeRequest>,
     ) -> Result<Response<Self::TakeStream>, Status> {
-        let client = client_name(&req);
+        receivers_only(&req)?;
+        let client = client_of(req.extensions());
+        let in_use = req
+            .extensions()
+            .get::<PeerIdentity>()
+            .map(|p| p.activity.begin());
         let (key, announced, wait) = parse_take(req.get_ref())?;
         let piece = if req.get_ref().pieces {
             TAKE_PIECE
         } else {
             usize::MAX
         };
-        // One block queued per client; the service-wide bound is MAX_OUTGOING_BLOCKS.
+        let tenancy = tenancy_of(&req);
+        let share = self.shares.of(&client);
+        // Only the siblings of one fan-out run wait for each other's blocks, within a share of
+        // the waiting slots per run.
+        let waiting = match (wait.is_zero(), &tenancy) {
+            (true, _) => None,
+            (false, None) => {
+                return Err(Status::permission_denied(
+                    "a Take that waits is for the destinations of one fan-out run, and the \
+                     client's certificate names no run",
+                ));
+            }
+            (false, Some(t)) => Some(
+                self.shares
+                    .of(&format!("run {}", t.run))
+                    .waiting
+                    .try_acquire()
+                    .ok_or_else(|| {
+                        Status::resource_exhausted("too many fan-out requests are waiting")
+                    })?,
+            ),
+        };
+        let run = tenancy.as_ref().map(|t| t.run.clone()).unwrap_or_default();
+        // One block queued per request; the bounds are the client's and the service's places.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let waiting =
-            if wait.is_zero() {
-                None
-            } else {
-                Some(self.waiters.clone().try_acquire_owned().map_err(|_| {
-                    Status::resource_exhausted("too many fan-out requests are waiting")
-                })?)
-            };
         let take = Take {
-            store: self.store.clone(),
+            stores: self.stores.clone(),
+            tenancy,
             counters: self.counters.clone(),
-            readers: self.readers.clone(),
-            outgoing: self.outgoing.clone(),
+            share,
             client,
             key,
+            piece,
+            cancelled: CancellationToken::new(),
         };
+        let waiters = self.waiters.clone();
         tokio::spawn(async move {
             let _waiting = waiting;
             let deadline = tokio::time::Instant::now() + wait;
+            let wake = Arc::new(tokio::sync::Notify::new());
+            // Registered before the store is read, so a Put during the read is not missed.
+            let _registration = waiting_for(&waiters, &run, &announced, wait, &wake);
             let mut left = announced;
             loop {
-                // Registered before the store is read, so an insert during the read is not missed.
-                let inserted = take.counters.inserts.notified();
-                tokio::pin!(inserted);
-                inserted.as_mut().enable();
                 match take.read(left, tx.clone()).await {
                     Ok(rest) => left = rest,
                     Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
+                        left = Vec::new();
+                        let _ = tx.try_send(Err(status));
                     }
                 }
-                if left.is_empty() || tx.is_closed() {
-                    return;
+                if left.is_empty() || wait.is_zero() || take.cancelled.is_cancelled() {
+                    break;
                 }
-                if tokio::time::timeout_at(deadline, inserted).await.is_err() {
-                    return;
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tx.closed() => break,
+                    () = take.cancelled.cancelled() => break,
+                    () = tokio::time::sleep_until(deadline) => break,
                 }
             }
+            take.counters
+                .misses
+                .fetch_add(left.len() as u64, Ordering::Relaxed);
         });
-        // A block's place is given back when the stream is asked for the message after its
-        // last piece: by then HTTP/2 has taken that piece.
-        let sending: Option<Outgoing> = None;
-        let stream = futures::stream::unfold((rx, sending), move |(mut rx, sending)| async move {
-            let mut o = match sending {
-                Some(o) if !o.done() => o,
-                sent => {
-                    drop(sent);
-                    match rx.recv().await? {
-                        Ok(o) => o,
-                        Err(status) => return Some((Err(status), (rx, None))),
-                    }
-                }
-            };
-            let message = o.next_piece(piece);
-            Some((Ok(message), (rx, Some(o))))
-        });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(reply_stream(rx, in_use)))
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
+        receivers_only(&req)?;
+        let tenancy = tenancy_of(&req);
         let req = req.into_inner();
         let hash = parse_put(&req)?;
-        let (store, counters) = (self.store.clone(), self.counters.clone());
+        let (stores, counters) = (self.stores.clone(), self.counters.clone());
+        let run = tenancy.as_ref().map(|t| t.run.clone()).unwrap_or_default();
         // The store hashes the data before keeping it and refuses a mismatch.
-        let outcome = match tokio::task::spawn_blocking(move || store.insert(&hash, &req.data))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
+        let outcome = match tokio::task::spawn_blocking(move || {
+            stores
+                .of(tenancy.as_ref())
+                .map(|store| store.insert(&hash, &req.data))
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))??
         {
             Ok(o) => o,
             Err(CasError::HashMismatch { .. }) => {
@@ -358,19 +420,26 @@ impl BlockStore for BlockStoreService {
                 )));
             }
         };
-        let inserted = outcome == InsertOutcome::Inserted;
-        if inserted {
+        if outcome == InsertOutcome::Inserted {
             counters.inserted.fetch_add(1, Ordering::Relaxed);
-            counters.inserts.notify_waiters();
+            self.waiters.wake(&run, &hash);
         }
-        Ok(Response::new(pb::PutReply { inserted }))
+        // "Stored", whether or not it was new: a client must not learn from the reply that
+        // another tenant holds the same content.
+        Ok(Response::new(pb::PutReply { inserted: true }))
     }
 
     async fn stats(
         &self,
-        _req: Request<pb::StatsRequest>,
+        req: Request<pb::StatsRequest>,
     ) -> Result<Response<pb::StoreStats>, Status> {
-        let (store, scans) = (self.store.clone(), self.scans.clone());
+        // Per-block figures tell who stores and takes what: the operator's alone.
+        if !from_operator(&req) {
+            return Err(Status::permission_denied(
+                "the store's figures are served to the operator only",
+            ));
+        }
+        let (store, scans) = (self.stores.root().clone(), self.scans.clone());
         let stats = tokio::task::spawn_blocking(move || scans.get(&store))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
@@ -383,40 +452,15 @@ impl BlockStore for BlockStoreService {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn outgoing(data: Vec<u8>) -> Outgoing {
-        let data = data.into();
-        let places = Arc::new(tokio::sync::Semaphore::new(1));
-        Outgoing {
-            position: 7,
-            data,
-            sent: 0,
-            _place: places
-                .try_acquire_owned()
-                .unwrap_or_else(|_| unreachable!()),
-        }
-    }
-
-    #[test]
-    fn a_block_goes_out_in_pieces_in_order_and_whole_when_it_fits() {
-        let data: Vec<u8> = (0..10u8).collect();
-        let mut o = outgoing(data.clone());
-        let mut got = Vec::new();
-        while !o.done() {
-            let p = o.next_piece(4);
-            assert_eq!(p.position, 7);
-            assert!(p.data.len() <= 4);
-            got.extend_from_slice(&p.data);
-            assert_eq!(p.more, !o.done());
-        }
-        assert_eq!(got, data);
-
-        let mut o = outgoing(data.clone());
-        let whole = o.next_piece(usize::MAX);
-        assert_eq!((&whole.data[..], whole.more), (&data[..], false));
-        assert!(o.done());
-    }
+/// The registration of a fan-out Take's blocks with the waiters (none for a Take that does not
+/// wait).
+fn waiting_for<'a>(
+    waiters: &'a Waiters,
+    run: &str,
+    announced: &[AnnouncedBlock],
+    wait: Duration,
+    wake: &Arc<tokio::sync::Notify>,
+) -> Option<super::waiters::Registration<'a>> {
+    let hashes: Vec<BlockHash> = announced.iter().map(|a| a.hash).collect();
+    (!wait.is_zero()).then(|| waiters.register(run, &hashes, wake.clone()))
 }

@@ -79,7 +79,7 @@ impl Service {
     fn progress_for<T>(&self, req: &Request<T>) -> Arc<Progress> {
         req.extensions()
             .get::<PeerIdentity>()
-            .and_then(|p| p.0.as_ref())
+            .and_then(|p| p.identity.as_ref())
             .and_then(|id| self.sessions.get(&id.transfer_id))
             .unwrap_or(&self.progress)
             .clone()
@@ -183,7 +183,17 @@ pub async fn serve_progress_of_sessions(
     progress: Arc<Progress>,
     sessions: BTreeMap<String, Arc<Progress>>,
 ) -> Result<(), ProgressServiceError> {
-    let incoming = crate::net::tls_incoming(listener, move || tls.clone(), "progress");
+    let incoming = crate::net::tls_incoming(
+        listener,
+        move || tls.clone(),
+        "progress",
+        // The operator keeps one progress stream open for a session's life: never idle.
+        crate::net::AcceptLimits {
+            idle: Duration::MAX,
+            ..crate::net::AcceptLimits::default()
+        }
+        .within_fd_limit(),
+    );
     let sessions = Arc::new(sessions);
     tonic::transport::Server::builder()
         .add_service(ProgressServer::new(Service { progress, sessions }))

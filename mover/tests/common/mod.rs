@@ -14,6 +14,8 @@ use ferry_mover::session::{
     self, Compress, ReceiveError, ReceiverConfig, SenderConfig, SessionSummary, Timeouts,
 };
 
+pub mod node;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_ferry-mover");
 
 pub struct Pki {
@@ -50,6 +52,25 @@ impl Pki {
         Self::issued(ca, cluster, Some(peer), transfer, attempt)
     }
 
+    /// As [`Pki::scoped`], the receiver's certificate stating `tenancy` at its node service
+    /// (the operator's certificates state `namespace default, run test-run, shared store`
+    /// otherwise: every test's fan-out destinations are siblings of one run).
+    pub fn scoped_in(
+        ca: &net::Ca,
+        cluster: &str,
+        transfer: &str,
+        attempt: u32,
+        tenancy: &net::Tenancy,
+    ) -> Pki {
+        Self::issued_in(ca, cluster, None, transfer, attempt, Some(tenancy))
+    }
+
+    /// As [`Pki::scoped`], the receiver's certificate stating no tenancy (as an operator that
+    /// predates it issued them).
+    pub fn issued_bare(ca: &net::Ca, cluster: &str, transfer: &str, attempt: u32) -> Pki {
+        Self::issued_in(ca, cluster, None, transfer, attempt, None)
+    }
+
     fn issued(
         ca: &net::Ca,
         cluster: &str,
@@ -57,9 +78,22 @@ impl Pki {
         transfer: &str,
         attempt: u32,
     ) -> Pki {
+        let tenancy =
+            net::Tenancy::new(cluster, "default", "test-run", net::StoreScope::Shared).unwrap();
+        Self::issued_in(ca, cluster, peer, transfer, attempt, Some(&tenancy))
+    }
+
+    fn issued_in(
+        ca: &net::Ca,
+        cluster: &str,
+        peer: Option<&str>,
+        transfer: &str,
+        attempt: u32,
+        tenancy: Option<&net::Tenancy>,
+    ) -> Pki {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-        for role in [Role::Sender, Role::Receiver] {
+        for role in [Role::Sender, Role::Receiver, Role::Operator] {
             let id = match peer {
                 Some(peer) => {
                     net::Identity::scoped_for_peer(transfer, role, cluster, attempt, peer)
@@ -67,7 +101,10 @@ impl Pki {
                 None => net::Identity::scoped(transfer, role, cluster, attempt),
             }
             .unwrap();
-            let (cert, key) = ca.issue_for(&id).unwrap();
+            let (cert, key) = match tenancy {
+                Some(t) if role == Role::Receiver => ca.issue_with_tenancy(&id, t).unwrap(),
+                _ => ca.issue_for(&id).unwrap(),
+            };
             std::fs::write(dir.path().join(format!("{role}.crt")), cert).unwrap();
             std::fs::write(dir.path().join(format!("{role}.key")), key).unwrap();
         }
@@ -431,6 +468,7 @@ pub async fn send_watched(
         on_unreadable: Default::default(),
         shutdown: ferry_mover::session::Shutdown::never(),
         shared: o.shared.clone(),
+        source_file: None,
     };
     session::send_session(&cfg, streams, progress)
         .await

@@ -13,7 +13,7 @@
 //! shares (conditions, deleting children, blocking, finishing, certificates). By concern:
 //! `lifecycle` (runs and attempts), `failure` (a failed attempt and its retry), `validation`
 //! (what keeps a Transfer from starting), `progress` (the moving figures), `destination_half`
-//! and `source_half`.
+//! and `source_half`; `tenancy` (which store a receiver uses at its node service).
 
 mod destination_half;
 mod failure;
@@ -21,6 +21,7 @@ mod fan_out_child;
 mod lifecycle;
 mod progress;
 mod source_half;
+pub mod tenancy;
 #[cfg(test)]
 pub(crate) mod tests;
 mod validation;
