@@ -469,9 +469,11 @@ async fn a_prober_learns_nothing_of_blocks_it_cannot_prove() {
     };
     let (h, a) = (median(&mut t_held), median(&mut t_absent));
     eprintln!("probe of a held block {h:?}, of an absent one {a:?} (medians of 40)");
-    // A wrong proof reads no block: milliseconds of difference would mean it did.
+    // The same work either way (the store-level cost of a wrong proof, microseconds with and
+    // without the block, is measured in cas_store.rs); a loose bound here, so a loaded machine
+    // does not fail it, that still catches a Take that reads and hashes a 4 MiB block.
     assert!(
-        h < a + Duration::from_millis(2),
+        h <= a * 3 / 2 + Duration::from_millis(1),
         "held {h:?} against absent {a:?}"
     );
     // A Put's reply says "stored" whether or not the block was there.

@@ -104,11 +104,14 @@ where
     }
 }
 
-/// A request body that fails when no frame comes for `idle` once it is being read.
+/// A request body that fails when no frame comes for `idle` once it is being read. One timer
+/// for the body's life, moved on with each frame (not one per frame).
 struct Steady {
     inner: tonic::body::Body,
     idle: Duration,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A frame came since the timer was last set.
+    moved: bool,
 }
 
 impl Steady {
@@ -117,6 +120,7 @@ impl Steady {
             inner,
             idle,
             timer: None,
+            moved: false,
         }
     }
 }
@@ -131,13 +135,16 @@ impl http_body::Body for Steady {
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            this.timer = None;
+            this.moved = true;
             return Poll::Ready(frame);
         }
         let idle = this.idle;
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        if std::mem::take(&mut this.moved) {
+            timer.as_mut().reset(tokio::time::Instant::now() + idle);
+        }
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
                 "the block stopped arriving for {} s",

@@ -135,9 +135,12 @@ pub async fn serve(
         .context("node service failed")
 }
 
-/// HTTP/2 receive windows of the service (per stream and per connection).
-const STREAM_WINDOW: u32 = 1 << 20;
-const CONNECTION_WINDOW: u32 = 2 << 20;
+/// HTTP/2 receive windows of the service, per stream and per connection: one block and its
+/// framing, so an honest Put needs no window update on its way (windows of 1 and 2 MiB made the
+/// Put path 1.11x slower in an interleaved A/B), and what Puts waiting at the gate can park in
+/// memory is one block per connection.
+const STREAM_WINDOW: u32 = (4 << 20) + (64 << 10);
+const CONNECTION_WINDOW: u32 = STREAM_WINDOW;
 /// Requests open at once on one connection.
 const STREAMS_PER_CONNECTION: u32 = 16;
 
