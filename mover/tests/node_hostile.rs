@@ -193,13 +193,8 @@ impl ferry_proto::blockstore::v1::block_store_server::BlockStore for Stalling {
 async fn a_receiver_whose_node_service_stalls_finishes_over_the_wire() {
     let ca = net::Ca::new("ferry test", 1).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = ca
-        .issue_for(&net::Identity::node_service(CLUSTER).unwrap())
-        .unwrap();
+    write_node_certs(&ca, dir.path());
     let p = |n: &str| dir.path().join(n);
-    std::fs::write(p("ca.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(p("node.crt"), cert).unwrap();
-    std::fs::write(p("node.key"), key).unwrap();
     let files = net::load_files(
         &p("ca.crt"),
         &p("node.crt"),
@@ -257,77 +252,6 @@ async fn a_receiver_whose_node_service_stalls_finishes_over_the_wire() {
         "{:?}",
         started.elapsed()
     );
-}
-
-/// The service as its own process (so its memory is its own), on a fresh store.
-struct ServiceProcess {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl ServiceProcess {
-    fn start(ca: &net::Ca) -> Self {
-        use std::io::BufRead as _;
-        let dir = tempfile::tempdir().unwrap();
-        let (cert, key) = ca
-            .issue_for(&net::Identity::node_service(CLUSTER).unwrap())
-            .unwrap();
-        let p = |n: &str| dir.path().join(n);
-        std::fs::write(p("ca.crt"), ca.cert_pem()).unwrap();
-        std::fs::write(p("node.crt"), cert).unwrap();
-        std::fs::write(p("node.key"), key).unwrap();
-        let mut child = std::process::Command::new(BIN)
-            .args([
-                "node",
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--cap",
-                "1G",
-                "--node",
-                "node-f",
-            ])
-            .arg("--store")
-            .arg(p("cas"))
-            .arg("--ca")
-            .arg(p("ca.crt"))
-            .arg("--cert")
-            .arg(p("node.crt"))
-            .arg("--key")
-            .arg(p("node.key"))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
-        Self {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    /// Peak resident memory so far, in MiB.
-    fn peak_mib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kib / 1024
-    }
-}
-
-impl Drop for ServiceProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A connection that opens up to `puts` Puts of 4 MiB blocks and sends all of each but its

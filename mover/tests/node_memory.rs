@@ -7,10 +7,9 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::node::{CLUSTER, ServiceProcess};
 use common::*;
 use ferry_mover::cas::pop::{Nonce, PopKey};
 use ferry_mover::cas::{BLOCK_SIZE, BlockHash};
@@ -18,41 +17,8 @@ use ferry_mover::net::{self, Role};
 use ferry_mover::node::client::NodeStoreClient;
 use ferry_proto::blockstore::v1 as pb;
 
-const CLUSTER: &str = "memory";
 /// Takes per connection (the service admits 16 at once on one connection).
 const PER_CONNECTION: usize = 8;
-
-struct Service {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_service(dir: &Path) -> Service {
-    let p = |name: &str| dir.join(name);
-    let mut child = Command::new(BIN)
-        .args(["node", "serve", "--cap", "1Gi", "--listen", "127.0.0.1:0"])
-        .arg("--store")
-        .arg(p("cas"))
-        .arg("--ca")
-        .arg(p("ca.crt"))
-        .arg("--cert")
-        .arg(p("node.crt"))
-        .arg("--key")
-        .arg(p("node.key"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let (addr, _) = bound_addr(&mut child);
-    Service { child, addr }
-}
 
 /// The resident set once it stopped moving: the largest of several samples after the last
 /// block went out (the service frees what it will within this time, or never).
@@ -115,15 +81,8 @@ async fn waiting_takes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     const STREAMS: usize = 64;
-    let dir = tempfile::tempdir().unwrap();
     let ca = net::Ca::new("ferry test", 1).unwrap();
-    let (cert, key) = ca
-        .issue_for(&net::Identity::node_service(CLUSTER).unwrap())
-        .unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("node.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("node.key"), key).unwrap();
-    let svc = spawn_service(dir.path());
+    let svc = ServiceProcess::start(&ca);
     let pid = svc.child.id();
     // One connection per fan-out destination, each its own Transfer's receiver (the service
     // bounds what one client may hold, waiting Takes included), as a service's fellow
@@ -133,7 +92,7 @@ async fn fan_out_takes_waiting_for_blocks_do_not_each_keep_a_block_in_memory() {
     for i in 0..1 + STREAMS.div_ceil(PER_CONNECTION) {
         let pki = Pki::scoped(&ca, CLUSTER, &format!("dest-{i}"), 1);
         clients.push(
-            NodeStoreClient::connect(&svc.addr, &pki.files(Role::Receiver))
+            NodeStoreClient::connect(&svc.addr.to_string(), &pki.files(Role::Receiver))
                 .await
                 .unwrap(),
         );

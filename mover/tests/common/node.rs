@@ -22,6 +22,64 @@ pub struct NodeService {
     _stop: ferry_mover::session::ShutdownTrigger,
 }
 
+/// Writes `ca.crt`, and a node service's `node.crt` and `node.key` issued by `ca`, into `dir`.
+pub fn write_node_certs(ca: &net::Ca, dir: &std::path::Path) {
+    let (cert, key) = ca
+        .issue_for(&Identity::node_service(CLUSTER).unwrap())
+        .unwrap();
+    std::fs::write(dir.join("ca.crt"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.join("node.crt"), cert).unwrap();
+    std::fs::write(dir.join("node.key"), key).unwrap();
+}
+
+/// The node service as its own process (`ferry-mover node serve`, so its memory is its own),
+/// on a fresh store, with certificates from `ca`.
+pub struct ServiceProcess {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl ServiceProcess {
+    pub fn start(ca: &net::Ca) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        write_node_certs(ca, dir.path());
+        let p = |n: &str| dir.path().join(n);
+        let mut child = std::process::Command::new(super::BIN)
+            .args(["node", "serve", "--listen", "127.0.0.1:0", "--cap", "1Gi"])
+            .arg("--store")
+            .arg(p("cas"))
+            .arg("--ca")
+            .arg(p("ca.crt"))
+            .arg("--cert")
+            .arg(p("node.crt"))
+            .arg("--key")
+            .arg(p("node.key"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let (addr, _) = super::bound_addr(&mut child);
+        Self {
+            child,
+            addr: addr.parse().unwrap_or_else(|_| panic!("{addr:?}")),
+            _dir: dir,
+        }
+    }
+
+    /// Peak resident memory so far, in MiB.
+    pub fn peak_mib(&self) -> u64 {
+        super::proc_status_kib(self.child.id(), "VmHWM").unwrap() / 1024
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A node service with certificates from `ca`, its store capped at `cap` bytes.
 pub async fn start_node_service(ca: &net::Ca, cap: u64) -> NodeService {
     start_node_service_in(ca, cap, node::DedupDomain::Cluster).await
@@ -34,12 +92,7 @@ pub async fn start_node_service_in(
     domain: node::DedupDomain,
 ) -> NodeService {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key) = ca
-        .issue_for(&Identity::node_service(CLUSTER).unwrap())
-        .unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.path().join("node.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("node.key"), key).unwrap();
+    write_node_certs(ca, dir.path());
     let store = dir.path().join("cas");
     let cfg = NodeServiceConfig {
         store: store.clone(),
