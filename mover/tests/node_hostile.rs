@@ -566,3 +566,31 @@ async fn a_fan_out_without_dedup_shares_blocks_with_its_siblings_only() {
         "the node's store holds none of the run's blocks"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_of_another_node_only_takes_blocks_here() {
+    let ca = net::Ca::new("ferry test", 1).unwrap();
+    // The harness's service runs as node `node-a`.
+    let svc = start_node_service(&ca, 1 << 30).await;
+    let shared = net::StoreScope::Shared;
+    let on = |node: &str| tenancy("alice", "fan-3", shared).on_node(node).unwrap();
+    let (_, mut local) = client_in(&ca, &svc, "child-a", &on("node-a")).await;
+    let (_, mut sibling) = client_in(&ca, &svc, "child-b", &on("node-b")).await;
+    let block = random_bytes(BLOCK_SIZE, 8000);
+    put_blocks_exact(&mut local, &block).await;
+    // The sibling on node-b takes what its run's receiver here put...
+    assert!(take_one(&mut sibling, &block, 0).await.unwrap() == block);
+    // ...and may not put anything into this node's store.
+    let other = random_bytes(BLOCK_SIZE, 8001);
+    let refused = sibling
+        .put(pb::PutRequest {
+            hash: BlockHash::of(&other).as_bytes().to_vec(),
+            data: other.clone().into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    assert!(refused.message().contains("node node-a"), "{refused:?}");
+    // Nothing of it was kept: the local receiver, proving the content, does not get it.
+    assert!(take_one(&mut local, &other, 0).await.unwrap().is_empty());
+}

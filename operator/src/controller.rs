@@ -1021,11 +1021,17 @@ async fn apply(
     for action in actions {
         match action {
             Action::CreateSecret { run, attempt } => {
-                let tenancy =
-                    plan::tenancy::receiver_tenancy(t, *run, store, ctx.authority.cluster())
-                        .map_err(|_| {
-                            Error::Malformed("namespace, uid or run a certificate can name")
-                        })?;
+                let node = placed.and_then(|(_, dst)| dst.node.as_deref());
+                let tenancy = plan::tenancy::receiver_tenancy(
+                    t,
+                    *run,
+                    store,
+                    ctx.authority.cluster(),
+                    node,
+                )
+                .map_err(|_| {
+                    Error::Malformed("namespace, uid, run or node a certificate can name")
+                })?;
                 let files = match (remote, &peer_ca) {
                     (Some(r), Some(ca)) => {
                         let role = if t.is_source_half() {

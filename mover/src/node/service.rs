@@ -394,6 +394,16 @@ impl BlockStore for BlockStoreService {
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
         receivers_only(&req)?;
         let tenancy = tenancy_of(&req);
+        // A receiver keeps blocks at its own node's service; a sibling of another node only
+        // takes them here (a tenant's certificate does not fill every node's store).
+        if let Some(t) = tenancy.as_ref().filter(|t| !t.is_local_to(&self.node)) {
+            return Err(Status::permission_denied(format!(
+                "this service keeps blocks for receivers on node {}; a receiver on node {} \
+                 may only take blocks here",
+                self.node,
+                t.node.as_deref().unwrap_or_default()
+            )));
+        }
         let req = req.into_inner();
         let hash = parse_put(&req)?;
         let (stores, counters) = (self.stores.clone(), self.counters.clone());

@@ -44,21 +44,27 @@ fn fan_out_run(t: &Transfer) -> Option<String> {
 
 /// What the receiver of run `run` of `t` states at its node service (`scope` from
 /// [`store_scope`]; a receiver that uses no store states its run as shared, which nothing
-/// reads).
+/// reads). `node` is where the receiver will run, when placement knows it already: the service
+/// of any other node then lets it take blocks but never put them.
 pub fn receiver_tenancy(
     t: &Transfer,
     run: u32,
     scope: Option<StoreScope>,
     cluster: &str,
+    node: Option<&str>,
 ) -> Result<Tenancy, TenancyError> {
     let own = || names::transfer_id(&t.uid().unwrap_or_default(), run);
     let run_key = fan_out_run(t).unwrap_or_else(own);
-    Tenancy::new(
+    let tenancy = Tenancy::new(
         cluster,
         &t.namespace().unwrap_or_default(),
         &run_key,
         scope.unwrap_or(StoreScope::Shared),
-    )
+    )?;
+    match node {
+        Some(node) => tenancy.on_node(node),
+        None => Ok(tenancy),
+    }
 }
 
 #[cfg(test)]
@@ -119,14 +125,21 @@ mod tests {
     #[test]
     fn siblings_share_their_fan_outs_run_and_others_have_their_own() {
         let child = transfer(false, Some(("parent-uid", 3)));
-        let t = receiver_tenancy(&child, 1, Some(StoreScope::Run), "east")
+        let t = receiver_tenancy(&child, 1, Some(StoreScope::Run), "east", Some("b"))
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             t.uri(),
-            "urn:ferry:cluster:east:tenant:ml:run:parent-uid.3:store:run"
+            "urn:ferry:cluster:east:tenant:ml:run:parent-uid.3:store:run:node:b"
         );
-        let lone = receiver_tenancy(&transfer(true, None), 2, Some(StoreScope::Shared), "east")
-            .unwrap_or_else(|e| panic!("{e}"));
+        let lone = receiver_tenancy(
+            &transfer(true, None),
+            2,
+            Some(StoreScope::Shared),
+            "east",
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(lone.node, None);
         assert_eq!(
             (lone.run.as_str(), lone.namespace.as_str()),
             ("u-1.2", "ml")
