@@ -133,6 +133,12 @@ pub struct Config {
     /// Ports the movers listen on (data, progress).
     pub data_port: u16,
     pub progress_port: u16,
+    /// Whether each Transfer gets a NetworkPolicy that admits only ferry's own traffic to its
+    /// movers ([`crate::network_policy`]).
+    pub network_policies: bool,
+    /// Address blocks (CIDR) admitted to the movers' progress port besides the operator's
+    /// namespace: an operator that runs outside the cluster.
+    pub network_policy_peers: Vec<String>,
     pub extra_labels: BTreeMap<String, String>,
     /// Streams and compression of Transfers that set none.
     pub default_streams: u32,
@@ -176,6 +182,8 @@ impl Default for Config {
             cert_days: 2,
             data_port: 7400,
             progress_port: 7401,
+            network_policies: false,
+            network_policy_peers: Vec::new(),
             extra_labels: BTreeMap::new(),
             default_streams: DEFAULT_STREAMS,
             default_compression: Compression::Auto,

@@ -1059,6 +1059,7 @@ async fn apply(
                 let name = names::secret_name(&uid, *run, *attempt);
                 secrets.patch(&name, &ssa(), &Patch::Apply(&secret)).await?;
                 ctx.secrets.created(&uid, &name);
+                crate::network_policy::keep(t, &ctx.client, &ctx.config).await?;
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };

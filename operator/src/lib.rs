@@ -15,6 +15,7 @@ pub mod limits;
 pub mod metrics;
 pub mod movers;
 pub mod names;
+pub mod network_policy;
 pub mod node_service;
 pub mod overlap;
 pub mod peering;

@@ -109,6 +109,14 @@ struct Cli {
     data_port: u16,
     #[arg(long, default_value_t = 7401)]
     progress_port: u16,
+    /// Keep a NetworkPolicy beside each Transfer that admits only ferry's own traffic to its
+    /// movers (needs RBAC on networkpolicies).
+    #[arg(long)]
+    network_policies: bool,
+    /// An address block (CIDR) the movers' NetworkPolicy admits to their progress port besides
+    /// the operator's namespace, for an operator running outside the cluster (repeatable).
+    #[arg(long = "network-policy-peer", value_parser = parse_cidr)]
+    network_policy_peers: Vec<String>,
     /// Address of the cross-cluster API (mutual TLS, callers authenticated by the CA bundles
     /// of this cluster's Peers); unset: no other cluster can pair with this one's Transfers.
     #[arg(long, env = "FERRY_PEERING_LISTEN")]
@@ -191,6 +199,8 @@ fn main() -> anyhow::Result<()> {
         cert_days: cli.cert_days,
         data_port: cli.data_port,
         progress_port: cli.progress_port,
+        network_policies: cli.network_policies,
+        network_policy_peers: cli.network_policy_peers,
         default_streams: cli.default_streams,
         default_compression: cli.default_compression,
         peering_listen: cli.peering_listen,
@@ -291,6 +301,21 @@ fn parse_json<T: serde::de::DeserializeOwned>(s: &str) -> Result<T, String> {
 fn parse_compression(s: &str) -> Result<ferry_operator::api::Compression, String> {
     serde_json::from_value(serde_json::Value::String(s.to_owned()))
         .map_err(|_| format!("{s:?}: expected auto, zstd, lz4 or none"))
+}
+
+/// A CIDR as a NetworkPolicy's ipBlock takes it (an address, `/`, a prefix length).
+fn parse_cidr(s: &str) -> Result<String, String> {
+    let (addr, len) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a CIDR (ADDRESS/PREFIX)"))?;
+    let addr: std::net::IpAddr = addr
+        .parse()
+        .map_err(|e| format!("{s:?} is not a CIDR: {e}"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    match len.parse::<u8>() {
+        Ok(n) if n <= max => Ok(s.to_owned()),
+        _ => Err(format!("{s:?} is not a CIDR: prefix length must be 0 to {max}")),
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

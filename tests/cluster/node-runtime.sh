@@ -256,6 +256,21 @@ start_node() {
     --proxy-mode iptables --cluster-cidr "$pod_range" \
     --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
     --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 --v 1
+  netpol_queue_up "$node"
+}
+
+# Hands the first packet of every connection forwarded by node $1 (to or from its pods) to the
+# NetworkPolicy agent (kube-network-policies, a DaemonSet: netpol.yaml). The agent installs
+# nftables rules that do this, and this kernel has no nftables queue (CONFIG_NFT_QUEUE); the same
+# hand-over is one iptables NFQUEUE rule (xt_NFQUEUE), so that rule is added here and the agent's
+# own nftables rules fail to load (it logs that and goes on). The rule sits in the mangle table,
+# whose forward hook runs before the filter table's: a packet the agent accepts still meets
+# kube-proxy's filter rules. Until the agent listens, the queue is bypassed.
+netpol_queue_up() {
+  local ns rule=(FORWARD -m conntrack --ctstate NEW -j NFQUEUE --queue-num 100 --queue-bypass)
+  ns="$(node_ns "$1")"
+  in_ns "$ns" iptables -w -t mangle -C "${rule[@]}" 2>/dev/null ||
+    in_ns "$ns" iptables -w -t mangle -I "${rule[@]}"
 }
 
 # A node daemon: in the node's namespaces and its daemons cgroup (so node_kill_all finds it and its

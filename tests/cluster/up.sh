@@ -3,7 +3,8 @@
 # the network (net.sh: a namespace per node behind a router namespace, which also runs the image
 # registry), the images (images.sh), etcd, kube-apiserver (Node and RBAC authorization, the usual
 # admission plugins), kube-controller-manager, kube-scheduler in the control plane's namespace,
-# then per node containerd, the kubelet and kube-proxy (node-runtime.sh), CoreDNS as a pod behind
+# then per node containerd, the kubelet and kube-proxy (node-runtime.sh), kube-network-policies
+# as a DaemonSet (NetworkPolicies are enforced as on a real cluster), CoreDNS as a pod behind
 # the kube-dns Service, and MetalLB for LoadBalancer Services, every pod from an image in the
 # local registry. Writes <state dir>/kubeconfig and <state dir>/images.env and returns once every
 # node is Ready and CoreDNS is.
@@ -229,6 +230,9 @@ wait_for "the kube-root-ca.crt config map" 30 kube-controller-manager kc -n defa
 alive_or_die kube-scheduler
 alive_or_die kube-controller-manager
 
+# --- NetworkPolicies ----------------------------------------------------------------------------------
+sed -e "s#@IMAGE@#$FERRY_IMAGE_KUBE_NETWORK_POLICIES#" "$(dirname "$0")/netpol.yaml" | kc apply -f - >/dev/null
+
 # --- cluster DNS --------------------------------------------------------------------------------------
 sed -e "s/@DNS_IP@/$dns_service_ip/" -e "s#@IMAGE@#$FERRY_IMAGE_COREDNS#" "$(dirname "$0")/coredns.yaml" | kc apply -f - >/dev/null
 # LoadBalancer Services, installed while CoreDNS starts (its pods are not waited for: tests that
@@ -242,6 +246,13 @@ coredns_ready() {
   [[ "$(kc -n kube-system get deploy coredns -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
 }
 wait_for "CoreDNS Ready" 60 kube-controller-manager coredns_ready
+# Every node enforces NetworkPolicies before a test runs.
+netpol_ready() {
+  local want
+  want="$(kc -n kube-system get ds kube-network-policies -o 'jsonpath={.status.desiredNumberScheduled}')"
+  [[ -n "$want" && "$want" != 0 && "$(kc -n kube-system get ds kube-network-policies -o 'jsonpath={.status.numberReady}')" == "$want" ]]
+}
+wait_for "kube-network-policies Ready on every node" 60 kube-controller-manager netpol_ready
 provisioner_ready() {
   [[ "$(kc -n local-path-storage get deploy local-path-provisioner -o 'jsonpath={.status.readyReplicas}')" == 1 ]]
 }

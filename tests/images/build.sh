@@ -3,7 +3,7 @@
 #   tests/images/build.sh REGISTRY ENV_FILE
 # ferry-operator and ferry-mover from deploy/Dockerfile (the recipe users build), the rest from
 # tests/images/Dockerfile, all with buildah. Binaries: the workspace's $FERRY_PROFILE build
-# (debug by default), the Kubernetes cache's CoreDNS and MetalLB, the local-path provisioner, the pause program next to this
+# (debug by default), the Kubernetes cache's CoreDNS and MetalLB, the local-path provisioner, kube-network-policies, the pause program next to this
 # script. Each image is tagged with a digest of its staged root, so an unchanged image is neither
 # rebuilt nor pushed again. Writes ENV_FILE: one FERRY_IMAGE_<NAME>=REGISTRY/NAME:TAG per image.
 set -euo pipefail
@@ -37,6 +37,7 @@ rootfs_add_program "$ctx/coredns" "$k8s_bin/coredns" /coredns
 rootfs_add_program "$ctx/metallb-controller" "$k8s_bin/metallb-controller" /controller
 rootfs_add_program "$ctx/metallb-speaker" "$k8s_bin/metallb-speaker" /speaker
 rootfs_add_program "$ctx/local-path-provisioner" "$("$repo_root/tests/k8s/local-path/build.sh")" /local-path-provisioner
+rootfs_add_program "$ctx/kube-network-policies" "$("$repo_root/tests/k8s/netpol/build.sh")" /bin/netpol
 rootfs_add_program "$ctx/ferry-cluster-probe" "$target_dir/ferry-cluster-probe" /usr/local/bin/ferry-cluster-probe
 rootfs_add_users "$ctx/ferry-cluster-probe"
 tools="$ctx/ferry-test-tools"
@@ -70,7 +71,7 @@ registry_has() {
 
 revision="$(git -C "$repo_root" rev-parse HEAD 2>/dev/null || echo unknown)"
 : >"$env_file.partial"
-for stage in ferry-operator ferry-mover pause coredns metallb-controller metallb-speaker local-path-provisioner ferry-cluster-probe ferry-test-tools; do
+for stage in ferry-operator ferry-mover pause coredns metallb-controller metallb-speaker local-path-provisioner kube-network-policies ferry-cluster-probe ferry-test-tools; do
   path="$(image_path "$stage")"
   tag="$(rootfs_digest "$ctx/$stage")"
   ref="$registry/$path:$tag"

@@ -200,6 +200,12 @@ The operator's command line, one flag per list item in --flag=value form (a valu
 {{- if $v.allowRootMovers }}
 {{- $args = append $args "--allow-root-movers" }}
 {{- end }}
+{{- if $v.networkPolicy.enabled }}
+{{- $args = append $args "--network-policies" }}
+{{- range $v.networkPolicy.extraFrom }}
+{{- $args = append $args (printf "--network-policy-peer=%s" .) }}
+{{- end }}
+{{- end }}
 {{- if (include "ferry.nodeStorePerNode" .) }}
 {{- $args = append $args "--node-store-volumes" }}
 {{- end }}

@@ -249,6 +249,7 @@ async fn start_sender(
         .patch(&secret.name_any(), &ssa(), &Patch::Apply(&secret))
         .await?;
     ctx.secrets.created(&uid, &secret.name_any());
+    crate::network_policy::keep(t, &ctx.client, &ctx.config).await?;
     let pod = movers::mover_pod(&MoverPodInput {
         transfer: t,
         config: &ctx.config,

@@ -118,6 +118,10 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
         .args(["template", "ferry", &repo_file("charts/ferry")])
         .args(["--namespace", "ferry-system"])
         .args(["--show-only", "templates/node-service.yaml"])
+        // The node services admit receivers and the operator only; the tests' operator runs
+        // on the host, outside the cluster.
+        .args(["--show-only", "templates/networkpolicy.yaml"])
+        .args(["--set-json", &format!(r#"networkPolicy.extraFrom=["{HOST_CIDR}"]"#)])
         .args(["--set-string", &format!("imageRegistry={registry}")])
         .args(["--set-string", &format!("moverImage.tag={tag}")])
         .args(["--set-string", &format!("image.tag={tag}")])
@@ -146,6 +150,10 @@ fn install_node_service_in(cluster: Cluster) -> anyhow::Result<()> {
     offer_store_volumes(cluster)?;
     apply_file(cluster, "node-service.yaml", &out.stdout)
 }
+
+/// The address the host (where the tests' operators run) has towards the local clusters'
+/// nodes and pods (tests/cluster/net.sh).
+pub const HOST_CIDR: &str = "10.99.0.1/32";
 
 /// The StorageClass of the node stores' volumes in the local clusters.
 pub const STORE_CLASS: &str = "ferry-node-store";
@@ -365,6 +373,9 @@ impl OperatorProcess {
         }
         cmd.args([
             "--node-store-volumes",
+            "--network-policies",
+            "--network-policy-peer",
+            HOST_CIDR,
             "--namespace",
             "ferry-system",
             "--host-root",
