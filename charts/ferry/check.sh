@@ -394,6 +394,19 @@ grep -Fqx '  type: LoadBalancer' "$work/peering-lb.yaml" && ! grep -q 'nodePort:
 grep -Fqx '  name: ferry-peering' "$work/peering-lb.yaml" || fail "release ferry: the Service is not ferry-peering"
 ok "ServiceMonitor only when enabled; PDB when enabled; Service port metrics; Service <fullname>-peering only with crossCluster.enabled"
 
+run "NetworkPolicies: on by default (the node services' policy, --network-policies, RBAC on networkpolicies), none when off"
+grep -q '^kind: NetworkPolicy' "$work/default.yaml" || fail "default: no NetworkPolicy for the node services"
+grep -q -- '- --network-policies' "$work/default.yaml" || fail "default: the operator is not given --network-policies"
+grep -q 'networkpolicies' "$work/default.yaml" || fail "default: the ClusterRole may not write NetworkPolicies"
+grep -q -- '- --network-policy-peer=10.20.0.0/16' "$work/full.yaml" || fail "full: networkPolicy.extraFrom is not passed to the operator"
+grep -Fq 'cidr: "10.20.0.0/16"' "$work/full.yaml" || fail "full: networkPolicy.extraFrom is not admitted to the node services"
+render "$work/nopolicy.yaml" --set networkPolicy.enabled=false
+grep -q '^kind: NetworkPolicy' "$work/nopolicy.yaml" && fail "networkPolicy.enabled=false: a NetworkPolicy is rendered"
+grep -q -- '--network-policies' "$work/nopolicy.yaml" && fail "networkPolicy.enabled=false: the operator still keeps policies"
+grep -q 'networkpolicies' "$work/nopolicy.yaml" && fail "networkPolicy.enabled=false: the ClusterRole still writes NetworkPolicies"
+expect_reject "networkPolicy.extraFrom=[not-a-cidr]" 'extraFrom|pattern' --set-json 'networkPolicy.extraFrom=["not-a-cidr"]'
+ok "the node services' policy, the operator's flag and its RBAC come and go together"
+
 run "Grafana dashboard and PrometheusRule: only when enabled; JSON with panels; the four alerts; metric names the operator exposes"
 grep -q '^kind: PrometheusRule' "$work/default.yaml" && fail "default: a PrometheusRule is rendered"
 grep -q 'grafana_dashboard:' "$work/default.yaml" && fail "default: a dashboard ConfigMap is rendered"

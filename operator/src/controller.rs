@@ -1022,16 +1022,11 @@ async fn apply(
         match action {
             Action::CreateSecret { run, attempt } => {
                 let node = placed.and_then(|(_, dst)| dst.node.as_deref());
-                let tenancy = plan::tenancy::receiver_tenancy(
-                    t,
-                    *run,
-                    store,
-                    ctx.authority.cluster(),
-                    node,
-                )
-                .map_err(|_| {
-                    Error::Malformed("namespace, uid, run or node a certificate can name")
-                })?;
+                let tenancy =
+                    plan::tenancy::receiver_tenancy(t, *run, store, ctx.authority.cluster(), node)
+                        .map_err(|_| {
+                            Error::Malformed("namespace, uid, run or node a certificate can name")
+                        })?;
                 let files = match (remote, &peer_ca) {
                     (Some(r), Some(ca)) => {
                         let role = if t.is_source_half() {

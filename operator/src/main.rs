@@ -314,7 +314,9 @@ fn parse_cidr(s: &str) -> Result<String, String> {
     let max = if addr.is_ipv4() { 32 } else { 128 };
     match len.parse::<u8>() {
         Ok(n) if n <= max => Ok(s.to_owned()),
-        _ => Err(format!("{s:?} is not a CIDR: prefix length must be 0 to {max}")),
+        _ => Err(format!(
+            "{s:?} is not a CIDR: prefix length must be 0 to {max}"
+        )),
     }
 }
 

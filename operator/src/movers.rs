@@ -160,9 +160,6 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
                 Some(addr) => {
                     push("--connect");
                     push(addr);
-                    // The Service may forward to a new receiver a moment after it is ready.
-                    push("--connect-retry");
-                    push("30");
                 }
                 None => {
                     push("--connect");
@@ -173,6 +170,10 @@ fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
                     ));
                 }
             }
+            // A Service may forward to a new receiver a moment after it is ready, and a
+            // NetworkPolicy agent may admit a new sender a moment after it starts.
+            push("--connect-retry");
+            push("30");
             push("--streams");
             push(
                 &spec
@@ -670,7 +671,7 @@ mod tests {
             pod.metadata.name,
             Some(names::pod_name(&uid, 2, 1, MoverRole::Sender))
         );
-        assert!(!args.contains(&"--connect-retry".to_owned()));
+        assert_eq!(after("--connect-retry"), ["30"]);
         assert_eq!(after("--log-level"), ["info"], "it logs what it shared");
     }
 

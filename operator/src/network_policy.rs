@@ -72,13 +72,16 @@ pub fn mover_policy(t: &Transfer, cfg: &Config) -> NetworkPolicy {
         namespace_selector: Some(selector(&[(NAMESPACE_NAME, &cfg.namespace)])),
         ..Default::default()
     };
-    let outside = cfg.network_policy_peers.iter().map(|cidr| NetworkPolicyPeer {
-        ip_block: Some(IPBlock {
-            cidr: cidr.clone(),
-            except: None,
-        }),
-        ..Default::default()
-    });
+    let outside = cfg
+        .network_policy_peers
+        .iter()
+        .map(|cidr| NetworkPolicyPeer {
+            ip_block: Some(IPBlock {
+                cidr: cidr.clone(),
+                except: None,
+            }),
+            ..Default::default()
+        });
     let progress_from = std::iter::once(operator).chain(outside).collect();
     NetworkPolicy {
         metadata: ObjectMeta {

@@ -137,9 +137,9 @@ pub struct SendArgs {
     /// Parallel TLS streams.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub streams: u32,
-    /// Keep trying for this many seconds while the connection is refused or unreachable (a
-    /// receiver behind a Service or load balancer that is still being wired up); 0 fails at
-    /// once.
+    /// Keep trying for this many seconds while the connection is refused, unreachable or
+    /// unanswered (a receiver behind a Service or load balancer that is still being wired up; a
+    /// network that does not admit this new pod yet); 0 fails at once.
     #[arg(long, default_value_t = 0)]
     pub connect_retry: u64,
     /// Per-block compression.

@@ -103,10 +103,18 @@ async fn connect_tls_with(
     timeout: Duration,
     probed: bool,
 ) -> Result<client::TlsStream<TcpStream>, TransportError> {
+    // A connection that no SYN-ACK answers within the deadline failed to connect (retryable):
+    // the peer's network may not admit this pod yet (a NetworkPolicy agent learns a new pod's
+    // address from the API server a moment after the pod starts).
+    let started = tokio::time::Instant::now();
+    let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| TransportError::Connect {
+            addr,
+            source: std::io::ErrorKind::TimedOut.into(),
+        })?
+        .map_err(|source| TransportError::Connect { addr, source })?;
     let fut = async {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| TransportError::Connect { addr, source })?;
         let _ = tcp.set_nodelay(true);
         if probed {
             probe_dead_peer(&tcp).map_err(|source| TransportError::Connect { addr, source })?;
@@ -119,7 +127,7 @@ async fn connect_tls_with(
             .await
             .map_err(|source| TransportError::Handshake { addr, source })
     };
-    tokio::time::timeout(timeout, fut)
+    tokio::time::timeout_at(started + timeout, fut)
         .await
         .map_err(|_| TransportError::Timeout {
             addr,
@@ -127,9 +135,10 @@ async fn connect_tls_with(
         })?
 }
 
-/// [`connect_tls`], trying again while the connection itself fails (refused, unreachable) for
-/// up to `retry_for`: a receiver behind a Service may be ready a moment before the Service
-/// forwards to it. Handshake failures are never retried.
+/// [`connect_tls`], trying again while the connection itself fails (refused, unreachable, or
+/// unanswered) for up to `retry_for`: a receiver behind a Service may be ready a moment before
+/// the Service forwards to it, and a new pod before the network admits it. Handshake failures
+/// are never retried.
 pub async fn connect_tls_retrying(
     addr: SocketAddr,
     config: Arc<rustls::ClientConfig>,

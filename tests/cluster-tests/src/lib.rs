@@ -436,3 +436,30 @@ pub async fn events_of(ns: &str, name: &str, reason: &str) -> anyhow::Result<Vec
         .filter_map(|e| e.note)
         .collect())
 }
+
+/// Runs `script` with sh in a pod on `node` and returns its log once it finished; fails unless it
+/// exited 0.
+pub async fn run_script(
+    ns: &TestNamespace,
+    name: &str,
+    node: &str,
+    script: &str,
+) -> anyhow::Result<String> {
+    let pods = ns.api::<k8s_openapi::api::core::v1::Pod>();
+    create(
+        &pods,
+        serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{
+                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
+                }],
+            }
+        }),
+    )
+    .await?;
+    wait_succeeded(&pods, &ns.name, name, std::time::Duration::from_secs(120)).await?;
+    Ok(container_log(&ns.name, name, "main").await)
+}

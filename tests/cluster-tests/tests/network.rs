@@ -43,33 +43,6 @@ fn service(name: &str, type_: &str) -> serde_json::Value {
     })
 }
 
-/// Runs `script` with sh in a pod on `node` and returns its log once it finished; fails unless it
-/// exited 0.
-async fn run_script(
-    ns: &TestNamespace,
-    name: &str,
-    node: &str,
-    script: &str,
-) -> anyhow::Result<String> {
-    let pods = ns.api::<Pod>();
-    create(
-        &pods,
-        json!({
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [{
-                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
-                }],
-            }
-        }),
-    )
-    .await?;
-    wait_succeeded(&pods, &ns.name, name, Duration::from_secs(120)).await?;
-    Ok(container_log(&ns.name, name, "main").await)
-}
-
 async fn node_ip(client: &Client, node: &str) -> anyhow::Result<String> {
     let node = Api::<Node>::all(client.clone()).get(node).await?;
     node.status

@@ -37,23 +37,7 @@ async fn reach_from_tenant(
     for (what, addr) in targets {
         script.push_str(&format!("try {what} {addr}\n"));
     }
-    let pods = ns.api::<Pod>();
-    create(
-        &pods,
-        json!({
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [{
-                    "name": "main", "image": shell_image(), "command": ["sh", "-c", script],
-                }],
-            }
-        }),
-    )
-    .await?;
-    wait_succeeded(&pods, &ns.name, name, Duration::from_secs(120)).await?;
-    Ok(container_log(&ns.name, name, "main").await)
+    run_script(ns, name, node, &script).await
 }
 
 fn assert_saw(log: &str, what: &str, state: &str) {
@@ -72,8 +56,16 @@ async fn a_tenant_pod_is_refused_at_the_network_and_ferrys_own_traffic_flows() -
 
     // The node services: the block port is for receivers and the operator; the metrics port for
     // anyone (the chart's default), which shows the refusal is the policy's, not the network's.
-    let service_b = pod_ip(&operator::node_service_pod(NODE_B).await?.context("service")?);
-    let service_c = pod_ip(&operator::node_service_pod(NODE_C).await?.context("service")?);
+    let service_b = pod_ip(
+        &operator::node_service_pod(NODE_B)
+            .await?
+            .context("service")?,
+    );
+    let service_c = pod_ip(
+        &operator::node_service_pod(NODE_C)
+            .await?
+            .context("service")?,
+    );
     let log = reach_from_tenant(
         &ns,
         "tenant-services",
@@ -156,7 +148,10 @@ async fn a_tenant_pod_is_refused_at_the_network_and_ferrys_own_traffic_flows() -
     let done = wait_phase(&api, "slow", Duration::from_secs(240), Phase::Succeeded).await?;
     assert_eq!(assert_same_tree(&src_host, &dst_host)?, 11);
     assert!(
-        done.status.as_ref().and_then(|s| s.progress.as_ref()).is_some(),
+        done.status
+            .as_ref()
+            .and_then(|s| s.progress.as_ref())
+            .is_some(),
         "the operator read the movers' progress through their policy"
     );
 

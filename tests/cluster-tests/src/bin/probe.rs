@@ -10,6 +10,9 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "probe/mallory.rs"]
+mod mallory;
+
 #[derive(Debug, Parser)]
 struct Args {
     #[command(subcommand)]
@@ -52,6 +55,22 @@ enum Command {
     Rbac,
     /// Exits 0 when PATH exists, 1 otherwise: an exec probe for an image without a shell.
     Exists { path: std::path::PathBuf },
+    /// A hostile tenant against the node service at SERVICE, with the receiver certificate in
+    /// CERTS (`ca.crt`, `receiver.crt`, `receiver.key`) of Transfer TRANSFER_ID: stalled Takes,
+    /// held partial Puts and timed probes for SECONDS; prints one JSON line.
+    Mallory {
+        #[arg(long)]
+        service: std::net::SocketAddr,
+        #[arg(long)]
+        certs: std::path::PathBuf,
+        #[arg(long)]
+        transfer_id: String,
+        #[arg(long)]
+        seconds: u64,
+        /// Hashes (hex, comma-separated) of blocks another tenant stored.
+        #[arg(long, value_delimiter = ',')]
+        present: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -68,6 +87,22 @@ async fn main() -> anyhow::Result<()> {
             serving_while_file,
         } => grpc_health(port, serving_while_file).await,
         Command::Rbac => rbac().await,
+        Command::Mallory {
+            service,
+            certs,
+            transfer_id,
+            seconds,
+            present,
+        } => {
+            mallory::run(mallory::Plan {
+                service,
+                certs,
+                transfer_id,
+                seconds,
+                present,
+            })
+            .await
+        }
         Command::Exists { path } => {
             if !path.exists() {
                 std::process::exit(1);
