@@ -4,12 +4,12 @@
 //! - [`tree`]: walking a source tree and touching a destination tree only beneath its root handle;
 //! - [`copy`]: the local parallel copy engine (also the write path of network transfers);
 //! - [`wire`]: the sans-IO frame codec of the network protocol;
-//! - [`net`]: mutual TLS, certificates and peer identities;
+//! - [`net`]: mutual TLS, certificates and peer identities (from `ferry-proto`);
 //! - [`session`]: the sender and receiver state machines over N parallel streams;
 //! - [`digest`]: the end-to-end transfer digest both ends compute and compare;
 //! - [`kind`]: where a failure lies (error kinds, exit status);
 //! - [`progress`]: the gRPC progress service;
-//! - [`quantity`]: byte quantities (`50M`, `1Gi`) shared with the operator;
+//! - [`quantity`]: byte quantities (`50M`, `1Gi`, from `ferry-proto`);
 //! - [`limiter`]: bandwidth limits for send and copy;
 //! - [`cas`]: the per-node content-addressed block store;
 //! - [`report`]: summaries (`--json`) and the TTY progress bar;
@@ -21,11 +21,12 @@ pub mod copy;
 pub mod digest;
 pub mod kind;
 pub mod limiter;
-pub mod net;
 pub mod node;
 pub mod progress;
-pub mod quantity;
 pub mod report;
 pub mod session;
 pub mod tree;
 pub mod wire;
+
+/// The contract shared with the operator, under the names the mover has always used.
+pub use ferry_proto::{net, quantity};

@@ -263,10 +263,10 @@ async fn a_hash_announced_without_possession_is_refused() {
         let progress = Arc::new(Progress::new("evil", "receiver"));
         let acc = accept_stream(server, &cfg, progress.wire_bytes.clone(), 0)
             .await
-            .map_err(|e| session::anyhow_chain(&e))?;
+            .map_err(|e| session::error_chain(&e))?;
         receive_session(&cfg, vec![acc], progress)
             .await
-            .map_err(|e| session::anyhow_chain(&e))
+            .map_err(|e| session::error_chain(&e))
     });
     let (r, w) = tokio::io::split(client);
     let mut reader = FrameReader::new(r, 0, Duration::from_secs(5), Default::default());

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::*;
 use ferry_mover::progress::Progress;
 use ferry_mover::session::{
-    FrameReader, FrameWriter, ReceiverConfig, accept_stream, anyhow_chain, receive_session,
+    FrameReader, FrameWriter, ReceiverConfig, accept_stream, error_chain, receive_session,
 };
 use ferry_mover::wire::{BLOCK_SIZE, Message, caps, codec};
 use ferry_proto::wire::v1 as pb;
@@ -58,11 +58,11 @@ async fn connect_with(
         let progress = Arc::new(Progress::new(&cfg.transfer_id, "receiver"));
         let acc = accept_stream(server, &cfg, progress.wire_bytes.clone(), 0)
             .await
-            .map_err(|e| anyhow_chain(&e))?;
+            .map_err(|e| error_chain(&e))?;
         receive_session(&cfg, vec![acc], progress)
             .await
             .map(|_| ())
-            .map_err(|e| anyhow_chain(&e))
+            .map_err(|e| error_chain(&e))
     });
     let (reader, writer, _) = greet(
         client,
@@ -792,7 +792,7 @@ async fn send_failing(
     )
     .await
     .expect("the sender was held for 20 s");
-    anyhow_chain(&r.expect_err("the send must fail"))
+    error_chain(&r.expect_err("the send must fail"))
 }
 
 /// A receiver can ask again only for full blocks, as announced, of files the transfer sends:

@@ -70,7 +70,7 @@ async fn handshake(
                     Err(e) => Err(e.to_string()),
                 }
             }
-            Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+            Err(e) => Err(ferry_mover::session::error_chain(&e)),
         }
     });
     let cli = match net::connect_tls(addr, client, Duration::from_secs(5)).await {
@@ -82,7 +82,7 @@ async fn handshake(
                 Ok(_) => Ok(()),
             }
         }
-        Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+        Err(e) => Err(ferry_mover::session::error_chain(&e)),
     };
     (srv.await.unwrap(), cli)
 }

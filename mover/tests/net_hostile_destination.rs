@@ -25,7 +25,7 @@ use ferry_mover::cas::pop::{Nonce, PopKey};
 use ferry_mover::net::{self, Identity, Role};
 use ferry_mover::node::swarm::{FetchSink, Fetches, SwarmPeers};
 use ferry_mover::progress::Progress;
-use ferry_mover::session::{FrameReader, FrameWriter, anyhow_chain};
+use ferry_mover::session::{FrameReader, FrameWriter, error_chain};
 use ferry_mover::wire::{BLOCK_SIZE, Message, caps};
 use ferry_proto::blockstore::v1 as bs;
 use ferry_proto::wire::v1 as pb;
@@ -67,7 +67,7 @@ async fn send_failing(src: &Path, client: DuplexStream) -> String {
     )
     .await
     .expect("the sender was held for 20 s");
-    anyhow_chain(&r.expect_err("the send must fail"))
+    error_chain(&r.expect_err("the send must fail"))
 }
 
 /// What a fake receiver got after its Refetches: the Block and Pack frames.

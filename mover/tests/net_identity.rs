@@ -35,7 +35,7 @@ async fn handshake(
                 let _ = s.read(&mut b).await;
                 Ok(())
             }
-            Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+            Err(e) => Err(ferry_mover::session::error_chain(&e)),
         }
     });
     let cli = match net::connect_tls(addr, client, Duration::from_secs(5)).await {
@@ -47,7 +47,7 @@ async fn handshake(
                 Ok(_) => Ok(()),
             }
         }
-        Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+        Err(e) => Err(ferry_mover::session::error_chain(&e)),
     };
     (srv.await.unwrap(), cli)
 }
@@ -99,7 +99,7 @@ async fn certificate_for_another_transfer_is_refused_naming_both_identities() {
                 let mut b = [0u8; 1];
                 s.read(&mut b).await.map(|_| ()).map_err(|e| e.to_string())
             }
-            Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+            Err(e) => Err(ferry_mover::session::error_chain(&e)),
         }
     });
     let wrong = mixed.files_as(Role::Sender, "transfer-b");

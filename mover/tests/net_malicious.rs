@@ -109,10 +109,10 @@ async fn run_script_keeping(
         let progress = Arc::new(Progress::new("evil", "receiver"));
         let acc = accept_stream(server, &cfg, progress.wire_bytes.clone(), 0)
             .await
-            .map_err(|e| ferry_mover::session::anyhow_chain(&e))?;
+            .map_err(|e| ferry_mover::session::error_chain(&e))?;
         receive_session(&cfg, vec![acc], progress)
             .await
-            .map_err(|e| ferry_mover::session::anyhow_chain(&e))
+            .map_err(|e| ferry_mover::session::error_chain(&e))
     });
     let (r, w) = tokio::io::split(client);
     let mut reader = FrameReader::new(r, 0, std::time::Duration::from_secs(5), Default::default());
@@ -552,10 +552,10 @@ where
         let progress = Arc::new(Progress::new("evil", "receiver"));
         let acc = accept_stream(server, &cfg, progress.wire_bytes.clone(), 0)
             .await
-            .map_err(|e| ferry_mover::session::anyhow_chain(&e))?;
+            .map_err(|e| ferry_mover::session::error_chain(&e))?;
         receive_session(&cfg, vec![acc], progress)
             .await
-            .map_err(|e| ferry_mover::session::anyhow_chain(&e))
+            .map_err(|e| ferry_mover::session::error_chain(&e))
     });
     let (r, w) = tokio::io::split(client);
     let mut reader = FrameReader::new(r, 0, std::time::Duration::from_secs(5), Default::default());

@@ -81,7 +81,7 @@ async fn handshake_as(
                     Err(e) => Err(e.to_string()),
                 }
             }
-            Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+            Err(e) => Err(ferry_mover::session::error_chain(&e)),
         }
     });
     let cli = match net::connect_tls(addr, ccfg, Duration::from_secs(5)).await {
@@ -94,7 +94,7 @@ async fn handshake_as(
                 Err(e) => Err(e.to_string()),
             }
         }
-        Err(e) => Err(ferry_mover::session::anyhow_chain(&e)),
+        Err(e) => Err(ferry_mover::session::error_chain(&e)),
     };
     (srv.await.unwrap(), cli)
 }

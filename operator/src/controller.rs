@@ -1030,9 +1030,9 @@ async fn apply(
                 let files = match (remote, &peer_ca) {
                     (Some(r), Some(ca)) => {
                         let role = if t.is_source_half() {
-                            ferry_mover::net::Role::Sender
+                            ferry_proto::net::Role::Sender
                         } else {
-                            ferry_mover::net::Role::Receiver
+                            ferry_proto::net::Role::Receiver
                         };
                         let mut files = ctx.authority.cross_cluster_files(
                             &r.transfer_id,

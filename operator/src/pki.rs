@@ -4,12 +4,12 @@
 //! restart or by another replica). Every attempt of a Transfer gets its own sender and receiver
 //! certificates, bound to the run's transfer id; the operator holds a third, in memory, for
 //! reading the movers' progress. The certificate and identity code is the mover's
-//! (`ferry_mover::net`), so both ends agree on one format.
+//! (`ferry_proto::net`), so both ends agree on one format.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ferry_mover::net::{Ca, CertsError, Identity, Role, Tenancy, TlsFiles};
+use ferry_proto::net::{Ca, CertsError, Identity, Role, Tenancy, TlsFiles};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -298,7 +298,7 @@ impl Authority {
             also: Vec::new(),
             peer: None,
         };
-        let cfg = ferry_mover::net::client_config(&files, &[Role::Sender, Role::Receiver])
+        let cfg = ferry_proto::net::client_config(&files, &[Role::Sender, Role::Receiver])
             .map_err(|e| tls(&e))?;
         Ok(Arc::new(cfg))
     }
@@ -319,7 +319,7 @@ mod tests {
         let p = |n: &str| dir.path().join(n);
         std::fs::write(p("ca.crt"), a.ca.cert_pem()).expect("write");
         std::fs::write(p("s.crt"), &cert).expect("write");
-        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_mover::net::StoreScope::Shared)
+        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_proto::net::StoreScope::Shared)
             .expect("tenancy");
         let files = a.attempt_files("uid.1", 3, &tenancy).expect("files");
         // The receiver's certificate states its tenancy beside its identity.
@@ -330,7 +330,7 @@ mod tests {
                 .expect("pem");
         assert_eq!(Tenancy::from_cert_der(&der), Some(tenancy));
         assert!(
-            ferry_mover::net::Identity::scoped("uid.1", Role::Receiver, "test", 3)
+            ferry_proto::net::Identity::scoped("uid.1", Role::Receiver, "test", 3)
                 .expect("id")
                 .uri()
                 .contains(":attempt:3:")
@@ -338,7 +338,7 @@ mod tests {
         assert_eq!(files.len(), 5);
         std::fs::write(p("r.crt"), &files["receiver.crt"]).expect("write");
         std::fs::write(p("r.key"), &files["receiver.key"]).expect("write");
-        ferry_mover::net::load_files(
+        ferry_proto::net::load_files(
             &p("ca.crt"),
             &p("r.crt"),
             &p("r.key"),
@@ -347,7 +347,7 @@ mod tests {
         )
         .expect("receiver files load");
         assert!(
-            ferry_mover::net::load_files(
+            ferry_proto::net::load_files(
                 &p("ca.crt"),
                 &p("r.crt"),
                 &p("r.key"),
@@ -376,7 +376,7 @@ mod tests {
     #[test]
     fn cross_cluster_certificates_name_the_peer_cluster() {
         let a = Authority::ephemeral("east").expect("ca");
-        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_mover::net::StoreScope::Shared)
+        let tenancy = Tenancy::new("east", "ml", "uid.1", ferry_proto::net::StoreScope::Shared)
             .expect("tenancy");
         let files = a
             .cross_cluster_files("uid.1", 2, Role::Sender, "west", &tenancy)

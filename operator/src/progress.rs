@@ -126,7 +126,7 @@ async fn watch(
 ) {
     let mut last_wake: Option<Instant> = None;
     loop {
-        let mut client = match ferry_mover::progress::connect_progress(addr, tls.clone()).await {
+        let mut client = match ferry_proto::progress::connect_progress(addr, tls.clone()).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::debug!(%addr, "progress not reachable yet: {e}");

@@ -14,4 +14,10 @@ for dir in "$cluster_dir"/node-state/*/pod-logs; do
   mkdir -p "$dest/pods/$node"
   cp -rL "$dir/." "$dest/pods/$node/" 2>/dev/null || true
 done
+# What the nodes said last: a pod the scheduler refused is explained by their taints and conditions.
+{
+  bin="$("$repo_root/tests/k8s/build.sh")"
+  "$bin/kubectl" --kubeconfig "$kubeconfig" --request-timeout=5s get nodes -o 'custom-columns=NODE:.metadata.name,TAINTS:.spec.taints[*].key,TRUE:.status.conditions[?(@.status=="True")].type' || true
+  df -h "$cluster_dir" || true
+} >&2 2>/dev/null
 echo "save-logs.sh: cluster logs copied to $dest" >&2

@@ -245,51 +245,6 @@ impl DedupReceiver {
     }
 }
 
-/// A receiver session's block store: one it opened itself, or its node's service.
-pub enum BlockDedup {
-    Local(DedupReceiver),
-    Node(crate::node::client::NodeDedup),
-}
-
-impl BlockDedup {
-    /// See [`DedupReceiver::materialize_announced`].
-    pub fn materialize_announced(
-        &self,
-        key: &PopKey,
-        dst: &(impl super::store::BlockSink + Sync + ?Sized),
-        announced: &[AnnouncedBlock],
-    ) -> Result<Vec<bool>> {
-        match self {
-            Self::Local(d) => d.materialize_announced(key, dst, announced),
-            Self::Node(d) => d.materialize_announced(key, dst, announced),
-        }
-    }
-
-    /// See [`DedupReceiver::insert_received`]; a node service's queue keeps `bytes` (a handle,
-    /// not a copy) until the block is put.
-    pub fn insert_received(&self, hash: &BlockHash, bytes: bytes::Bytes) -> Result<()> {
-        match self {
-            Self::Local(d) => d.insert_received(hash, &bytes),
-            Self::Node(d) => d.insert_received(hash, bytes),
-        }
-    }
-
-    pub fn counters(&self) -> DedupCounters {
-        match self {
-            Self::Local(d) => d.counters(),
-            Self::Node(d) => d.counters(),
-        }
-    }
-
-    /// The session is done: blocks still on their way to the store get there (a local store has
-    /// them already). From a blocking thread.
-    pub fn finish(&self) {
-        if let Self::Node(d) = self {
-            d.finish();
-        }
-    }
-}
-
 /// Runs `f` over up to four contiguous parts of `items` on scoped threads (one part per core),
 /// returning the parts' results in order. Blocks are hashed twice per side; on two cores this
 /// halves the wall time of an announce.

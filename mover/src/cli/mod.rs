@@ -42,10 +42,10 @@ pub enum Command {
     /// Write a throwaway CA and sender/receiver certificates for one transfer.
     Certs(net::CertsArgs),
     /// Send a tree to a receiver.
-    #[command(after_help = crate::kind::EXIT_STATUS_HELP)]
+    #[command(after_help = ferry_proto::kind::EXIT_STATUS_HELP)]
     Send(net::SendArgs),
     /// Receive trees from senders.
-    #[command(after_help = crate::kind::EXIT_STATUS_HELP)]
+    #[command(after_help = ferry_proto::kind::EXIT_STATUS_HELP)]
     Receive(net::ReceiveArgs),
     /// Inspect and maintain a block store.
     #[command(subcommand)]

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::kind::{ErrorKind, Failure};
 use crate::net::{self, Role, TransportError};
 use crate::progress::{self, Phase, Progress};
 use crate::report::ProgressBar;
@@ -18,6 +17,7 @@ use crate::session::sender::shared::SharedReads;
 use crate::session::sender::start_gate::{StartGate, Ticket};
 use crate::session::{self, Compress, ReceiverConfig, SenderConfig, SessionSummary, Timeouts};
 use crate::tree::subpath::{self, Anchored, Side};
+use ferry_proto::kind::{ErrorKind, Failure};
 
 /// `--compress`: the library's [`Compress`], as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -484,14 +484,14 @@ fn anchor(root: &std::path::Path, sub: Option<&str>, side: Side) -> Result<Ancho
     resolved.map_err(|e| {
         let kind = match e.side() {
             None => {
-                eprintln!("ferry-mover: error: {}", session::anyhow_chain(&e));
-                return ExitCode::from(crate::kind::EXIT_OTHER);
+                eprintln!("ferry-mover: error: {}", session::error_chain(&e));
+                return ExitCode::from(ferry_proto::kind::EXIT_OTHER);
             }
             Some(Side::Source) => ErrorKind::Source,
             Some(Side::Destination) => ErrorKind::Destination,
         };
         let failure = Failure::new(kind, e.permanent());
-        report_failure(failure, &session::anyhow_chain(&e))
+        report_failure(failure, &session::error_chain(&e))
     })
 }
 
@@ -814,7 +814,7 @@ impl Destination {
                 if let Some(shared) = &self.cfg.shared {
                     shared.leave();
                 }
-                let message = session::anyhow_chain(&e);
+                let message = session::error_chain(&e);
                 let failure = Failure::new(e.kind(), e.permanent());
                 progress.set_failure(failure, &message);
                 progress.set_phase(Phase::Failed);
@@ -823,7 +823,7 @@ impl Destination {
         };
         session::send_session_gated(&self.cfg, streams, progress, ticket)
             .await
-            .map_err(|e| (e.failure(), session::anyhow_chain(&e)))
+            .map_err(|e| (e.failure(), session::error_chain(&e)))
     }
 
     /// Opens every stream at once: the receiver's deadline for a connection's handshake and
@@ -865,7 +865,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
                     let message = format!(
                         "failed to open block store {}: {}",
                         dir.display(),
-                        session::anyhow_chain(&e)
+                        session::error_chain(&e)
                     );
                     return Ok(report_failure(
                         Failure::new(ErrorKind::Store, false),
@@ -978,7 +978,7 @@ pub fn run_receive(args: ReceiveArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = served {
         let message = match &e {
             session::ListenError::Session(e) => session::failure_message(e, &transfer_id),
-            e => session::anyhow_chain(e),
+            e => session::error_chain(e),
         };
         return Ok(report_failure(e.failure(), &shown.text(&message)));
     }
@@ -1004,7 +1004,7 @@ async fn connect_block_service(
         Err(e) => {
             tracing::warn!(
                 "block store service unavailable, receiving without dedup: {}",
-                session::anyhow_chain(&e)
+                session::error_chain(&e)
             );
             None
         }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use rustix::fs::{Mode, openat, readlinkat};
 
 use super::checksum::same_contents;
-use super::{CopyError, CopyOptions, chain, open_source};
+use super::{CopyError, CopyOptions, open_source};
 use crate::report::CopySummary;
 use crate::report::changes::{self, Change};
 use crate::tree::confine::DIR_FLAGS;
@@ -80,7 +80,7 @@ struct Plan<'a> {
 impl Plan<'_> {
     fn fail(&mut self, err: &dyn std::error::Error) {
         self.summary.failed += 1;
-        tracing::error!("{}", chain(err));
+        tracing::error!("{}", ferry_proto::error_chain(err));
     }
 
     /// A source directory: its destination handle when it exists already.

@@ -140,7 +140,7 @@ impl CopyContext {
     /// Reports one failed entry on stderr (with the whole cause chain) and counts it.
     pub fn fail(&self, err: &dyn std::error::Error) {
         self.progress.add_failed(1);
-        tracing::error!("{}", chain(err));
+        tracing::error!("{}", ferry_proto::error_chain(err));
     }
 
     /// A non-empty directory replaced (only with `--delete`) counts as deleted.
@@ -149,18 +149,6 @@ impl CopyContext {
             self.stats.deleted.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-/// "outer: inner: innermost" for an error and its sources.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        cur = e.source();
-    }
-    out
 }
 
 /// Batches are cut at this many entries or this many bytes of file data, whichever comes first.

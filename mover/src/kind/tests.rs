@@ -2,6 +2,7 @@ use std::io;
 
 use super::*;
 use crate::digest::HashError;
+use crate::net::TransportError;
 use crate::session::failure_message;
 use crate::tree::NonEmptyDir;
 use crate::wire::FrameType;

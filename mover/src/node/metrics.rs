@@ -10,7 +10,7 @@ use ferry_proto::blockstore::v1 as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use super::service::ServiceCounters;
+use super::counters::ServiceCounters;
 use crate::cas::{CasStore, StoreStats};
 
 /// How long one scan of the store answers for.

@@ -7,13 +7,15 @@
 //! - [`shares`], [`outgoing`], [`gate`], [`waiters`]: what keeps one client from taking the
 //!   service away from the others (per-client shares, send deadlines, the Put gate, wake-ups
 //!   by hash);
-//! - [`client`]: a receiver's side of it (the [`crate::cas::dedup::BlockDedup`] over the wire);
+//! - [`client`]: a receiver's side of it (what a receiver asks of its block store, over the wire);
 //! - [`prepare`]: makes the store directory usable by the unprivileged service (init container);
 //! - [`swarm`]: fan-out, a receiver taking blocks its fellow destinations own from their services;
-//! - [`metrics`]: the store's figures in Prometheus' text format;
+//! - [`counters`], [`metrics`]: what the service counts, and the store's figures in Prometheus' text
+//!   format;
 //! - [`run`]: serves, reloads a renewed certificate, collects garbage on its own schedule.
 
 pub mod client;
+pub mod counters;
 pub mod gate;
 pub mod metrics;
 pub mod outgoing;

@@ -11,9 +11,10 @@ use anyhow::Context;
 use ferry_proto::blockstore::v1::block_store_server::BlockStoreServer;
 
 use super::MAX_MESSAGE;
+use super::counters::ServiceCounters;
 use super::gate::GateLayer;
 use super::metrics::ScanCache;
-use super::service::{BlockStoreService, ServiceCounters};
+use super::service::BlockStoreService;
 use super::shares::Shares;
 use super::stores::{DedupDomain, RUN_STORE_IDLE, Stores};
 use super::waiters::Waiters;

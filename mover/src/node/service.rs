@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::MAX_TAKE;
+use super::counters::ServiceCounters;
 use super::gate::client_of;
 use super::outgoing::{BLOCK_DEADLINE, Next, Outgoing};
 use super::shares::{ClientShare, Shares, TURN_WAIT, busy};
@@ -26,23 +27,6 @@ use crate::cas::pop::{PopKey, Proof};
 use crate::cas::store::BlockSink;
 use crate::cas::{BLOCK_SIZE, BlockHash, CasError, InsertOutcome};
 use crate::net::{PeerIdentity, Role, Tenancy};
-
-/// What the service counted since it started (the store's own figures come from a scan).
-#[derive(Debug, Default)]
-pub struct ServiceCounters {
-    pub hits: AtomicU64,
-    pub hit_bytes: AtomicU64,
-    /// Blocks asked for and not handed out: absent, not proven or corrupt, counted alike once
-    /// a Take ends (a counter of refused proofs alone would tell a prober whether a node
-    /// holds a block it named with a wrong proof).
-    pub misses: AtomicU64,
-    pub inserted: AtomicU64,
-    pub put_refused: AtomicU64,
-    pub last_gc_unix: AtomicU64,
-    pub evicted: AtomicU64,
-    /// Blocks dropped because their client did not take them in time.
-    pub sends_expired: Arc<AtomicU64>,
-}
 
 pub struct BlockStoreService {
     /// The node's store and the stores of namespaces and runs ([`Stores`]).

@@ -170,7 +170,7 @@ impl SwarmPeers {
                 Ok(c) => Some((addr.clone(), c)),
                 Err(e) => {
                     tracing::warn!(
-                        peer = %addr, error = %crate::session::anyhow_chain(&e),
+                        peer = %addr, error = %crate::session::error_chain(&e),
                         "fan-out peer unreachable: the blocks it would own come from the source"
                     );
                     None

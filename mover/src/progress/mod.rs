@@ -5,6 +5,5 @@ mod counters;
 mod service;
 
 pub use counters::{MAX_UNREADABLE_PATHS, Phase, Progress, Snapshot, Unreadable};
-pub use service::{
-    ProgressServiceError, connect_progress, serve_progress, serve_progress_of_sessions,
-};
+pub use ferry_proto::progress::{ConnectError, connect_progress};
+pub use service::{ProgressServiceError, serve_progress, serve_progress_of_sessions};

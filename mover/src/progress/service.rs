@@ -2,13 +2,11 @@
 //! the operator and by tests).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_proto::progress::v1 as pb;
-use ferry_proto::progress::v1::progress_client::ProgressClient;
 use ferry_proto::progress::v1::progress_server::{Progress as ProgressApi, ProgressServer};
 use futures::Stream;
 use tokio::net::TcpListener;
@@ -21,12 +19,6 @@ use crate::net::PeerIdentity;
 pub enum ProgressServiceError {
     #[error("progress service failed")]
     Serve(#[source] tonic::transport::Error),
-    #[error("failed to connect to the progress service at {addr}")]
-    Connect {
-        addr: SocketAddr,
-        #[source]
-        source: tonic::transport::Error,
-    },
 }
 
 fn to_pb(p: &Progress, s: &Snapshot, current: f64) -> pb::ProgressUpdate {
@@ -200,18 +192,6 @@ pub async fn serve_progress_of_sessions(
         .serve_with_incoming(incoming)
         .await
         .map_err(ProgressServiceError::Serve)
-}
-
-/// Connects to a mover's progress service with mutual TLS (`tls` from
-/// `net::client_config(files, &[Role::Sender, Role::Receiver])` with an operator certificate).
-pub async fn connect_progress(
-    addr: SocketAddr,
-    tls: Arc<rustls::ClientConfig>,
-) -> Result<ProgressClient<tonic::transport::Channel>, ProgressServiceError> {
-    let channel = crate::net::tls_channel(addr, tls, |e| e)
-        .await
-        .map_err(|source| ProgressServiceError::Connect { addr, source })?;
-    Ok(ProgressClient::new(channel))
 }
 
 #[cfg(test)]

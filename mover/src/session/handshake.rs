@@ -27,7 +27,7 @@ pub enum HandshakeError {
     BlockSize(u32),
     #[error("receiver refused the session: {message}")]
     Refused {
-        kind: crate::kind::ErrorKind,
+        kind: ferry_proto::kind::ErrorKind,
         permanent: bool,
         message: String,
     },
@@ -68,7 +68,7 @@ where
             }
         }
         Message::Error(e) => Err(HandshakeError::Refused {
-            kind: crate::kind::ErrorKind::from_pb(e.kind),
+            kind: ferry_proto::kind::ErrorKind::from_pb(e.kind),
             permanent: e.permanent,
             message: super::escape_text(&e.message),
         }),

@@ -16,6 +16,7 @@
 //!   transfer share its staging directory safely: each large file's part file is locked by the
 //!   session writing it, and cleanup keeps what another session uses.
 
+use ferry_proto::error_chain;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -31,9 +32,9 @@ use super::SessionSummary;
 use super::receiver::{
     Accepted, ReceiveError, ReceiverConfig, accept_stream, failure_message, receive_session,
 };
-use crate::kind::{ErrorKind, Failure, peer_alert};
 use crate::net::{Identity, Role, TransportError, accept_tls};
 use crate::progress::Progress;
+use ferry_proto::kind::{ErrorKind, Failure, peer_alert};
 
 /// Handshakes (TLS + Hello) running at once.
 pub const MAX_HANDSHAKES: usize = 64;
@@ -241,7 +242,7 @@ async fn accept_loop(
                 };
                 accept_stream(tls, &cfg, wire, 0)
                     .await
-                    .map_err(|e| anyhow_chain(&e))
+                    .map_err(|e| error_chain(&e))
             })
             .await
             .unwrap_or_else(|_| {
@@ -272,7 +273,7 @@ fn refusal(e: &TransportError, own: Option<&Identity>) -> String {
     if e.is_probe() {
         return String::new();
     }
-    let chain = anyhow_chain(e);
+    let chain = error_chain(e);
     match (peer_alert(e), own) {
         (Some(alert), Some(own)) => format!(
             "{chain}: the peer refused this receiver's certificate (TLS alert {alert:?}); this \
@@ -284,16 +285,4 @@ fn refusal(e: &TransportError, own: Option<&Identity>) -> String {
         ),
         _ => chain,
     }
-}
-
-/// "outer: cause: root cause" for logs.
-pub fn anyhow_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

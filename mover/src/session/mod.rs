@@ -16,7 +16,6 @@ mod listen;
 pub mod receiver;
 mod scan;
 pub mod sender;
-mod shutdown;
 pub mod staging;
 
 use std::time::Duration;
@@ -24,21 +23,22 @@ use std::time::Duration;
 use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::kind::{ErrorKind, Failure};
 use crate::progress::{Phase, Progress};
 use crate::wire::Message;
+use ferry_proto::kind::{ErrorKind, Failure};
 
 pub use compress::Compress;
+pub use ferry_proto::error_chain;
+pub use ferry_proto::shutdown::{Shutdown, ShutdownTrigger};
 pub use framed::{FrameReader, FrameWriter, FramedError};
 pub use handshake::{HandshakeError, accept_hello, send_hello};
-pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, anyhow_chain, serve};
+pub use listen::{ListenError, MAX_HANDSHAKES, MAX_QUEUED_SESSIONS, serve};
 pub use receiver::{
     Accepted, Keep, MAX_REPORTED_FAILURES, ReceiveError, ReceiverConfig, accept_stream,
     failure_message, receive_session,
 };
 pub use scan::{OnUnreadable, ScanError};
 pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session, send_session_gated};
-pub use shutdown::{Shutdown, ShutdownTrigger};
 
 /// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.
 pub const SMALL_FILE_MAX: u64 = 1024 * 1024;

@@ -17,7 +17,6 @@ pub mod dest;
 pub mod dest_lock;
 mod dircache;
 pub mod dirwalk;
-pub mod filter;
 pub mod meta;
 pub mod peer_dest;
 pub mod peer_path;
@@ -33,7 +32,7 @@ pub use dest::{
     StagedFile, TEMP_PREFIX, is_temp_name,
 };
 pub use dirwalk::{DirVisit, DirWalk};
-pub use filter::{Filter, FilterError};
+pub use ferry_proto::filter::{self, Filter, FilterError};
 pub use meta::{Kind, Meta};
 pub use peer_dest::PeerDest;
 pub use peer_path::{PeerPath, PeerPathError};

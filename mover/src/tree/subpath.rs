@@ -114,7 +114,7 @@ impl SubPathError {
         match self {
             SubPathError::Io { source, .. } => source
                 .raw_os_error()
-                .is_some_and(crate::kind::is_permanent_errno),
+                .is_some_and(ferry_proto::kind::is_permanent_errno),
             _ => true,
         }
     }

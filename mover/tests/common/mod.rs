@@ -386,14 +386,14 @@ async fn start_receiver_full(
             |r: &Result<SessionSummary, ReceiveError>| {
                 result = Some(match r {
                     Ok(s) => Ok(s.clone()),
-                    Err(e) => Err(session::anyhow_chain(e)),
+                    Err(e) => Err(session::error_chain(e)),
                 });
             },
         )
         .await;
         match (r, result) {
             (_, Some(r)) => r,
-            (Err(e), None) => Err(session::anyhow_chain(&e)),
+            (Err(e), None) => Err(session::error_chain(&e)),
             (Ok(()), None) => Err("no session".into()),
         }
     });
@@ -451,7 +451,7 @@ pub async fn send_watched(
         streams.push(
             net::connect_tls(addr, client.clone(), Duration::from_secs(5))
                 .await
-                .map_err(|e| session::anyhow_chain(&e))?,
+                .map_err(|e| session::error_chain(&e))?,
         );
     }
     let cfg = SenderConfig {
@@ -472,7 +472,7 @@ pub async fn send_watched(
     };
     session::send_session(&cfg, streams, progress)
         .await
-        .map_err(|e| session::anyhow_chain(&e))
+        .map_err(|e| session::error_chain(&e))
 }
 
 /// One in-process round trip: receiver up, send, both results.

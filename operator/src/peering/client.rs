@@ -12,11 +12,12 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::trust::{EndpointVerifier, PeerEntry};
+use super::trust::{EndpointPinning, PeerEntry};
 use super::wire::{self, PairRequest, PairResponse, Refusal, Versions, WithdrawRequest};
 use crate::api::Reason;
 use crate::pki::Authority;
 use crate::placement::Blocked;
+use ferry_proto::net::PinnedVerifier;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -131,12 +132,9 @@ impl PeerClient {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, Bytes), Blocked> {
-        let verifier = Arc::new(EndpointVerifier {
-            peer: peer.clone(),
-            provider: ferry_mover::net::provider(),
-        });
+        let verifier = PinnedVerifier::new(EndpointPinning { peer: peer.clone() });
         let (chain, key) = self.certificate()?;
-        let cfg = rustls::ClientConfig::builder_with_provider(ferry_mover::net::provider())
+        let cfg = rustls::ClientConfig::builder_with_provider(ferry_proto::net::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .and_then(|b| {
                 b.dangerous()

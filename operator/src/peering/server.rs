@@ -128,7 +128,7 @@ impl rustls::server::ResolvesServerCert for RotatingCert {
             return Some(key.clone());
         }
         let issued = self.authority.peering_cert().ok().and_then(|(chain, key)| {
-            let signer = ferry_mover::net::provider()
+            let signer = ferry_proto::net::provider()
                 .key_provider
                 .load_private_key(key)
                 .ok()?;
@@ -152,11 +152,10 @@ pub fn tls_config(
     authority: Arc<crate::pki::Authority>,
     peers: Store<Peer>,
 ) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
-    let provider = ferry_mover::net::provider();
-    let verifier = Arc::new(trust::CallerVerifier {
+    let provider = ferry_proto::net::provider();
+    let verifier = ferry_proto::net::PinnedVerifier::new(trust::CallerPinning {
         peers,
         local_cluster: authority.cluster().to_owned(),
-        provider: provider.clone(),
     });
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -198,7 +197,7 @@ pub async fn serve(
 fn peer_cluster(conn: &rustls::ServerConnection) -> Option<String> {
     conn.peer_certificates()
         .and_then(|c| c.first())
-        .and_then(|c| ferry_mover::net::Identity::from_cert_der(c).ok())
+        .and_then(|c| ferry_proto::net::Identity::from_cert_der(c).ok())
         .filter(|id| id.transfer_id == PEERING_ID)
         .and_then(|id| id.scope)
         .map(|s| s.cluster)
@@ -534,7 +533,7 @@ async fn withdraw(r: WithdrawRequest, cluster: &str, st: &ApiState) -> Response<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_mover::net::{self, Role};
+    use ferry_proto::net::{self, Role};
     use std::net::{Ipv4Addr, SocketAddr};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;

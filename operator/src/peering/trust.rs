@@ -5,15 +5,11 @@
 
 use std::sync::Arc;
 
-use ferry_mover::net::{Identity, Role};
+use ferry_proto::net::{Identity, Pinning, Role, TrustAnchor};
 use kube::runtime::reflector::Store;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
+use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
 use crate::api::Peer;
 
@@ -21,7 +17,7 @@ use crate::api::Peer;
 pub const PEERING_ID: &str = "ferry-peering";
 
 /// The identity `cluster`'s operator presents on the cross-cluster API.
-pub fn peering_identity(cluster: &str) -> Result<Identity, ferry_mover::net::IdentityError> {
+pub fn peering_identity(cluster: &str) -> Result<Identity, ferry_proto::net::IdentityError> {
     Identity::scoped(PEERING_ID, Role::Operator, cluster, 0)
 }
 
@@ -83,31 +79,17 @@ fn claimed_peer(end_entity: &CertificateDer<'_>) -> Result<(Identity, String), r
     }
 }
 
-/// The server's verifier of callers: the caller's claimed cluster must have a Peer here, and
-/// its certificate must chain to that Peer's CA bundle. Unknown clusters are refused in the
+/// The server's rule for callers: the caller's claimed cluster must have a Peer here, and its
+/// certificate must chain to that Peer's CA bundle. Unknown clusters are refused in the
 /// handshake, before any request is read.
 #[derive(Debug)]
-pub struct CallerVerifier {
+pub struct CallerPinning {
     pub peers: Store<Peer>,
     pub local_cluster: String,
-    pub provider: Arc<CryptoProvider>,
 }
 
-impl ClientCertVerifier for CallerVerifier {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        true
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
+impl Pinning for CallerPinning {
+    fn anchors(&self, end_entity: &CertificateDer<'_>) -> Result<Vec<TrustAnchor>, rustls::Error> {
         let (_, cluster) = claimed_peer(end_entity)?;
         if cluster == self.local_cluster {
             return Err(general(format!(
@@ -121,83 +103,49 @@ impl ClientCertVerifier for CallerVerifier {
         }
         // Any of this cluster's Peers may vouch (they should agree; during a CA rotation one
         // may already carry the new bundle).
-        let mut last = None;
+        let mut anchors = Vec::new();
+        let mut unusable = None;
         for p in peers {
-            let entry = match peer_entry(&p) {
-                Ok(e) => e,
-                Err(e) => {
-                    last = Some(general(e));
-                    continue;
-                }
-            };
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(entry.roots, self.provider.clone())
-                    .build()
-                    .map_err(general)?;
-            match verifier.verify_client_cert(end_entity, intermediates, now) {
-                Ok(v) => return Ok(v),
-                Err(e) => last = Some(e),
+            match peer_entry(&p) {
+                Ok(entry) => anchors.push(TrustAnchor::of_peer(entry.roots, &cluster)?),
+                Err(e) => unusable = Some(general(e)),
             }
         }
-        tracing::warn!(%cluster, "refused a caller whose certificate its Peer's caBundle does not vouch for");
-        Err(last.unwrap_or_else(|| general("no usable Peer")))
+        match unusable {
+            Some(e) if anchors.is_empty() => Err(e),
+            _ => Ok(anchors),
+        }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(general("TLS 1.2 is not allowed"))
+    fn check(&self, _: &CertificateDer<'_>, _: &TrustAnchor) -> Result<(), rustls::Error> {
+        // The claim that chose the anchor is the whole identity: a peering identity of the
+        // cluster whose CA vouched for it.
+        Ok(())
     }
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+    fn chain_refused(&self, end_entity: &CertificateDer<'_>) {
+        if let Ok((_, cluster)) = claimed_peer(end_entity) {
+            tracing::warn!(%cluster, "refused a caller whose certificate its Peer's caBundle does not vouch for");
+        }
     }
 }
 
-/// The client's verifier of a peer's endpoint: its certificate must chain to the Peer's CA
-/// bundle and carry the peering identity of the Peer's cluster.
+/// The client's rule for a peer's endpoint: its certificate must chain to the Peer's CA bundle
+/// and carry the peering identity of the Peer's cluster.
 #[derive(Debug)]
-pub struct EndpointVerifier {
+pub struct EndpointPinning {
     pub peer: PeerEntry,
-    pub provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for EndpointVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let parsed = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &parsed,
-            &self.peer.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+impl Pinning for EndpointPinning {
+    fn anchors(&self, _: &CertificateDer<'_>) -> Result<Vec<TrustAnchor>, rustls::Error> {
+        Ok(vec![TrustAnchor::of_peer(
+            self.peer.roots.clone(),
+            &self.peer.cluster,
+        )?])
+    }
+
+    fn check(&self, end_entity: &CertificateDer<'_>, _: &TrustAnchor) -> Result<(), rustls::Error> {
         let (id, cluster) = claimed_peer(end_entity)?;
         if cluster != self.peer.cluster {
             return Err(general(format!(
@@ -205,36 +153,7 @@ impl ServerCertVerifier for EndpointVerifier {
                 self.peer.name, self.peer.cluster
             )));
         }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(general("TLS 1.2 is not allowed"))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        Ok(())
     }
 }
 
@@ -242,8 +161,11 @@ impl ServerCertVerifier for EndpointVerifier {
 mod tests {
     use super::*;
     use crate::api::PeerSpec;
-    use ferry_mover::net::Ca;
+    use ferry_proto::net::{Ca, PinnedVerifier};
     use kube::runtime::{reflector, watcher};
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::{ServerName, UnixTime};
+    use rustls::server::danger::ClientCertVerifier;
 
     fn ca(cluster: &str) -> Ca {
         Ca::new_valid_for(&format!("cluster {cluster}"), 1, 1).expect("ca")
@@ -270,16 +192,15 @@ mod tests {
         p
     }
 
-    fn verifier(peers: &[Peer]) -> CallerVerifier {
+    fn verifier(peers: &[Peer]) -> Arc<PinnedVerifier<CallerPinning>> {
         let (store, mut writer) = reflector::store();
         for p in peers {
             writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
         }
-        CallerVerifier {
+        PinnedVerifier::new(CallerPinning {
             peers: store,
             local_cluster: "east".into(),
-            provider: ferry_mover::net::provider(),
-        }
+        })
     }
 
     #[test]
@@ -322,10 +243,7 @@ mod tests {
 
         // The client side trusts the same bundle for the endpoint.
         let entry = peer_entry(&peer("west", "west", &[&old, &new])).expect("entry");
-        let ev = EndpointVerifier {
-            peer: entry,
-            provider: ferry_mover::net::provider(),
-        };
+        let ev = PinnedVerifier::new(EndpointPinning { peer: entry });
         let name = ServerName::try_from("ferry-peer").expect("name");
         for ca in [&old, &new] {
             ev.verify_server_cert(&leaf(ca, "west"), &[], &name, &[], now)

@@ -25,7 +25,7 @@ pub(super) struct Failure {
 /// progress update.
 fn reported_kind(p: &PodView, progress: &Option<ProgressUpdate>) -> Option<(ErrorKind, bool)> {
     match p.exit_code {
-        Some(code) => ferry_mover::kind::from_exit_status(code),
+        Some(code) => ferry_proto::kind::from_exit_status(code),
         None => progress
             .as_ref()
             .filter(|u| u.error_kind != 0)

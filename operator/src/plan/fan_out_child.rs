@@ -38,8 +38,10 @@ impl Ctx<'_> {
 }
 
 /// The fan-out's sender pod as one destination's sender: the pod while this destination's
-/// session runs; Succeeded or Failed (with the exit status of the session's error kind) once
-/// the session ended, whatever the other destinations' sessions do.
+/// session runs; Succeeded or Failed once the session ended, whatever the other destinations'
+/// sessions do. It carries no exit status: the pod's is not this session's, and the session's
+/// error kind and permanence are read from its final progress update, as for any mover
+/// without one.
 pub(super) fn served_view(pod: &PodView, session: Option<&ProgressUpdate>) -> PodView {
     let mut view = pod.clone();
     let Some(u) = session else {
@@ -48,13 +50,12 @@ pub(super) fn served_view(pod: &PodView, session: Option<&ProgressUpdate>) -> Po
     match MoverPhase::try_from(u.phase) {
         Ok(MoverPhase::Succeeded) => {
             view.phase = PodPhase::Succeeded;
-            view.exit_code = Some(0);
+            view.exit_code = None;
             view.message = None;
         }
         Ok(MoverPhase::Failed) => {
-            let kind = ErrorKind::from_pb(u.error_kind);
             view.phase = PodPhase::Failed;
-            view.exit_code = Some(i32::from(ferry_mover::kind::exit_status(kind, u.permanent)));
+            view.exit_code = None;
             view.message = Some(u.last_error.clone());
         }
         _ => {}

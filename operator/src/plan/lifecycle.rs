@@ -146,7 +146,7 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     let skipped_only = |s: &PodView| {
         spec.on_unreadable == OnUnreadable::Skip
             && s.phase == PodPhase::Failed
-            && s.exit_code == Some(i32::from(ferry_mover::kind::EXIT_FAILED_ENTRIES))
+            && s.exit_code == Some(i32::from(ferry_proto::kind::EXIT_FAILED_ENTRIES))
             && cx
                 .obs
                 .sender_progress

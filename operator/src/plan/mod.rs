@@ -48,7 +48,7 @@ use crate::names::{self, MoverRole};
 use crate::peering::registry::Counterpart;
 use crate::peering::wire::{PairResponse, SenderState};
 use crate::placement::{Blocked, SidePlacement};
-use ferry_mover::kind::ErrorKind;
+use ferry_proto::kind::ErrorKind;
 use ferry_proto::progress::v1::{Phase as MoverPhase, ProgressUpdate};
 
 /// First retry delay; each further failure doubles it, up to [`BACKOFF_MAX`].

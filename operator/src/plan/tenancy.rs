@@ -1,5 +1,5 @@
 //! Which store a receiver uses at its node's service, and what its certificate says of it
-//! ([`ferry_mover::net::Tenancy`]): its namespace, its run, and whether its blocks join the
+//! ([`ferry_proto::net::Tenancy`]): its namespace, its run, and whether its blocks join the
 //! shared store or stay its run's.
 //!
 //! - With `dedup`, the receiver takes and puts blocks in its dedup domain's store.
@@ -12,7 +12,7 @@
 //! names), the same for every sibling, so they may wait for each other's blocks; any other
 //! Transfer's run is its own.
 
-use ferry_mover::net::{StoreScope, Tenancy, TenancyError};
+use ferry_proto::net::{StoreScope, Tenancy, TenancyError};
 use kube::ResourceExt;
 
 use crate::api::Transfer;

@@ -43,7 +43,7 @@ pub fn bandwidth_bytes(spec: &TransferSpec) -> Result<Option<u64>, String> {
     }
 }
 
-pub use ferry_mover::quantity::parse_quantity;
+pub use ferry_proto::quantity::parse_quantity;
 
 /// Spec fields this operator cannot honour as asked, refused instead of silently ignored.
 pub(super) fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked> {
@@ -79,7 +79,7 @@ pub(super) fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked
         .err()
         .or_else(|| {
             let rules = spec.exclude.iter().map(|p| (false, p.as_str()));
-            ferry_mover::tree::Filter::new(rules)
+            ferry_proto::filter::Filter::new(rules)
                 .err()
                 .map(|e| format!("spec.exclude: {e}"))
         })

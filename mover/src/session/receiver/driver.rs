@@ -11,10 +11,11 @@ use std::time::Instant;
 use ferry_proto::wire::v1 as pb;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use super::block_store::BlockDedup;
 use super::effects::{self, Dropped, Scratch, Session};
 use super::state::{Route, SenderViolation, StreamRules};
 use super::{Accepted, ReceiveError, ReceiverConfig, failure_message, more_telling};
-use crate::cas::dedup::{BlockDedup, DedupReceiver};
+use crate::cas::dedup::DedupReceiver;
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, HashPool, LinkList, SortedTree};
 use crate::node::client::NodeDedup;

@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use ferry_proto::wire::v1 as pb;
 
+use super::block_store::BlockDedup;
 use super::state::{self, ClaimedSmall, ReceiverState, SenderViolation};
 use super::{
     Keep, MAX_REPORTED_FAILURES, MAX_XATTR_BYTES, MAX_XATTR_BYTES_IN_FLIGHT, ReceiveError,
 };
 use crate::cas::BlockHash;
-use crate::cas::dedup::{AnnouncedBlock, BlockDedup};
+use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::PopKey;
 use crate::digest::{self, DirList, Hash, HashError, HashPool, LinkList, SortedTree};
 use crate::progress::Progress;
@@ -230,7 +231,7 @@ impl Session {
     /// among the first few messages kept for the Summary that the sender reports too.
     fn fail_entry(&self, err: &dyn std::error::Error) {
         // Messages name peer paths, which may hold newlines or escape sequences.
-        let msg = crate::session::escape_text(&crate::session::anyhow_chain(err));
+        let msg = crate::session::escape_text(&crate::session::error_chain(err));
         tracing::error!("{msg}");
         self.progress.add_failed(1);
         if let Ok(mut kept) = self.failures.lock()
@@ -339,7 +340,7 @@ fn record_unchanged(
         let mut f = s.dest.open_read(p.rel()).map_err(|e| {
             HashError::new(
                 shown(),
-                std::io::Error::other(crate::session::anyhow_chain(&e)),
+                std::io::Error::other(crate::session::error_chain(&e)),
             )
         })?;
         let meta = fstat_meta(&f).map_err(|e| HashError::new(shown(), e))?;
@@ -359,7 +360,7 @@ fn record_unchanged(
         s.record_file(&p, &meta, &read.content).map_err(|e| {
             HashError::new(
                 shown(),
-                std::io::Error::other(crate::session::anyhow_chain(&e)),
+                std::io::Error::other(crate::session::error_chain(&e)),
             )
         })
     })?;
@@ -1077,7 +1078,7 @@ impl crate::node::swarm::FetchSink for PeerBlockSink {
     fn deliver(&self, b: &AnnouncedBlock, block: Bytes) -> Result<(), String> {
         let (sh, lf) = (&self.sh, &self.file);
         let fail = |e: &dyn std::error::Error| {
-            format!("{}: {}", lf.meta.path, crate::session::anyhow_chain(e))
+            format!("{}: {}", lf.meta.path, crate::session::error_chain(e))
         };
         lf.staging
             .write_block(b.index * BLOCK_SIZE as u64, &block)

@@ -6,6 +6,7 @@
 //! - `effects`: the filesystem work those rules ask for;
 //! - `driver`: the async loop over a session's streams.
 
+mod block_store;
 mod driver;
 mod effects;
 mod packs;
@@ -23,15 +24,15 @@ use super::compress::CodecError;
 use super::framed::{FrameReader, FrameWriter, FramedError};
 use super::handshake::{HandshakeError, accept_hello};
 use super::staging::StagingError;
-use super::{MAX_STREAMS, Timeouts, anyhow_chain};
+use super::{MAX_STREAMS, Timeouts, error_chain};
 use crate::cas::pop::Nonce;
 use crate::cas::{CasError, CasStore};
 use crate::digest::HashError;
-use crate::kind::{ErrorKind, is_no_space};
 use crate::tree::CommitError;
 use crate::tree::peer_dest::DestError;
 use crate::tree::peer_path::PeerPathError;
 use crate::wire::caps;
+use ferry_proto::kind::{ErrorKind, is_no_space};
 
 pub use driver::receive_session;
 pub use state::SenderViolation;
@@ -135,7 +136,7 @@ pub enum ReceiveError {
 /// The message a receiver reports for `e` (logs, Error frame, progress): the whole chain, and
 /// for a full destination where the resume state stays.
 pub fn failure_message(e: &ReceiveError, transfer_id: &str) -> String {
-    let mut msg = anyhow_chain(e);
+    let mut msg = error_chain(e);
     if is_no_space(e) {
         msg.push_str(&format!(
             "; the destination is out of space. The resume state of this transfer was kept in \

@@ -223,7 +223,7 @@ impl crate::node::swarm::FetchSink for PeerPackSink {
             format!(
                 "the pack from {} on: {}",
                 pack.paths[0],
-                crate::session::anyhow_chain(e)
+                crate::session::error_chain(e)
             )
         };
         let files = sh

@@ -21,7 +21,7 @@ use crate::session::framed::{FrameReader, FrameWriter, FramedError};
 use crate::session::handshake::send_hello;
 use crate::session::scan::{self};
 use crate::session::{
-    Abort, PEER_GRACE, Reason, SessionSummary, StreamFailure, anyhow_chain, pending_peer_error,
+    Abort, PEER_GRACE, Reason, SessionSummary, StreamFailure, error_chain, pending_peer_error,
     tell_peer,
 };
 use crate::session::{OFFER_WINDOW, SMALL_FILE_MAX};
@@ -65,7 +65,7 @@ where
     match &r {
         Ok(summary) => summary.set_outcome(&progress),
         Err(e) => {
-            progress.set_failure(e.failure(), &anyhow_chain(e));
+            progress.set_failure(e.failure(), &error_chain(e));
             progress.set_phase(Phase::Failed);
         }
     }
@@ -93,7 +93,7 @@ where
     if matches!(e, SendError::Remote { .. }) {
         return;
     }
-    let message = anyhow_chain(e);
+    let message = error_chain(e);
     let tells = ends
         .iter_mut()
         .map(|(_, w)| tell_peer(w, e.failure(), &message));
@@ -265,8 +265,8 @@ where
             && !matches!(e, scan::ScanError::Closed)
         {
             walk_ctx.abort.set(Reason {
-                failure: crate::kind::Failure::new(e.kind(), e.permanent()),
-                message: anyhow_chain(e),
+                failure: ferry_proto::kind::Failure::new(e.kind(), e.permanent()),
+                message: error_chain(e),
                 from_peer: false,
             });
         }
@@ -658,7 +658,7 @@ where
         },
         e => StreamFailure::Local {
             failure: e.failure(),
-            message: anyhow_chain(e),
+            message: error_chain(e),
         },
     });
     if let Some(r) = reason {

@@ -23,8 +23,8 @@ use super::framed::FramedError;
 use super::handshake::HandshakeError;
 use super::scan::{OnUnreadable, ScanError};
 use crate::digest::HashError;
-use crate::kind::ErrorKind;
 use crate::tree::Filter;
+use ferry_proto::kind::ErrorKind;
 
 /// Keepalive after this much silence on a stream, well below any sane idle timeout.
 const KEEPALIVE: Duration = Duration::from_secs(5);

@@ -14,6 +14,7 @@ mod node_tls;
 mod tenancy;
 mod tls;
 mod transport;
+mod verifier;
 
 pub use admission::{
     AcceptLimits, Admission, ConnActivity, ConnectionSlot, ConnectionSlots, InUse,
@@ -31,3 +32,4 @@ pub use tls::{
 pub use transport::{
     TransportError, accept_tls, connect_tls, connect_tls_probed, connect_tls_retrying,
 };
+pub use verifier::{PinnedVerifier, Pinning, TrustAnchor};

@@ -173,10 +173,9 @@ pub fn tls_incoming(
                             .await;
                     }
                     Err(e) if e.is_probe() => tracing::debug!("{what} port probed by {addr}"),
-                    Err(e) => tracing::warn!(
-                        "{what} port refused {addr}: {}",
-                        crate::session::anyhow_chain(&e)
-                    ),
+                    Err(e) => {
+                        tracing::warn!("{what} port refused {addr}: {}", crate::error_chain(&e))
+                    }
                 }
             });
             handshakes.insert(ticket, task.abort_handle());

@@ -4,15 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::RootCertStore;
 use rustls::crypto::{CryptoProvider, aws_lc_rs};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::identity::{Identity, Role};
+use super::verifier::{PinnedVerifier, Pinning, TrustAnchor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -59,8 +57,6 @@ pub enum TlsError {
     PeerNotNamed { cluster: String, found: String },
     #[error("failed to build the TLS configuration")]
     Config(#[source] rustls::Error),
-    #[error("failed to build the client certificate verifier")]
-    Verifier(#[source] rustls::server::VerifierBuilderError),
 }
 
 /// The CA, own certificate chain and key an endpoint was given, plus its identity.
@@ -265,27 +261,21 @@ pub fn server_config(
     files: &TlsFiles,
     accepted: &[Role],
 ) -> Result<rustls::ServerConfig, TlsError> {
-    let provider = provider();
-    let chain_verifier = |roots: &Arc<RootCertStore>| {
-        WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-            .build()
-            .map_err(TlsError::Verifier)
-    };
-    let inner = chain_verifier(&files.roots)?;
-    let peer = match &files.peer {
-        Some(p) => Some((p.cluster.clone(), chain_verifier(&p.roots)?)),
-        None => None,
-    };
-    let verifier = Arc::new(IdentityClientVerifier {
-        inner,
-        peer,
-        locals: std::iter::once(&files.identity)
-            .chain(&files.also)
-            .cloned()
-            .collect(),
-        accepted: accepted.to_vec(),
-    });
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+    let locals = std::iter::once(&files.identity)
+        .chain(&files.also)
+        .cloned()
+        .collect();
+    let verifier = PinnedVerifier::new(MoverPinning::new(files, locals, accepted)?);
+    server_config_with(files, verifier, Vec::new())
+}
+
+/// TLS 1.3 with our certificate, every client checked by `verifier`, offering `alpn`.
+pub(super) fn server_config_with(
+    files: &TlsFiles,
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    alpn: Vec<Vec<u8>>,
+) -> Result<rustls::ServerConfig, TlsError> {
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(TlsError::Config)?
         .with_client_cert_verifier(verifier)
@@ -293,7 +283,7 @@ pub fn server_config(
         .map_err(TlsError::Config)?;
     // Session tickets buy nothing for a handful of long-lived streams.
     cfg.send_tls13_tickets = 0;
-    cfg.alpn_protocols = Vec::new();
+    cfg.alpn_protocols = alpn;
     Ok(cfg)
 }
 
@@ -303,21 +293,27 @@ pub fn client_config(
     files: &TlsFiles,
     accepted: &[Role],
 ) -> Result<rustls::ClientConfig, TlsError> {
-    let provider = provider();
-    let verifier = Arc::new(IdentityServerVerifier {
-        roots: files.roots.clone(),
-        peer: files.peer.clone(),
-        provider: provider.clone(),
-        local: files.identity.clone(),
-        accepted: accepted.to_vec(),
-    });
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+    // Only the identity this endpoint acts as: a sender serving several Transfers pins each
+    // connection to the receiver of the one it was opened for.
+    let locals = vec![files.identity.clone()];
+    let verifier = PinnedVerifier::new(MoverPinning::new(files, locals, accepted)?);
+    client_config_with(files, verifier, Vec::new())
+}
+
+/// TLS 1.3 presenting our certificate, the server checked by `verifier`, asking for `alpn`.
+pub(super) fn client_config_with(
+    files: &TlsFiles,
+    verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
+    alpn: Vec<Vec<u8>>,
+) -> Result<rustls::ClientConfig, TlsError> {
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(TlsError::Config)?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_client_auth_cert(files.chain.clone(), files.key.clone_key())
         .map_err(TlsError::Config)?;
+    cfg.alpn_protocols = alpn;
     Ok(cfg)
 }
 
@@ -381,153 +377,61 @@ fn local_roles(accepted: &[Role], has_peer: bool) -> Vec<Role> {
         .collect()
 }
 
+/// A mover endpoint's rule: the same transfer, one of the accepted roles; a certificate that
+/// claims the peer cluster must chain to that cluster's CA and be one of its movers.
 #[derive(Debug)]
-struct IdentityClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
-    /// The peer cluster's name and a verifier of chains to its CA.
-    peer: Option<(String, Arc<dyn ClientCertVerifier>)>,
-    /// Every identity of the own certificate: the progress port of a sender serving several
-    /// Transfers answers each one's operator.
+struct MoverPinning {
+    own: TrustAnchor,
+    peer: Option<TrustAnchor>,
+    /// The identities this endpoint speaks for (any one may match).
     locals: Vec<Identity>,
     accepted: Vec<Role>,
 }
 
-impl ClientCertVerifier for IdentityClientVerifier {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        true
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        // Chain first: an identity read from an untrusted certificate means nothing.
-        if let Some((cluster, verifier)) = &self.peer
-            && claimed_cluster(end_entity).as_ref() == Some(cluster)
-        {
-            verifier.verify_client_cert(end_entity, intermediates, now)?;
-            let roles = peer_roles(&self.accepted);
-            check_any(end_entity, &self.locals, |local, peer| {
-                local.check_peer_from(peer, &roles, cluster)
-            })?;
-            return Ok(ClientCertVerified::assertion());
-        }
-        self.inner
-            .verify_client_cert(end_entity, intermediates, now)?;
-        let roles = local_roles(&self.accepted, self.peer.is_some());
-        check_any(end_entity, &self.locals, |local, peer| {
-            local.check_peer(peer, &roles)
-        })?;
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
-}
-
-#[derive(Debug)]
-struct IdentityServerVerifier {
-    roots: Arc<RootCertStore>,
-    peer: Option<PeerTrust>,
-    provider: Arc<CryptoProvider>,
-    local: Identity,
-    accepted: Vec<Role>,
-}
-
-impl ServerCertVerifier for IdentityServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        // The DNS name is meaningless for pod-to-pod transfers; the URI SAN identity replaces it.
-        let parsed = ParsedCertificate::try_from(end_entity)?;
-        let from_peer = self
-            .peer
-            .as_ref()
-            .filter(|p| claimed_cluster(end_entity).as_ref() == Some(&p.cluster));
-        let roots = from_peer.map_or(&self.roots, |p| &p.roots);
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &parsed,
-            roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
-        // Only the identity this endpoint acts as: a sender serving several Transfers pins each
-        // connection to the receiver of the one it was opened for.
-        let local = std::slice::from_ref(&self.local);
-        match from_peer {
+impl MoverPinning {
+    fn new(files: &TlsFiles, locals: Vec<Identity>, accepted: &[Role]) -> Result<Self, TlsError> {
+        let peer = match &files.peer {
             Some(p) => {
+                Some(TrustAnchor::of_peer(p.roots.clone(), &p.cluster).map_err(TlsError::Config)?)
+            }
+            None => None,
+        };
+        Ok(MoverPinning {
+            own: TrustAnchor::own(files.roots.clone()).map_err(TlsError::Config)?,
+            peer,
+            locals,
+            accepted: accepted.to_vec(),
+        })
+    }
+}
+
+impl Pinning for MoverPinning {
+    fn anchors(&self, end_entity: &CertificateDer<'_>) -> Result<Vec<TrustAnchor>, rustls::Error> {
+        let claimed = claimed_cluster(end_entity);
+        Ok(vec![match &self.peer {
+            Some(p) if claimed.is_some() && p.peer_cluster == claimed => p.clone(),
+            _ => self.own.clone(),
+        }])
+    }
+
+    fn check(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        anchor: &TrustAnchor,
+    ) -> Result<(), rustls::Error> {
+        match &anchor.peer_cluster {
+            Some(cluster) => {
                 let roles = peer_roles(&self.accepted);
-                check_any(end_entity, local, |local, peer| {
-                    local.check_peer_from(peer, &roles, &p.cluster)
+                check_any(end_entity, &self.locals, |local, peer| {
+                    local.check_peer_from(peer, &roles, cluster)
                 })
             }
             None => {
                 let roles = local_roles(&self.accepted, self.peer.is_some());
-                check_any(end_entity, local, |local, peer| {
+                check_any(end_entity, &self.locals, |local, peer| {
                     local.check_peer(peer, &roles)
                 })
             }
-        }?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("TLS 1.2 is not allowed".into()))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        }
     }
 }
