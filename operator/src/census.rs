@@ -12,8 +12,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc;
 
 use crate::api::{Phase, Transfer};
-use crate::limits::{self, Limits};
 use crate::metrics::Metrics;
+use crate::plan::limits::{self, Limits};
 use crate::status::PatchLimiter;
 
 const EVERY: Duration = Duration::from_secs(1);

@@ -134,7 +134,7 @@ pub struct Config {
     pub data_port: u16,
     pub progress_port: u16,
     /// Whether each Transfer gets a NetworkPolicy that admits only ferry's own traffic to its
-    /// movers ([`crate::network_policy`]).
+    /// movers ([`crate::apply::network_policy`]).
     pub network_policies: bool,
     /// Address blocks (CIDR) admitted to the movers' progress port besides the operator's
     /// namespace: an operator that runs outside the cluster.

@@ -1,31 +1,30 @@
 //! ferry-operator: reconciles `Transfer` resources (`ferry.dev/v1alpha1`) into a receiver pod
 //! next to the destination and a sender pod next to the source, issues their certificates,
 //! follows their progress and writes it into the Transfer's status. See docs/operator.md.
+//!
+//! One reconcile, by stage: [`reconcile`] (the wiring, error policy, finalizer) runs
+//! [`observe`] (reads the caches, decides nothing), [`plan`] (every decision, pure),
+//! [`apply`] (carries the decisions out, decides nothing) and [`status`] (the writer, the patch
+//! budget, Events).
 
 pub mod api;
 pub mod api_metrics;
+pub mod apply;
 pub mod cache;
 pub mod census;
-pub mod cleanup;
 pub mod config;
-pub mod controller;
-pub mod fan_out;
+pub mod context;
 pub mod leader;
-pub mod limits;
 pub mod metrics;
-pub mod movers;
 pub mod names;
-pub mod network_policy;
 pub mod node_service;
-pub mod overlap;
+pub mod observe;
 pub mod peering;
 pub mod pki;
-pub mod placement;
 pub mod plan;
 pub mod plugin;
 pub mod progress;
-pub mod provision;
-pub mod runs;
+pub mod reconcile;
 pub mod status;
 pub mod store_volumes;
 pub mod uninstall;

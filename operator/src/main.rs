@@ -261,7 +261,7 @@ fn main() -> anyhow::Result<()> {
         };
         let shutdown = stopped(stop_rx.clone());
         let result = tokio::select! {
-            r = ferry_operator::controller::run(client, config, metrics, shutdown) => r,
+            r = ferry_operator::reconcile::run(client, config, metrics, shutdown) => r,
             _ = elector.hold(acquired) => Err(anyhow::anyhow!("lost the leader-election Lease")),
         };
         elector.release().await;

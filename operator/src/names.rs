@@ -135,6 +135,6 @@ mod tests {
         let long = fan_out_child_name(&a, &b);
         assert!(long.len() <= 253, "{}", long.len());
         assert_ne!(long, fan_out_child_name(&a, &"n".repeat(101)));
-        assert!(crate::placement::is_dns_subdomain(&long), "{long}");
+        assert!(crate::plan::placement::is_dns_subdomain(&long), "{long}");
     }
 }

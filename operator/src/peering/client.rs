@@ -16,7 +16,7 @@ use super::trust::{EndpointPinning, PeerEntry};
 use super::wire::{self, PairRequest, PairResponse, Refusal, Versions, WithdrawRequest};
 use crate::api::Reason;
 use crate::pki::Authority;
-use crate::placement::Blocked;
+use crate::plan::placement::Blocked;
 use ferry_proto::net::PinnedVerifier;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

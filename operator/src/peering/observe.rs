@@ -12,9 +12,9 @@ use super::wire::{
     HalfRef, PairRequest, SenderFigures, SenderReport, SenderState, WithdrawRequest,
 };
 use crate::api::{Reason, Transfer, TransferStatus};
-use crate::controller::{Context, Error};
+use crate::context::{Context, Error};
 use crate::names::{self, MoverRole};
-use crate::placement::Blocked;
+use crate::plan::placement::Blocked;
 use crate::plan::{PodPhase, PodView, RemoteObserved};
 
 /// A deleted source half tells its destination half, which stops its receiver (best effort:

@@ -9,13 +9,13 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
     let now = cx.obs.now;
 
     // A new run: the first, a changed trigger after the last finished, or the schedule.
-    let decision = crate::runs::decide(t, &cx.st, now);
+    let decision = crate::plan::runs::decide(t, &cx.st, now);
     if let Some((at, why)) = &decision.skip {
-        let note = crate::runs::skip(&mut cx.st, *at, why);
+        let note = crate::plan::runs::skip(&mut cx.st, *at, why);
         cx.notes.push(note);
     }
     if decision.start.is_some() {
-        cx.st = crate::runs::begin(t, &cx.st, &decision, &cx.now);
+        cx.st = crate::plan::runs::begin(t, &cx.st, &decision, &cx.now);
         cx.cond(
             ConditionType::Succeeded,
             false,
@@ -28,7 +28,7 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
             Reason::Pending,
             "not finished",
         );
-        if let Some(note) = crate::runs::start_note(&decision, cx.st.run) {
+        if let Some(note) = crate::plan::runs::start_note(&decision, cx.st.run) {
             cx.notes.push(note);
         }
     }
@@ -92,11 +92,11 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
 
     // The destination claim to provision comes first (a missing one blocks nothing: observe
     // counts it as there).
-    if let Some(crate::provision::ProvisionStep::Create(req)) = &cx.obs.provision {
+    if let Some(crate::plan::provision::ProvisionStep::Create(req)) = &cx.obs.provision {
         let message = format!(
             "creating PersistentVolumeClaim {} ({}, {})",
             req.name,
-            crate::provision::quantity(req.bytes),
+            crate::plan::provision::quantity(req.bytes),
             req.storage_class_name.as_deref().map_or_else(
                 || "the default StorageClass".to_owned(),
                 |c| format!("StorageClass {c}")
@@ -259,7 +259,7 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
 
     if recv.is_none() && send.is_none() && !cx.obs.may_start {
         let queue = cx.obs.queue;
-        let limit = queue.map_or(crate::limits::Limit::Cluster, |q| q.limit);
+        let limit = queue.map_or(crate::plan::limits::Limit::Cluster, |q| q.limit);
         cx.st.phase = Phase::Pending;
         cx.st.queue = queue.map(|q| QueueStatus {
             position: u32::try_from(q.place).unwrap_or(u32::MAX),
@@ -269,7 +269,7 @@ pub(super) fn step(t: &Transfer, uid: &str, cx: &mut Ctx<'_>) -> Option<Duration
             ConditionType::Ready,
             false,
             Reason::Pending,
-            &format!("{} {}", crate::limits::QUEUED, limit.describe()),
+            &format!("{} {}", crate::plan::limits::QUEUED, limit.describe()),
         );
         return Some(RESYNC_BLOCKED);
     }

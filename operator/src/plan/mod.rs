@@ -13,13 +13,24 @@
 //! shares (conditions, deleting children, blocking, finishing, certificates). By concern:
 //! `lifecycle` (runs and attempts), `failure` (a failed attempt and its retry), `validation`
 //! (what keeps a Transfer from starting), `progress` (the moving figures), `destination_half`
-//! and `source_half`; `tenancy` (which store a receiver uses at its node service).
+//! and `source_half`; `tenancy` (which store a receiver uses at its node service). Beside them
+//! the decisions observe used to make and the fan-out's own plan: `placement` (where each side
+//! runs), `overlap` (which Transfers may not run at once), `limits` (admission and fairness),
+//! `runs` (schedules and triggers), `provision` (claims to create), `cleanup` (what deletion
+//! removes) and `fan_out` (the children of a fan-out, its senders and swarm roles).
 
+pub mod cleanup;
 mod destination_half;
 mod failure;
+pub mod fan_out;
 mod fan_out_child;
 mod lifecycle;
+pub mod limits;
+pub mod overlap;
+pub mod placement;
 mod progress;
+pub mod provision;
+pub mod runs;
 mod source_half;
 pub mod tenancy;
 #[cfg(test)]
@@ -47,7 +58,7 @@ use crate::api::{
 use crate::names::{self, MoverRole};
 use crate::peering::registry::Counterpart;
 use crate::peering::wire::{PairResponse, SenderState};
-use crate::placement::{Blocked, SidePlacement};
+use crate::plan::placement::{Blocked, SidePlacement};
 use ferry_proto::kind::ErrorKind;
 use ferry_proto::progress::v1::{Phase as MoverPhase, ProgressUpdate};
 
@@ -127,7 +138,7 @@ pub struct Observed {
     /// Whether the concurrency limits let this Transfer start movers now.
     pub may_start: bool,
     /// Where it waits when they do not.
-    pub queue: Option<crate::limits::Queued>,
+    pub queue: Option<crate::plan::limits::Queued>,
     /// When this operator began to act: nothing said by the other cluster before was heard by
     /// it, so a silence counts from here at the earliest.
     pub acting_since: Timestamp,
@@ -150,7 +161,7 @@ pub struct Observed {
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteObserved>,
     /// A destination claim to provision (`destination.pvc.provision`): what to do about it.
-    pub provision: Option<crate::provision::ProvisionStep>,
+    pub provision: Option<crate::plan::provision::ProvisionStep>,
     /// A fan-out child's first attempt: the fan-out's sender of the run, which reads the source
     /// once for every destination it serves.
     pub fan_out_sender: Option<FanOutSender>,
@@ -220,7 +231,7 @@ pub enum Action {
     /// `ttlSecondsAfterFinished` ran out.
     DeleteTransfer,
     /// Create the destination claim (`destination.pvc.provision`).
-    CreateClaim(crate::provision::ClaimRequest),
+    CreateClaim(crate::plan::provision::ClaimRequest),
 }
 
 /// An Event to record (events.k8s.io).
@@ -287,7 +298,7 @@ struct Ctx<'a> {
     generation: Option<i64>,
     obs: &'a Observed,
     /// What the run rules decided (a new run, a skipped scheduled time, the next one).
-    decision: crate::runs::Decision,
+    decision: crate::plan::runs::Decision,
 }
 
 impl Ctx<'_> {
@@ -452,7 +463,7 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         now: Time(obs.now),
         generation: t.metadata.generation,
         obs,
-        decision: crate::runs::Decision::default(),
+        decision: crate::plan::runs::Decision::default(),
     };
     cx.st.observed_generation = t.metadata.generation;
     // Set again below while the Transfer waits for a slot.
@@ -463,7 +474,7 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
         lifecycle::step(t, &uid, &mut cx)
     };
     keep_last_heard(t, &before, &mut cx);
-    crate::runs::after_plan(t, &before, &mut cx.st, &cx.decision);
+    crate::plan::runs::after_plan(t, &before, &mut cx.st, &cx.decision);
     let requeue = match (requeue, cx.decision.next) {
         (r, Some(next)) => Some(r.map_or(until(obs.now, next), |r| r.min(until(obs.now, next)))),
         (r, None) => r,

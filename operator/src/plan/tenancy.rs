@@ -16,8 +16,8 @@ use ferry_proto::net::{StoreScope, Tenancy, TenancyError};
 use kube::ResourceExt;
 
 use crate::api::Transfer;
-use crate::fan_out::plan::run_of_trigger;
 use crate::names::{self, LABEL_FAN_OUT_OF};
+use crate::plan::fan_out::run_of_trigger;
 
 /// The store a receiver uses: `dedup_planned` is the plan's word (the Transfer asked for dedup
 /// and its store has not failed it).
@@ -87,7 +87,7 @@ mod tests {
             ..Default::default()
         };
         if let Some((parent, run)) = child_of {
-            spec.trigger = Some(crate::fan_out::plan::child_trigger(run));
+            spec.trigger = Some(crate::plan::fan_out::child_trigger(run));
             meta.labels = Some([(LABEL_FAN_OUT_OF.to_owned(), "p".to_owned())].into());
             meta.owner_references = Some(vec![OwnerReference {
                 api_version: "ferry.dev/v1alpha1".into(),

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::api::{Endpoint, HostPathEndpoint, TransferSpec};
-use crate::placement::VolumeRef;
+use crate::plan::placement::VolumeRef;
 use kube::api::ObjectMeta;
 
 pub(crate) fn transfer() -> Transfer {
@@ -1178,7 +1178,7 @@ fn a_passing_peering_error_keeps_the_sender_an_explicit_refusal_or_a_long_silenc
 
 #[test]
 fn a_queued_transfer_shows_its_place_and_the_limit_it_waits_for() {
-    use crate::limits::{Limit, Queued};
+    use crate::plan::limits::{Limit, Queued};
     let mut t = transfer();
     let mut o = obs(0);
     o.may_start = false;
@@ -1349,7 +1349,7 @@ fn a_schedule_in_a_time_zone_that_does_not_exist_creates_nothing() {
 
 #[test]
 fn a_missing_provisioned_claim_is_created_first_and_a_small_one_blocks() {
-    use crate::provision::{ClaimRequest, ProvisionStep};
+    use crate::plan::provision::{ClaimRequest, ProvisionStep};
     let mut t = transfer();
     let mut o = obs(1);
     let req = ClaimRequest {

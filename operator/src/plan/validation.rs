@@ -14,7 +14,7 @@ pub(super) fn blocked(t: &Transfer, obs: &Observed) -> Option<Blocked> {
         message: "the namespace's Pod Security level (baseline or restricted) forbids hostPath volumes: use claims here, or a namespace at the privileged level".into(),
     });
     let provision = match &obs.provision {
-        Some(crate::provision::ProvisionStep::Blocked(b)) => Some(b.clone()),
+        Some(crate::plan::provision::ProvisionStep::Blocked(b)) => Some(b.clone()),
         _ => None,
     };
     unsupported(spec, obs)
@@ -85,7 +85,7 @@ pub(super) fn unsupported(spec: &TransferSpec, obs: &Observed) -> Option<Blocked
         })
         .or_else(|| {
             let schedule = spec.schedule.as_ref()?;
-            crate::runs::Schedule::parse(schedule).err()
+            crate::plan::runs::Schedule::parse(schedule).err()
         });
     invalid.map(|message| Blocked {
         reason: Reason::InvalidSpec,

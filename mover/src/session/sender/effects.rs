@@ -56,7 +56,7 @@ impl Opened {
 /// asks for: blocks of a source file, or a pack of small files.
 pub(super) enum Owed {
     File(Opened),
-    Pack(Arc<super::packs::PackSpec>),
+    Pack(Arc<super::state::PackSpec>),
 }
 
 /// One block to read and send.

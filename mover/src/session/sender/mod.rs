@@ -9,6 +9,7 @@ mod driver;
 mod effects;
 mod packs;
 mod refetch;
+mod reply;
 pub mod shared;
 pub mod start_gate;
 pub mod state;
@@ -40,7 +41,7 @@ const RESUME_CHUNK: usize = 1024;
 /// A receiver's Busy frames hold the wait for one reply off for at most this many progress
 /// timeouts (8 min at the default 120 s), for work that does not grow with the source (its
 /// directory metadata, fsync with `--sync`, a burst of other sessions), plus the time to read
-/// the whole source at [`BUSY_MIN_RATE`] bytes per second: see `driver::busy_allowance`.
+/// the whole source at [`BUSY_MIN_RATE`] bytes per second: see `reply::busy_allowance`.
 const BUSY_TIMEOUTS: u32 = 4;
 /// 16 MiB/s: slower than any disk or link a destination reads or fetches a source's worth of
 /// data from while it is busy (1 TiB of source allows a busy receiver about 18 h per reply).

@@ -12,6 +12,7 @@ use ferry_proto::wire::v1 as pb;
 use super::SendError;
 use super::effects::{Ctx, SourceDirs, read_small_into};
 use super::shared::{FileKey, PackKey, PackRead, SharedReads};
+use super::state::PackSpec;
 use crate::cas::dedup::DedupSender;
 use crate::cas::pop::secret_of;
 use crate::cas::{BlockHash, storable};
@@ -20,17 +21,6 @@ use crate::session::SMALL_FILE_MAX;
 use crate::session::scan;
 use crate::tree::peer_path::PeerPath;
 use crate::wire::{BLOCK_SIZE, Message, codec};
-
-/// The small files of one Offer announced as a pack: what is read again if the receiver asks
-/// for the pack's bytes.
-#[derive(Debug)]
-pub(super) struct PackSpec {
-    /// The receiver's id of the pack (its first file's).
-    pub(super) pack_id: u64,
-    pub(super) files: Vec<pb::Entry>,
-    pub(super) hash: [u8; 32],
-    pub(super) len: u64,
-}
 
 /// Whether the small files a Want asks for make a pack: only when the receiver asked for every
 /// small file of the Offer (`all_small_wanted`), so that every destination of a fan-out, each

@@ -178,7 +178,7 @@ where
     let mut allowance = Allowance::default();
     let announced = || ctx.announced_bytes.load(Ordering::Relaxed);
     loop {
-        let r = match super::driver::next_reply(reader, ctx, &mut work).await? {
+        let r = match super::reply::next_reply(reader, ctx, &mut work).await? {
             Message::Refetch(r) => r,
             Message::Error(e) => return Err(SendError::from_peer(e)),
             other => {

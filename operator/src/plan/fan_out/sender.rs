@@ -10,8 +10,15 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::movers::Served;
 use crate::plan::until;
+
+/// One destination of a fan-out's sender: the child's transfer id (`<uid>.<run>`, which the
+/// sender's certificate names for the child's first attempt) and its receiver's pod IP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub transfer_id: String,
+    pub ip: String,
+}
 
 /// Most destinations one sender pod serves: each session adds about 25 MiB to a sender's
 /// resident memory at 4 streams and 35 MiB at 16 (8 destinations: 242 MiB at 4 streams, 360-470

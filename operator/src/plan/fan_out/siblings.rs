@@ -1,273 +1,18 @@
-//! Fan-out Transfers (a destination naming many nodes): observe the nodes and the child
-//! Transfers, plan (`plan`, pure), apply the children, write the status. Also what a child's
-//! receiver needs to join its siblings (`swarm_of`).
-
-pub mod plan;
-pub mod sender;
+//! A fan-out child among its siblings: which fan-out it belongs to, which nodes a selector picks,
+//! each sibling's role, and the swarm a child's receiver joins.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
-use kube::runtime::controller::Action as Requeue;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use crate::api::{Phase, Reason, Side, Transfer, TransferStatus};
+use crate::api::{Phase, Reason, Transfer, TransferStatus};
 use crate::cache::Caches;
-use crate::controller::{
-    Context, Error, Written, delete_if_present, ignore_not_found, record, ssa, write_status,
-};
-use crate::movers::{self, owner_ref};
-use crate::movers::{MoverPodInput, Served};
-use crate::names::{
-    self, ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF, LABEL_MANAGED_BY, LABEL_ROLE, MANAGER,
-    MoverRole,
-};
-use crate::placement::{self, Blocked};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use plan::{ChildView, FanOutAction, FanOutObserved, SenderObserved};
-use sender::Candidate;
-
-pub async fn reconcile(t: &Transfer, ctx: &Context) -> Result<Requeue, Error> {
-    let mut obs = observe(t, ctx)?;
-    obs.sender.secrets = sender_secrets(t, ctx, obs.sender.per_sender).await?;
-    let plan = plan::plan(t, &obs);
-    apply(t, ctx, &plan.actions).await?;
-    let deferred = match write_status(t, ctx, &plan.status).await? {
-        Written::Now => None,
-        Written::Later(wait) => Some(wait),
-        Written::Stale => return Ok(Requeue::requeue(Duration::from_secs(1))),
-    };
-    record(t, ctx, &plan.notes).await;
-    ctx.metrics.observe(t, &plan.status);
-    Ok(match plan.requeue.into_iter().chain(deferred).min() {
-        Some(d) => Requeue::requeue(d.max(Duration::from_millis(200))),
-        None => Requeue::await_change(),
-    })
-}
-
-fn observe(t: &Transfer, ctx: &Context) -> Result<FanOutObserved, Error> {
-    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let hp = t
-        .spec
-        .destination
-        .host_path
-        .as_ref()
-        .ok_or(Error::Malformed("fan-out destination"))?;
-    let all_nodes = ctx.caches.nodes.state();
-    let nodes = if hp.nodes.is_empty() {
-        let selector = hp.node_selector.as_ref().map(|s| s.to_label_selector());
-        select_nodes(selector.unwrap_or_default(), &all_nodes)
-    } else {
-        let missing: Vec<&str> = hp
-            .nodes
-            .iter()
-            .map(|n| n.0.as_str())
-            .filter(|n| ctx.caches.node(n).is_none())
-            .collect();
-        if missing.is_empty() {
-            Ok(hp.nodes.iter().map(|n| n.0.clone()).collect())
-        } else {
-            Err(Blocked {
-                reason: Reason::NodeNotFound,
-                message: format!(
-                    "spec.destination.hostPath.nodes: {} not a node of this cluster; the Transfer starts once all are",
-                    missing.join(", ")
-                ),
-            })
-        }
-    };
-    let parent = t.name_any();
-    let children = ctx
-        .store
-        .state()
-        .into_iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .filter_map(|c| {
-            let owned = c
-                .owner_references()
-                .iter()
-                .any(|o| o.controller == Some(true) && o.uid == uid);
-            let named = c.name_any().starts_with(&format!("{parent}-"));
-            (owned || named).then(|| ChildView {
-                name: c.name_any(),
-                owned,
-                spec: c.spec.clone(),
-                nodes_annotation: c.annotations().get(ANNOTATION_FAN_OUT_NODES).cloned(),
-                status: c.status.clone(),
-            })
-        })
-        .collect();
-    let now = Timestamp::now();
-    let candidates = ctx
-        .store
-        .state()
-        .iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|c| {
-            c.owner_references()
-                .iter()
-                .any(|o| o.controller == Some(true) && o.uid == uid)
-        })
-        .filter_map(|c| candidate(c, ctx, &ns, now))
-        .collect();
-    let pods = ctx
-        .caches
-        .pods_of(&ns, &uid)
-        .iter()
-        .filter(|p| p.labels().get(LABEL_ROLE).map(String::as_str) == Some("sender"))
-        .map(|p| {
-            (
-                p.name_any(),
-                p.spec.as_ref().and_then(|s| s.node_name.clone()),
-            )
-        })
-        .collect();
-    Ok(FanOutObserved {
-        now,
-        nodes,
-        children,
-        sender: SenderObserved {
-            pods,
-            secrets: Vec::new(),
-            candidates,
-            per_sender: sender::served_per_sender(mover_memory_limit(t, ctx)),
-        },
-    })
-}
-
-/// The memory limit of the fan-out's movers (its own `mover.resources`, else the operator's
-/// default), in bytes.
-fn mover_memory_limit(t: &Transfer, ctx: &Context) -> Option<u64> {
-    let resources = t
-        .spec
-        .mover
-        .as_ref()
-        .and_then(|m| m.resources.as_ref())
-        .or(ctx.config.default_resources.as_ref())?;
-    let limit = resources.limits.as_ref()?.get("memory")?;
-    crate::plan::parse_quantity(&limit.0)
-}
-
-/// A child as a candidate for the run's sender: waiting while its first attempt has no sender,
-/// is not stopped and is not queued, with its receiver once that is ready.
-fn candidate(
-    c: &Transfer,
-    ctx: &Context,
-    ns: &str,
-    now: Timestamp,
-) -> Option<(Option<u32>, Candidate)> {
-    let st = c.status.as_ref()?;
-    let uid = c.uid()?;
-    let run = st
-        .observed_trigger
-        .as_deref()
-        .and_then(plan::run_of_trigger);
-    // A child the limits keep queued starts later with a sender of its own: not waited for.
-    let waiting =
-        st.attempts == 1 && st.sender.is_none() && st.phase == Phase::Pending && st.queue.is_none();
-    let receiver_name = names::pod_name(&uid, st.run, st.attempts, MoverRole::Receiver);
-    let receiver = ctx
-        .caches
-        .pods_of(ns, &uid)
-        .iter()
-        .find(|p| p.name_any() == receiver_name)
-        .map(|p| crate::controller::pod_view(p))
-        .filter(|v| v.ready && !v.deleting)
-        .and_then(|v| Some((v.ip?, v.created.unwrap_or(now))));
-    Some((
-        run,
-        Candidate {
-            transfer_id: names::transfer_id(&uid, st.run),
-            waiting,
-            receiver,
-        },
-    ))
-}
-
-/// The fan-out's sender Secrets of this run and the one before that exist.
-async fn sender_secrets(
-    t: &Transfer,
-    ctx: &Context,
-    per_sender: usize,
-) -> Result<Vec<String>, Error> {
-    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let st = t.status.clone().unwrap_or_default();
-    let batches = st.destinations.len().div_ceil(per_sender.max(1)).max(1);
-    let batches = u32::try_from(batches).unwrap_or(u32::MAX);
-    let candidates: Vec<String> = [st.run.saturating_sub(1), st.run]
-        .into_iter()
-        .filter(|r| *r > 0)
-        .flat_map(|r| (1..=batches).map(move |b| (r, b)))
-        .map(|(r, b)| names::secret_name(&uid, r, b))
-        .collect();
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    Ok(ctx
-        .secrets
-        .existing(&api, &uid, &candidates)
-        .await?
-        .into_iter()
-        .filter(|s| candidates.contains(s))
-        .collect())
-}
-
-/// Starts one of the run's senders: its certificate (naming the first attempt of every child
-/// it serves), then its pod on the source node. A source that cannot be placed starts nothing: the
-/// children wait for it as long as they would have, then start their own (and report why).
-async fn start_sender(
-    t: &Transfer,
-    ctx: &Context,
-    run: u32,
-    batch: u32,
-    serves: &[Served],
-) -> Result<(), Error> {
-    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let facts = crate::controller::side_facts(t, Side::Source, &ctx.caches, &ns);
-    let source = match placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &facts)
-    {
-        Ok(s) => s,
-        Err(b) => {
-            tracing::info!(transfer = %t.name_any(), "no fan-out sender: {}", b.message);
-            return Ok(());
-        }
-    };
-    let ids: Vec<&str> = serves.iter().map(|s| s.transfer_id.as_str()).collect();
-    let files = ctx.authority.fan_out_sender_files(&ids)?;
-    // Each sender is the run's attempt `batch` of the fan-out (which has no attempts of its
-    // own).
-    let secret = movers::attempt_secret(t, run, batch, &files);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    secrets
-        .patch(&secret.name_any(), &ssa(), &Patch::Apply(&secret))
-        .await?;
-    ctx.secrets.created(&uid, &secret.name_any());
-    crate::network_policy::keep(t, &ctx.client, &ctx.config).await?;
-    let pod = movers::mover_pod(&MoverPodInput {
-        transfer: t,
-        config: &ctx.config,
-        role: MoverRole::Sender,
-        run,
-        attempt: batch,
-        placement: &source,
-        receiver_ip: None,
-        serves,
-        use_block_store: false,
-        remote: None,
-        swarm: None,
-    });
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
-        .await?;
-    Ok(())
-}
+use crate::names::{ANNOTATION_FAN_OUT_NODES, LABEL_FAN_OUT_OF};
+use crate::plan::placement::Blocked;
 
 /// The schedulable nodes a selector picks, by name.
 pub fn select_nodes(
@@ -288,57 +33,6 @@ pub fn select_nodes(
         .collect();
     picked.sort();
     Ok(picked)
-}
-
-async fn apply(t: &Transfer, ctx: &Context, actions: &[FanOutAction]) -> Result<(), Error> {
-    let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
-    let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let api: Api<Transfer> = Api::namespaced(ctx.client.clone(), &ns);
-    for action in actions {
-        match action {
-            FanOutAction::ApplyChild {
-                name,
-                spec,
-                nodes_annotation,
-            } => {
-                let mut child = Transfer::new(name, (**spec).clone());
-                child.metadata = ObjectMeta {
-                    name: Some(name.clone()),
-                    namespace: Some(ns.clone()),
-                    labels: Some(BTreeMap::from([
-                        (LABEL_FAN_OUT_OF.to_owned(), uid.clone()),
-                        (LABEL_MANAGED_BY.to_owned(), MANAGER.to_owned()),
-                    ])),
-                    annotations: Some(BTreeMap::from([(
-                        ANNOTATION_FAN_OUT_NODES.to_owned(),
-                        nodes_annotation.clone(),
-                    )])),
-                    owner_references: owner_ref(t).map(|o| vec![o]),
-                    ..ObjectMeta::default()
-                };
-                api.patch(name, &ssa(), &Patch::Apply(&child)).await?;
-            }
-            FanOutAction::DeleteChild(name) => {
-                ignore_not_found(api.delete(name, &DeleteParams::default()).await)?;
-            }
-            FanOutAction::DeleteSelf => {
-                ignore_not_found(api.delete(&t.name_any(), &DeleteParams::default()).await)?;
-            }
-            FanOutAction::StartSender { run, batch, serves } => {
-                start_sender(t, ctx, *run, *batch, serves).await?;
-            }
-            FanOutAction::DeletePod(name) => {
-                let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-                delete_if_present(&pods, name).await?;
-            }
-            FanOutAction::DeleteSecret(name) => {
-                let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-                delete_if_present(&secrets, name).await?;
-                ctx.secrets.deleted(&uid, name);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The fan-out Transfer a child belongs to, to wake when the child's status changed.
@@ -438,6 +132,8 @@ pub struct Swarm {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{NodeSpec, Pod};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::jiff::Timestamp;
     use std::sync::Arc;
 
     fn node(name: &str, pool: &str, cordoned: bool) -> Arc<Node> {

@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::{ClaimAccessMode, ClaimProvision, Reason, Transfer};
-use crate::placement::Blocked;
 use crate::plan::parse_quantity;
+use crate::plan::placement::Blocked;
 
 /// A claim as far as provisioning cares.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

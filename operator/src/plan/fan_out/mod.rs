@@ -7,23 +7,28 @@
 //! others. The children share the destination node list of the run (an annotation), which
 //! makes their receivers take blocks from each other: the source sends about one copy.
 
+pub mod sender;
+mod siblings;
+
+pub use siblings::{SiblingRole, Swarm, parent_of, select_nodes, sibling_role, swarm_of};
+
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::sender::{Candidate, SenderStep};
 use crate::api::MoverRef;
 use crate::api::{
     ConditionType, DestinationStatus, HostPathEndpoint, LastError, Phase, ProgressStatus, Reason,
     ThroughputStatus, Transfer, TransferSpec, TransferStatus, WireStatus, set_condition,
 };
-use crate::movers::Served;
 use crate::names;
-use crate::placement::Blocked;
+use crate::plan::placement::Blocked;
 use crate::plan::{
     Note, RESYNC_BLOCKED, RESYNC_RUNNING, Ttl, human_rate, percent, ttl_after_finished,
 };
+use sender::Served;
+use sender::{Candidate, SenderStep};
 
 /// A child Transfer as observed.
 #[derive(Debug, Clone)]
@@ -60,7 +65,7 @@ pub struct SenderObserved {
     pub secrets: Vec<String>,
     /// Each child, with the fan-out run its status is of.
     pub candidates: Vec<(Option<u32>, Candidate)>,
-    /// How many destinations one sender serves ([`super::sender::served_per_sender`]).
+    /// How many destinations one sender serves ([`sender::served_per_sender`]).
     pub per_sender: usize,
 }
 
@@ -70,7 +75,7 @@ impl Default for SenderObserved {
             pods: Vec::new(),
             secrets: Vec::new(),
             candidates: Vec::new(),
-            per_sender: super::sender::MAX_SERVED,
+            per_sender: sender::MAX_SERVED,
         }
     }
 }
@@ -162,9 +167,9 @@ fn min_available(t: &Transfer) -> Option<usize> {
 
 pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     let before = t.status.clone().unwrap_or_default();
-    let decision = crate::runs::decide(t, &before, obs.now);
+    let decision = crate::plan::runs::decide(t, &before, obs.now);
     let mut p = step(t, obs, &before, &decision);
-    crate::runs::after_plan(t, &before, &mut p.status, &decision);
+    crate::plan::runs::after_plan(t, &before, &mut p.status, &decision);
     run_sender(t, obs, &mut p);
     if let Some(next) = decision.next {
         let wait = crate::plan::until(obs.now, next);
@@ -173,7 +178,7 @@ pub fn plan(t: &Transfer, obs: &FanOutObserved) -> FanOutPlan {
     p
 }
 
-/// The run's senders ([`super::sender`]): started once the children's receivers are gathered
+/// The run's senders ([`sender`]): started once the children's receivers are gathered
 /// (one per `per_sender` destinations), stopped when the fan-out is suspended; an earlier run's
 /// go, and their certificates go once the run finished (its pods stay for their logs).
 fn run_sender(t: &Transfer, obs: &FanOutObserved, p: &mut FanOutPlan) {
@@ -214,7 +219,7 @@ fn run_sender(t: &Transfer, obs: &FanOutObserved, p: &mut FanOutPlan) {
         .filter(|(r, _)| *r == Some(run))
         .map(|(_, c)| c.clone())
         .collect();
-    match super::sender::step(
+    match sender::step(
         &candidates,
         p.status.destinations.len(),
         !running.is_empty(),
@@ -252,7 +257,7 @@ fn step(
     t: &Transfer,
     obs: &FanOutObserved,
     before: &TransferStatus,
-    decision: &crate::runs::Decision,
+    decision: &crate::plan::runs::Decision,
 ) -> FanOutPlan {
     let now = Time(obs.now);
     let mut st = before.clone();
@@ -261,7 +266,7 @@ fn step(
     let mut notes = Vec::new();
 
     if let Some((at, why)) = &decision.skip {
-        notes.push(crate::runs::skip(&mut st, *at, why));
+        notes.push(crate::plan::runs::skip(&mut st, *at, why));
     }
     // A new run (the first, a changed trigger, the schedule) fixes the destination nodes for
     // the run.
@@ -332,7 +337,7 @@ fn step(
                     ..DestinationStatus::default()
                 })
                 .collect(),
-            ..crate::runs::begin(t, &st, decision, &now)
+            ..crate::plan::runs::begin(t, &st, decision, &now)
         };
         let run = st.run;
         cond(
@@ -362,7 +367,7 @@ fn step(
                 nodes.join(", ")
             ),
         });
-        notes.extend(crate::runs::start_note(decision, run));
+        notes.extend(crate::plan::runs::start_note(decision, run));
     }
 
     // A finished run keeps its rows as they were: a child deleted since is not created again
@@ -803,7 +808,7 @@ mod tests {
         o.sender = SenderObserved {
             pods,
             secrets,
-            per_sender: crate::fan_out::sender::MAX_SERVED,
+            per_sender: crate::plan::fan_out::sender::MAX_SERVED,
             candidates: ready
                 .iter()
                 .enumerate()

@@ -17,7 +17,8 @@ use kube::Resource;
 use crate::api::{OnUnreadable, Transfer, TransferSpec};
 use crate::config::Config;
 use crate::names::{self, LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
-use crate::placement::{SidePlacement, VolumeRef};
+use crate::plan::fan_out::sender::Served;
+use crate::plan::placement::{SidePlacement, VolumeRef};
 
 /// Where a mover sees its volume and its certificates.
 const DATA_MOUNT: &str = "/ferry/data";
@@ -44,15 +45,7 @@ pub struct MoverPodInput<'a> {
     /// Set for a half of a cross-cluster Transfer.
     pub remote: Option<RemoteMover<'a>>,
     /// A fan-out child's receiver: its siblings' block services.
-    pub swarm: Option<&'a crate::fan_out::Swarm>,
-}
-
-/// One destination of a fan-out's sender: the child's transfer id (`<uid>.<run>`, which the
-/// sender's certificate names for the child's first attempt) and its receiver's pod IP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Served {
-    pub transfer_id: String,
-    pub ip: String,
+    pub swarm: Option<&'a crate::plan::fan_out::Swarm>,
 }
 
 /// What a mover of a cross-cluster Transfer needs to meet its peer in the other cluster.
@@ -922,7 +915,7 @@ mod tests {
         let t = transfer();
         let cfg = Config::default();
         let placement = host_path_on("node-b", "/data/dst");
-        let receiver = |swarm: &crate::fan_out::Swarm| {
+        let receiver = |swarm: &crate::plan::fan_out::Swarm| {
             args_of(&mover_pod(&MoverPodInput {
                 swarm: Some(swarm),
                 transfer: &t,
@@ -938,7 +931,7 @@ mod tests {
             }))
             .join(" ")
         };
-        let mut swarm = crate::fan_out::Swarm {
+        let mut swarm = crate::plan::fan_out::Swarm {
             peers: vec![
                 "10.0.0.1:7443".into(),
                 "10.0.0.2:7443".into(),

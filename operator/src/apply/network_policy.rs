@@ -24,8 +24,8 @@ use kube::api::{Api, Patch};
 use kube::{Client, ResourceExt};
 
 use crate::api::Transfer;
+use crate::apply::movers::owner_ref;
 use crate::config::Config;
-use crate::movers::owner_ref;
 use crate::names::{self, LABEL_MANAGED_BY, LABEL_TRANSFER_UID, MANAGER};
 
 /// The label Kubernetes puts on every namespace, its name.
@@ -122,7 +122,7 @@ pub async fn keep(t: &Transfer, client: &Client, cfg: &Config) -> Result<(), kub
         Api::namespaced(client.clone(), &t.namespace().unwrap_or_default());
     api.patch(
         &policy.name_any(),
-        &crate::controller::ssa(),
+        &crate::apply::ssa(),
         &Patch::Apply(&policy),
     )
     .await?;

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use crate::api::{Endpoint, Phase, Transfer};
-use crate::placement::clean_sub_path;
+use crate::plan::placement::clean_sub_path;
 
 /// The directory one side of a Transfer names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,7 +140,7 @@ pub fn destination_taken_by(
 mod tests {
     use super::*;
     use crate::api::{PvcEndpoint, TransferStatus};
-    use crate::placement::tests::host;
+    use crate::plan::placement::tests::host;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
