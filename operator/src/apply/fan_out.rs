@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch};
 
-use crate::api::{Side, Transfer};
+use crate::api::Transfer;
 use crate::apply::movers::MoverPodInput;
 use crate::apply::movers::{self, owner_ref};
 use crate::apply::{delete_if_present, ignore_not_found, ssa};
@@ -16,8 +17,7 @@ use crate::names::{
 };
 use crate::plan::fan_out::FanOutAction;
 use crate::plan::fan_out::sender::Served;
-use crate::plan::placement::{self};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use crate::plan::placement::{Blocked, SidePlacement};
 
 /// Starts one of the run's senders: its certificate (naming the first attempt of every child
 /// it serves), then its pod on the source node. A source that cannot be placed starts nothing: the
@@ -25,15 +25,14 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 async fn start_sender(
     t: &Transfer,
     ctx: &Context,
+    source: &Result<SidePlacement, Blocked>,
     run: u32,
     batch: u32,
     serves: &[Served],
 ) -> Result<(), Error> {
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
     let uid = t.uid().ok_or(Error::Malformed("uid"))?;
-    let facts = crate::observe::side_facts(t, Side::Source, &ctx.caches, &ns);
-    let source = match placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &facts)
-    {
+    let source = match source {
         Ok(s) => s,
         Err(b) => {
             tracing::info!(transfer = %t.name_any(), "no fan-out sender: {}", b.message);
@@ -57,7 +56,7 @@ async fn start_sender(
         role: MoverRole::Sender,
         run,
         attempt: batch,
-        placement: &source,
+        placement: source,
         receiver_ip: None,
         serves,
         use_block_store: false,
@@ -73,6 +72,7 @@ async fn start_sender(
 pub(crate) async fn apply(
     t: &Transfer,
     ctx: &Context,
+    source: &Result<SidePlacement, Blocked>,
     actions: &[FanOutAction],
 ) -> Result<(), Error> {
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
@@ -109,7 +109,7 @@ pub(crate) async fn apply(
                 ignore_not_found(api.delete(&t.name_any(), &DeleteParams::default()).await)?;
             }
             FanOutAction::StartSender { run, batch, serves } => {
-                start_sender(t, ctx, *run, *batch, serves).await?;
+                start_sender(t, ctx, source, *run, *batch, serves).await?;
             }
             FanOutAction::DeletePod(name) => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);

@@ -11,12 +11,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::Transfer;
+use crate::context::{Context, Error};
 use crate::names::{self, MANAGER, MoverRole};
 use crate::plan::{self, Action, Observed};
 use movers::{MoverPodInput, RemoteMover};
-
-use crate::context::{Context, Error};
-use crate::observe::{limits_of, sibling_roles};
 
 pub(crate) async fn apply(
     t: &Transfer,
@@ -88,18 +86,8 @@ pub(crate) async fn apply(
             }
             Action::CreateReceiver { run, attempt } => {
                 let Some((_, dst)) = placed else { continue };
-                // A fan-out child takes blocks from its siblings until an attempt failed; a
-                // retry asks the source for all it lacks (a sibling may be what failed).
-                let swarm = match (&dst.node, &ctx.config.block_service) {
-                    (Some(node), Some(service)) if use_block_store && plan.status.failures == 0 => {
-                        let limits = limits_of(&ctx.config);
-                        let roles = sibling_roles(t, &ctx.store.state(), limits);
-                        crate::plan::fan_out::swarm_of(t, node, &ctx.caches, service, &roles)
-                    }
-                    _ => None,
-                };
                 let pod = movers::mover_pod(&MoverPodInput {
-                    swarm: swarm.as_ref(),
+                    swarm: plan.swarm.as_ref(),
                     transfer: t,
                     config: &ctx.config,
                     role: MoverRole::Receiver,

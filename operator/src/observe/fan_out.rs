@@ -1,16 +1,16 @@
 //! What a fan-out's reconcile reads: its nodes, its children and the run's sender Secrets.
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 
-use crate::api::{Phase, Reason, Transfer};
+use crate::api::{Phase, Reason, Side, Transfer};
 use crate::context::{Context, Error};
 use crate::names::{self, ANNOTATION_FAN_OUT_NODES, LABEL_ROLE, MoverRole};
 use crate::plan::fan_out::sender::{self, Candidate};
 use crate::plan::fan_out::{self as plan, ChildView, FanOutObserved, SenderObserved};
-use crate::plan::placement::Blocked;
-use k8s_openapi::api::core::v1::Secret;
+use crate::plan::placement::{self, Blocked};
 
 pub(crate) fn observe(t: &Transfer, ctx: &Context) -> Result<FanOutObserved, Error> {
     let ns = t.namespace().ok_or(Error::Malformed("namespace"))?;
@@ -90,10 +90,13 @@ pub(crate) fn observe(t: &Transfer, ctx: &Context) -> Result<FanOutObserved, Err
             )
         })
         .collect();
+    let facts = crate::observe::side_facts(t, Side::Source, &ctx.caches, &ns);
+    let source = placement::place_side(Side::Source, &t.spec.source, &ns, &ctx.config, &facts);
     Ok(FanOutObserved {
         now,
         nodes,
         children,
+        source,
         sender: SenderObserved {
             pods,
             secrets: Vec::new(),

@@ -17,15 +17,15 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::{Reason, Side, Transfer, TransferStatus};
 use crate::cache::Caches;
 use crate::config::Config;
+use crate::context::{Context, Error};
 use crate::names::{self, ANNOTATION_SERVES, LABEL_FAN_OUT_OF, MoverRole};
 use crate::peering::observe::observe_remote;
+use crate::plan::fan_out::SiblingRole;
+use crate::plan::fan_out::Swarm;
 use crate::plan::limits;
 use crate::plan::overlap;
-use crate::plan::placement::{self, Blocked, SideFacts};
+use crate::plan::placement::{self, Blocked, SideFacts, SidePlacement};
 use crate::plan::{self, Observed, PodPhase, PodView, Stuck};
-
-use crate::context::{Context, Error};
-use crate::plan::fan_out::SiblingRole;
 
 /// The Pod Security admission label that decides whether hostPath volumes are allowed.
 const PSA_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
@@ -171,6 +171,7 @@ pub(crate) async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Err
         .is_some_and(|level| level == "baseline" || level == "restricted");
 
     let admission = admission(t, ctx);
+    let swarm = swarm(t, ctx, &placement);
     Ok(Observed {
         now: Timestamp::now(),
         host_path_forbidden,
@@ -195,7 +196,20 @@ pub(crate) async fn observe(t: &Transfer, ctx: &Context) -> Result<Observed, Err
         remote,
         provision,
         fan_out_sender,
+        swarm,
     })
+}
+
+/// A fan-out child's siblings as its receiver on a node with a block service would find them.
+fn swarm(
+    t: &Transfer,
+    ctx: &Context,
+    placement: &Result<(SidePlacement, SidePlacement), Blocked>,
+) -> Option<Swarm> {
+    let node = placement.as_ref().ok()?.1.node.as_ref()?;
+    let service = ctx.config.block_service.as_ref()?;
+    let roles = sibling_roles(t, &ctx.store.state(), limits_of(&ctx.config));
+    crate::plan::fan_out::swarm_of(t, node, &ctx.caches, service, &roles)
 }
 
 /// A fan-out child's first attempt: the fan-out's senders of the run, and the one whose

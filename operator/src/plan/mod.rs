@@ -165,6 +165,9 @@ pub struct Observed {
     /// A fan-out child's first attempt: the fan-out's sender of the run, which reads the source
     /// once for every destination it serves.
     pub fan_out_sender: Option<FanOutSender>,
+    /// A fan-out child on a node with a block service: its siblings' services, which its
+    /// receiver may take blocks from.
+    pub swarm: Option<crate::plan::fan_out::Swarm>,
 }
 
 /// The senders a fan-out starts for the first attempts of its run's children, as one child sees
@@ -250,6 +253,10 @@ pub struct Plan {
     pub dedup: bool,
     pub requeue: Option<Duration>,
     pub notes: Vec<Note>,
+    /// The siblings this attempt's receiver takes blocks from: a fan-out child's, with the
+    /// node's block store, until an attempt failed (a retry asks the source for all it lacks;
+    /// a sibling may be what failed).
+    pub swarm: Option<crate::plan::fan_out::Swarm>,
 }
 
 /// `t + d`, or the end of time when that is past it (a deadline near i64::MAX seconds is "far
@@ -498,12 +505,18 @@ pub fn plan(t: &Transfer, obs: &Observed) -> Plan {
     let store_failed = cx.st.conditions.iter().any(|c| {
         c.type_ == ConditionType::Dedup.as_str() && c.reason == Reason::BlockStoreFailed.as_str()
     });
+    let dedup = t.spec.dedup && !store_failed;
+    let swarm = obs
+        .swarm
+        .clone()
+        .filter(|_| tenancy::store_scope(t, dedup).is_some() && cx.st.failures == 0);
     Plan {
         status: cx.st,
         actions: cx.actions,
-        dedup: t.spec.dedup && !store_failed,
+        dedup,
         requeue,
         notes: cx.notes,
+        swarm,
     }
 }
 

@@ -63,6 +63,7 @@ fn obs(secs: i64) -> Observed {
         remote: None,
         provision: None,
         fan_out_sender: None,
+        swarm: None,
     }
 }
 

@@ -11,13 +11,12 @@ use kube::runtime::controller::Action as Requeue;
 
 use crate::api::Transfer;
 use crate::apply::movers::{self, MoverPodInput};
-use crate::names::{self, FINALIZER, MoverRole};
-use crate::peering::observe::withdraw;
-use crate::plan::cleanup::{self, CleanupAction};
-
 use crate::apply::{ignore_not_found, ssa};
 use crate::context::{Context, Error};
+use crate::names::{self, FINALIZER, MoverRole};
 use crate::observe::{observe, pod_prefix};
+use crate::peering::observe::withdraw;
+use crate::plan::cleanup::{self, CleanupAction};
 use crate::status::record;
 
 /// Adds or removes our finalizer (a merge patch with the resourceVersion, so a concurrent

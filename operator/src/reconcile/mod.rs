@@ -21,19 +21,18 @@ use kube::{Client, ResourceExt};
 use tokio::sync::mpsc;
 
 use crate::api::{Phase, Reason, Transfer, TransferStatus};
+use crate::apply::apply;
 use crate::cache::{self, OwnWrites, SecretBook};
 use crate::census;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::names::{FINALIZER, MANAGER};
+use crate::observe::{limits_of, observe};
 use crate::peering::client::PeerClient;
 use crate::peering::registry::Registry;
 use crate::pki::Authority;
-use crate::plan::{self};
+use crate::plan;
 use crate::progress::Watchers;
-
-use crate::apply::apply;
-use crate::observe::{limits_of, observe};
 use crate::status::{Written, record, write_status};
 use finalizer::{cleanup, set_finalizer};
 use tail::{STALE_RETRY, conclude};

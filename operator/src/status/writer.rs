@@ -8,10 +8,9 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 
 use crate::api::Transfer;
-use crate::plan::{self};
-
 use crate::apply::ssa;
 use crate::context::{Context, Error};
+use crate::plan;
 
 /// What became of a planned status.
 pub enum Written {

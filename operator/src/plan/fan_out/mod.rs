@@ -23,7 +23,7 @@ use crate::api::{
     ThroughputStatus, Transfer, TransferSpec, TransferStatus, WireStatus, set_condition,
 };
 use crate::names;
-use crate::plan::placement::Blocked;
+use crate::plan::placement::{Blocked, SidePlacement};
 use crate::plan::{
     Note, RESYNC_BLOCKED, RESYNC_RUNNING, Ttl, human_rate, percent, ttl_after_finished,
 };
@@ -53,6 +53,8 @@ pub struct FanOutObserved {
     pub children: Vec<ChildView>,
     /// The fan-out's senders and what they need to know of the children.
     pub sender: SenderObserved,
+    /// Where the run's senders run (the source's node and volume), or why they cannot.
+    pub source: Result<SidePlacement, Blocked>,
 }
 
 /// The fan-out's own sender pods and certificates, and its children as candidates for the
@@ -730,6 +732,10 @@ mod tests {
             nodes: Ok(nodes.iter().map(|n| (*n).to_owned()).collect()),
             children,
             sender: SenderObserved::default(),
+            source: Err(Blocked {
+                reason: Reason::InvalidSpec,
+                message: "not placed in these tests".into(),
+            }),
         }
     }
 

@@ -7,6 +7,12 @@
 //!
 //! Daylight saving: a wall-clock time the zone skips (spring forward) does not fire; one it
 //! repeats (fall back) fires once, at its first occurrence.
+//!
+//! Kept by hand rather than taken from a crate: the maintained ones read a larger language than
+//! CronJob (croner and cron accept seconds, `L`, `W` and `#`, which a CronJob refuses, so a
+//! schedule could be valid here and not there) and run on chrono with its own time zone
+//! database beside the jiff one the operator already carries. CronJob's grammar is small and
+//! fixed; the tests below pin it.
 
 use jiff::Timestamp;
 use jiff::civil::{Date, DateTime};
