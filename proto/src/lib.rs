@@ -7,12 +7,14 @@
 //! - [`kind`]: where a failure lies and whether a retry can help (the error-kind vocabulary);
 //! - [`quantity`]: byte quantities (`50M`, `1Gi`);
 //! - [`filter`]: the `--exclude` / `--include` rule syntax;
+//! - [`mover_args`]: the command line the operator gives a mover pod, as one type;
 //! - [`progress`]: the progress client;
 //! - [`error_chain`] and [`shutdown`]: an error's causes on one line, one shutdown signal.
 
 pub mod error_chain;
 pub mod filter;
 pub mod kind;
+pub mod mover_args;
 pub mod net;
 pub mod progress;
 pub mod quantity;

@@ -40,14 +40,7 @@ pub use receiver::{
 pub use scan::{OnUnreadable, ScanError};
 pub use sender::{ReceiverViolation, SendError, SenderConfig, send_session, send_session_gated};
 
-/// Files up to this size travel whole inside Batch frames; larger ones are cut into blocks.
-pub const SMALL_FILE_MAX: u64 = 1024 * 1024;
-/// Most entries per Offer.
-pub const MAX_OFFER_ENTRIES: usize = 1024;
-/// Most streams a receiver accepts per session.
-pub const MAX_STREAMS: u32 = 16;
-/// Offers in flight per stream before the sender waits for Wants.
-pub const OFFER_WINDOW: usize = 8;
+pub use crate::protocol::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 
 /// How long a failing end waits for the peer's pending Error frame, and how long it spends
 /// telling the peer why it fails (both best effort).

@@ -14,6 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use ferry_proto::mover_args::{
+    CommonArgs, MoverArgs, PeerArgs, ReceiveArgs, RoleArgs, SendArgs, SwarmArgs,
+};
+
 use crate::api::{OnUnreadable, Transfer, TransferSpec};
 use crate::config::Config;
 use crate::names::{self, LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
@@ -109,138 +113,100 @@ fn pod_labels(input: &MoverPodInput<'_>, uid: &str) -> BTreeMap<String, String> 
 fn mover_args(input: &MoverPodInput<'_>, uid: &str) -> Vec<String> {
     let spec: &TransferSpec = &input.transfer.spec;
     let cfg = input.config;
-    let mut args: Vec<String> = Vec::new();
-    let mut push = |a: &str| args.push(a.to_owned());
-    match input.role {
+    let role = match input.role {
         MoverRole::Receiver => {
-            push("receive");
-            push("--listen");
-            push(&format!("$(POD_IP):{}", cfg.data_port));
-            push("--once");
-            // A root receiver keeping owners keeps setuid/setgid too, as `cp -a` as root would.
-            if spec.preserve_ownership && cfg.allow_root_movers {
-                push("--owner");
-                push("--special-bits");
-            }
-            if input.use_block_store
-                && let Some(addr) = &cfg.block_service
-            {
-                push("--block-service");
-                push(addr);
-                if let Some(swarm) = input.swarm {
-                    push("--swarm-peers");
-                    push(&swarm.peers.join(","));
-                    push("--swarm-self");
-                    push(&swarm.me.to_string());
-                    if !swarm.complete.is_empty() {
-                        push("--swarm-complete");
-                        let complete: Vec<String> =
-                            swarm.complete.iter().map(|i| i.to_string()).collect();
-                        push(&complete.join(","));
-                    }
-                }
-            }
+            let block_service = cfg.block_service.clone().filter(|_| input.use_block_store);
+            RoleArgs::Receive(ReceiveArgs {
+                listen: format!("$(POD_IP):{}", cfg.data_port),
+                once: true,
+                // A root receiver keeping owners keeps setuid/setgid too, as `cp -a` as root
+                // would.
+                owner: spec.preserve_ownership && cfg.allow_root_movers,
+                special_bits: spec.preserve_ownership && cfg.allow_root_movers,
+                swarm: input
+                    .swarm
+                    .filter(|_| block_service.is_some())
+                    .map(|swarm| SwarmArgs {
+                        peers: swarm.peers.clone(),
+                        me: swarm.me,
+                        complete: swarm.complete.clone(),
+                    }),
+                block_service,
+            })
         }
         MoverRole::Sender => {
-            push("send");
             // One session per destination, each acting as the child it serves.
-            for s in input.serves {
-                push("--connect");
-                push(&format!("{}@{}:{}", s.transfer_id, s.ip, cfg.data_port));
-            }
-            match input.remote.and_then(|r| r.connect) {
-                _ if !input.serves.is_empty() => {}
-                Some(addr) => {
-                    push("--connect");
-                    push(addr);
-                }
-                None => {
-                    push("--connect");
-                    push(&format!(
+            let mut connect: Vec<String> = input
+                .serves
+                .iter()
+                .map(|s| format!("{}@{}:{}", s.transfer_id, s.ip, cfg.data_port))
+                .collect();
+            if input.serves.is_empty() {
+                connect.push(match input.remote.and_then(|r| r.connect) {
+                    Some(addr) => addr.to_owned(),
+                    None => format!(
                         "{}:{}",
                         input.receiver_ip.unwrap_or("0.0.0.0"),
                         cfg.data_port
-                    ));
-                }
+                    ),
+                });
             }
-            // A Service may forward to a new receiver a moment after it is ready, and a
-            // NetworkPolicy agent may admit a new sender a moment after it starts.
-            push("--connect-retry");
-            push("30");
-            push("--streams");
-            push(
-                &spec
-                    .streams
-                    .unwrap_or(cfg.default_streams)
-                    .clamp(1, 16)
-                    .to_string(),
-            );
-            push("--compress");
-            push(spec.compression.unwrap_or(cfg.default_compression).flag());
-            if spec.delete_extraneous {
-                push("--delete");
-            }
-            if spec.checksum {
-                push("--checksum");
-            }
-            if spec.on_unreadable == OnUnreadable::Skip {
-                push("--skip-unreadable");
-            }
-            // One argument each: a pattern that begins with `-` is still a pattern.
-            for pattern in &spec.exclude {
-                push(&format!("--exclude={pattern}"));
-            }
-            if let Some(limit) = crate::plan::bandwidth_bytes(spec).ok().flatten() {
-                push("--bandwidth-limit");
-                push(&limit.to_string());
-            }
+            RoleArgs::Send(SendArgs {
+                connect,
+                // A Service may forward to a new receiver a moment after it is ready, and a
+                // NetworkPolicy agent may admit a new sender a moment after it starts.
+                connect_retry: 30,
+                streams: spec.streams.unwrap_or(cfg.default_streams).clamp(1, 16),
+                compress: spec
+                    .compression
+                    .unwrap_or(cfg.default_compression)
+                    .flag()
+                    .to_owned(),
+                delete: spec.delete_extraneous,
+                checksum: spec.checksum,
+                skip_unreadable: spec.on_unreadable == OnUnreadable::Skip,
+                exclude: spec.exclude.clone(),
+                bandwidth_limit: crate::plan::bandwidth_bytes(spec).ok().flatten(),
+            })
         }
-    }
-    // The mounted volume (a granted host root or a claim) and the directory beneath it that the
-    // mover opens itself without following a symlink.
-    push("--root");
-    push(DATA_MOUNT);
-    if !input.placement.sub_path.is_empty() {
-        push("--sub-path");
-        push(&input.placement.sub_path);
-    }
-    push("--transfer");
-    match input.remote {
-        Some(r) => {
-            push(r.transfer_id);
-            push("--peer-ca");
-            push(&format!("{TLS_MOUNT}/{PEER_CA_KEY}"));
-            push("--peer-cluster");
-            push(r.peer_cluster);
-        }
+    };
+    let (transfer, peer) = match input.remote {
+        Some(r) => (
+            r.transfer_id.to_owned(),
+            Some(PeerArgs {
+                ca: format!("{TLS_MOUNT}/{PEER_CA_KEY}"),
+                cluster: r.peer_cluster.to_owned(),
+            }),
+        ),
         None => match input.serves.first() {
             // The certificate names the children only.
-            Some(s) => push(&s.transfer_id),
-            None => push(&names::transfer_id(uid, input.run)),
+            Some(s) => (s.transfer_id.clone(), None),
+            None => (names::transfer_id(uid, input.run), None),
+        },
+    };
+    MoverArgs {
+        role,
+        common: CommonArgs {
+            // The mounted volume (a granted host root or a claim) and the directory beneath it
+            // that the mover opens itself without following a symlink.
+            root: DATA_MOUNT.to_owned(),
+            sub_path: Some(input.placement.sub_path.clone()).filter(|p| !p.is_empty()),
+            transfer,
+            peer,
+            ca: format!("{TLS_MOUNT}/ca.crt"),
+            cert: format!("{TLS_MOUNT}/tls.crt"),
+            key: format!("{TLS_MOUNT}/tls.key"),
+            progress_listen: format!("$(POD_IP):{}", cfg.progress_port),
+            // The operator reads the final update within a second or two; the linger only
+            // covers an operator that is restarting at that moment.
+            progress_linger: 30,
+            json: true,
+            // Its one info line counts the blocks read from the source and those shared.
+            log_level: (!input.serves.is_empty()).then(|| "info".to_owned()),
+            sync: spec.sync,
         },
     }
-    push("--ca");
-    push(&format!("{TLS_MOUNT}/ca.crt"));
-    push("--cert");
-    push(&format!("{TLS_MOUNT}/tls.crt"));
-    push("--key");
-    push(&format!("{TLS_MOUNT}/tls.key"));
-    push("--progress-listen");
-    push(&format!("$(POD_IP):{}", cfg.progress_port));
-    // The operator reads the final update within a second or two; the linger only covers an
-    // operator that is restarting at that moment.
-    push("--progress-linger");
-    push("30");
-    push("--json");
-    if !input.serves.is_empty() {
-        // Its one info line counts the blocks read from the source and those shared.
-        push("--log-level");
-        push("info");
-    }
-    if spec.sync {
-        push("--sync");
-    }
-    args
+    .to_args()
 }
 
 fn volume_for(placement: &SidePlacement, role: MoverRole) -> Volume {

@@ -11,7 +11,7 @@ mod driver;
 mod effects;
 mod packs;
 mod refetch;
-pub mod state;
+pub use crate::protocol::receiver as state;
 
 use std::path::PathBuf;
 use std::sync::Arc;

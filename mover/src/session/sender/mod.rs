@@ -12,7 +12,7 @@ mod refetch;
 mod reply;
 pub mod shared;
 pub mod start_gate;
-pub mod state;
+pub use crate::protocol::sender as state;
 
 use std::path::PathBuf;
 use std::sync::Arc;

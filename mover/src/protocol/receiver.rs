@@ -14,12 +14,12 @@ use std::collections::{HashMap, HashSet};
 
 use ferry_proto::wire::v1 as pb;
 
+use super::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
+use super::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::cas::dedup::AnnouncedBlock;
 use crate::cas::pop::Proof;
 use crate::cas::{BlockHash, MIN_STORED_BLOCK, announceable, storable};
-use crate::session::{MAX_OFFER_ENTRIES, MAX_STREAMS, OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::tree::peer_path::PeerPath;
-use crate::wire::{BLOCK_SIZE, BlockSet, FrameType, block_count, block_len};
 
 /// Most files of packs that wait for a fellow destination of a fan-out (their Offer answered,
 /// their bytes to come from another node's store). The receiver leaves no more packs to its

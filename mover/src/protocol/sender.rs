@@ -8,19 +8,19 @@ use std::collections::VecDeque;
 
 use ferry_proto::wire::v1 as pb;
 
+use super::SMALL_FILE_MAX;
+use super::wire::{Bitmap, BlockSet, BlockSetError, FrameType, block_count, block_len};
 use crate::cas::announceable;
-use crate::session::SMALL_FILE_MAX;
-use crate::wire::{Bitmap, BlockSet, BlockSetError, FrameType, block_count, block_len};
 
 /// The small files of one Offer announced as a pack: what is read again if the receiver asks
 /// for the pack's bytes.
 #[derive(Debug)]
-pub(super) struct PackSpec {
+pub(crate) struct PackSpec {
     /// The receiver's id of the pack (its first file's).
-    pub(super) pack_id: u64,
-    pub(super) files: Vec<pb::Entry>,
-    pub(super) hash: [u8; 32],
-    pub(super) len: u64,
+    pub(crate) pack_id: u64,
+    pub(crate) files: Vec<pb::Entry>,
+    pub(crate) hash: [u8; 32],
+    pub(crate) len: u64,
 }
 
 /// How the receiver broke the protocol, as this sender saw it.
