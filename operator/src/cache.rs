@@ -27,7 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::api::{Peer, Transfer};
-use crate::names::{LABEL_MANAGED_BY, MANAGER};
+use crate::names::{LABEL_MANAGED_BY, MANAGER, NODE_SERVICE_COMPONENT};
 
 /// Every store reconcile reads.
 #[derive(Clone)]
@@ -314,9 +314,6 @@ pub fn preloaded_with(
         node_services: filled(node_services),
     }
 }
-
-/// The label the chart puts on the node service's pods.
-pub const NODE_SERVICE_COMPONENT: &str = "app.kubernetes.io/component=node-service";
 
 /// A node-service pod as the cache keeps it: which node, its IP, whether it is ready and
 /// whether it is going away (a DaemonSet's pods are few but their specs and statuses are big).

@@ -216,7 +216,7 @@ fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("failed to bind the metrics address {}", cli.metrics_addr))?;
         tracing::info!("metrics and health on {}", listener.local_addr()?);
-        tokio::spawn(ferry_operator::metrics::serve(listener, metrics.clone()));
+        tokio::spawn(ferry_proto::exposition::serve(listener, metrics.clone()));
         // Every API request of this process is counted in ferry_api_requests_total.
         let client = ferry_operator::api_metrics::client(metrics.clone())
             .await

@@ -1,14 +1,20 @@
-//! Prometheus metrics in the text exposition format, and the readiness flag, served with the
-//! health endpoints by `serve` (plain HTTP on the metrics address).
+//! The operator's figures and its readiness flag, served with the health endpoints by
+//! [`ferry_proto::exposition`] (plain HTTP on the metrics address).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use ferry_proto::exposition::Exposition;
 use kube::ResourceExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::api::{Phase, Transfer, TransferStatus};
 
@@ -43,7 +49,7 @@ pub const RECONCILE_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-#[derive(Default)]
+#[derive(Debug, Default, Clone)]
 struct Histogram {
     /// Observations per bucket (not cumulative), the last for those above every bound.
     counts: [u64; RECONCILE_BUCKETS.len() + 1],
@@ -51,6 +57,7 @@ struct Histogram {
 }
 
 /// A scheduled Transfer's figures, for alerts such as "no success in 26 h".
+#[derive(Debug, Clone)]
 struct ScheduleFigures {
     uid: String,
     /// Unix seconds; absent until the first success / while suspended.
@@ -67,6 +74,7 @@ type ScheduleFigure = fn(&ScheduleFigures) -> Option<i64>;
 /// One figure of a [`RunningTransfer`] (a per-Transfer gauge's value).
 type Figure = fn(&RunningTransfer) -> u64;
 
+#[derive(Debug, Clone)]
 struct RunningTransfer {
     uid: String,
     bytes_done: u64,
@@ -233,44 +241,8 @@ impl Metrics {
         }
     }
 
-    /// The text exposition.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let mut line = |s: String| {
-            out.push_str(&s);
-            out.push('\n');
-        };
-        line("# TYPE ferry_reconciles_total counter".into());
-        line(format!(
-            "ferry_reconciles_total {}",
-            self.reconciles.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_status_patches_total counter".into());
-        line(format!(
-            "ferry_status_patches_total{{kind=\"lifecycle\"}} {}",
-            self.status_patches.load(Ordering::Relaxed)
-        ));
-        line(format!(
-            "ferry_status_patches_total{{kind=\"progress\"}} {}",
-            self.progress_patches.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_reconcile_errors_total counter".into());
-        if let Ok(e) = self.errors.lock() {
-            for (cat, n) in e.iter() {
-                line(format!(
-                    "ferry_reconcile_errors_total{{category=\"{cat}\"}} {n}"
-                ));
-            }
-        }
-        line("# TYPE ferry_transfers_finished_total counter".into());
-        if let Ok(f) = self.finished.lock() {
-            for (outcome, n) in f.iter() {
-                line(format!(
-                    "ferry_transfers_finished_total{{outcome=\"{outcome}\"}} {n}"
-                ));
-            }
-        }
-        line("# TYPE ferry_transfers_active gauge".into());
+    /// This moment's figures, for one scrape.
+    pub fn snapshot(&self) -> Snapshot {
         let (active, rate, by_phase) = self
             .phases
             .lock()
@@ -285,113 +257,273 @@ impl Metrics {
                 (active, p.values().map(|(_, r)| r).sum::<u64>(), by_phase)
             })
             .unwrap_or_default();
-        line(format!("ferry_transfers_active {active}"));
-        line("# TYPE ferry_transfers gauge".into());
-        for ((_, name), n) in PHASES.iter().zip(by_phase) {
-            line(format!("ferry_transfers{{phase=\"{name}\"}} {n}"));
+        let copy = |m: &Mutex<BTreeMap<&'static str, u64>>| {
+            m.lock().map(|m| m.clone()).unwrap_or_default()
+        };
+        Snapshot {
+            reconciles: self.reconciles.load(Ordering::Relaxed),
+            status_patches: self.status_patches.load(Ordering::Relaxed),
+            progress_patches: self.progress_patches.load(Ordering::Relaxed),
+            errors: copy(&self.errors),
+            finished: copy(&self.finished),
+            active,
+            by_phase,
+            queued: self.queued.load(Ordering::Relaxed),
+            rate,
+            retries: self.retries.load(Ordering::Relaxed),
+            bytes_moved: self.bytes_moved.load(Ordering::Relaxed),
+            files_moved: self.files_moved.load(Ordering::Relaxed),
+            durations: self
+                .reconcile_durations
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_default(),
+            running: self.running.lock().map(|r| r.clone()).unwrap_or_default(),
+            scheduled: self.scheduled.lock().map(|s| s.clone()).unwrap_or_default(),
+            api_requests: self
+                .api_requests
+                .lock()
+                .map(|a| a.clone())
+                .unwrap_or_default(),
         }
-        line("# TYPE ferry_transfers_queued gauge".into());
-        line(format!(
-            "ferry_transfers_queued {}",
-            self.queued.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_throughput_bytes_per_second gauge".into());
-        line(format!("ferry_throughput_bytes_per_second {rate}"));
-        line("# TYPE ferry_retries_total counter".into());
-        line(format!(
-            "ferry_retries_total {}",
-            self.retries.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_bytes_moved_total counter".into());
-        line(format!(
-            "ferry_bytes_moved_total {}",
-            self.bytes_moved.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_files_moved_total counter".into());
-        line(format!(
-            "ferry_files_moved_total {}",
-            self.files_moved.load(Ordering::Relaxed)
-        ));
-        line("# TYPE ferry_reconcile_duration_seconds histogram".into());
-        if let Ok(h) = self.reconcile_durations.lock() {
-            let mut cumulative = 0;
-            for (le, n) in RECONCILE_BUCKETS.iter().zip(h.counts) {
-                cumulative += n;
-                line(format!(
-                    "ferry_reconcile_duration_seconds_bucket{{le=\"{le}\"}} {cumulative}"
-                ));
-            }
-            cumulative += h.counts[RECONCILE_BUCKETS.len()];
-            line(format!(
-                "ferry_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-            ));
-            line(format!("ferry_reconcile_duration_seconds_sum {}", h.sum));
-            line(format!(
-                "ferry_reconcile_duration_seconds_count {cumulative}"
-            ));
-        }
-        if let Ok(running) = self.running.lock() {
-            let gauges: [(&str, Figure); 3] = [
-                ("ferry_transfer_bytes_done", |r| r.bytes_done),
-                ("ferry_transfer_bytes_total", |r| r.bytes_total),
-                ("ferry_transfer_throughput_bytes_per_second", |r| {
-                    r.bytes_per_second
-                }),
-            ];
-            for (metric, value) in gauges {
-                line(format!("# TYPE {metric} gauge"));
-                for ((namespace, name), r) in running.iter() {
-                    line(format!(
-                        "{metric}{{namespace=\"{}\",name=\"{}\"}} {}",
-                        escape(namespace),
-                        escape(name),
-                        value(r)
-                    ));
-                }
-            }
-        }
-        if let Ok(scheduled) = self.scheduled.lock() {
-            let series: [(&str, &str, ScheduleFigure); 4] = [
-                (
-                    "ferry_schedule_last_success_timestamp_seconds",
-                    "gauge",
-                    |s| s.last_success,
-                ),
-                ("ferry_schedule_next_run_timestamp_seconds", "gauge", |s| {
-                    s.next_run
-                }),
-                ("ferry_schedule_last_run_duration_seconds", "gauge", |s| {
-                    s.last_duration
-                }),
-                ("ferry_schedule_skipped_runs_total", "counter", |s| {
-                    Some(i64::from(s.skipped))
-                }),
-            ];
-            for (metric, kind, value) in series {
-                line(format!("# TYPE {metric} {kind}"));
-                for ((namespace, name), s) in scheduled.iter() {
-                    if let Some(v) = value(s) {
-                        line(format!(
-                            "{metric}{{namespace=\"{}\",name=\"{}\"}} {v}",
-                            escape(namespace),
-                            escape(name),
-                        ));
-                    }
-                }
-            }
-        }
-        line("# TYPE ferry_api_requests_total counter".into());
-        if let Ok(a) = self.api_requests.lock() {
-            for ((verb, resource, code), n) in a.iter() {
-                line(format!(
-                    "ferry_api_requests_total{{verb=\"{verb}\",resource=\"{}\",code=\"{}\"}} {n}",
-                    escape(resource),
-                    escape(code)
-                ));
-            }
-        }
-        out
     }
+
+    /// This moment's figures in Prometheus' text format.
+    pub fn render(&self) -> String {
+        ferry_proto::exposition::render(Box::new(self.snapshot())).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "failed to render the metrics");
+            String::new()
+        })
+    }
+}
+
+impl Exposition for Metrics {
+    async fn collect(&self) -> Result<Box<dyn Collector>, String> {
+        Ok(Box::new(self.snapshot()))
+    }
+    fn ready(&self) -> bool {
+        self.is_ready()
+    }
+}
+
+/// The figures of one scrape, copied out of [`Metrics`] so that the encoding holds no lock.
+#[derive(Debug)]
+pub struct Snapshot {
+    reconciles: u64,
+    status_patches: u64,
+    progress_patches: u64,
+    errors: BTreeMap<&'static str, u64>,
+    finished: BTreeMap<&'static str, u64>,
+    active: usize,
+    by_phase: [usize; PHASES.len()],
+    queued: usize,
+    rate: u64,
+    retries: u64,
+    bytes_moved: u64,
+    files_moved: u64,
+    durations: Histogram,
+    running: BTreeMap<(String, String), RunningTransfer>,
+    scheduled: BTreeMap<(String, String), ScheduleFigures>,
+    api_requests: BTreeMap<(&'static str, String, String), u64>,
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut out: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let none: [(&str, &str); 0] = [];
+        counters(
+            &mut out,
+            "ferry_reconciles",
+            "Reconciles run.",
+            [(none, self.reconciles)],
+        )?;
+        counters(
+            &mut out,
+            "ferry_status_patches",
+            "Status patches written: lifecycle changes, or the moving figures only.",
+            [
+                ([("kind", "lifecycle")], self.status_patches),
+                ([("kind", "progress")], self.progress_patches),
+            ],
+        )?;
+        counters(
+            &mut out,
+            "ferry_reconcile_errors",
+            "Reconciles that failed, by error category.",
+            self.errors.iter().map(|(c, n)| ([("category", *c)], *n)),
+        )?;
+        counters(
+            &mut out,
+            "ferry_transfers_finished",
+            "Transfers that finished, by outcome.",
+            self.finished.iter().map(|(o, n)| ([("outcome", *o)], *n)),
+        )?;
+        gauges(
+            &mut out,
+            "ferry_transfers_active",
+            "Transfers not finished.",
+            [(none, self.active)],
+        )?;
+        gauges(
+            &mut out,
+            "ferry_transfers",
+            "Transfers by phase.",
+            PHASES
+                .iter()
+                .zip(self.by_phase)
+                .map(|((_, name), n)| ([("phase", *name)], n)),
+        )?;
+        gauges(
+            &mut out,
+            "ferry_transfers_queued",
+            "Transfers waiting for a slot under the --max-active limits.",
+            [(none, self.queued)],
+        )?;
+        gauges(
+            &mut out,
+            "ferry_throughput_bytes_per_second",
+            "The current throughput of every running Transfer together.",
+            [(none, self.rate)],
+        )?;
+        counters(
+            &mut out,
+            "ferry_retries",
+            "Attempts that failed and were retried.",
+            [(none, self.retries)],
+        )?;
+        counters(
+            &mut out,
+            "ferry_bytes_moved",
+            "Bytes of the Transfers that succeeded.",
+            [(none, self.bytes_moved)],
+        )?;
+        counters(
+            &mut out,
+            "ferry_files_moved",
+            "Files of the Transfers that succeeded.",
+            [(none, self.files_moved)],
+        )?;
+        let h = &self.durations;
+        let buckets: Vec<(f64, u64)> = RECONCILE_BUCKETS.iter().copied().zip(h.counts).collect();
+        let mut histogram = out.encode_descriptor(
+            "ferry_reconcile_duration_seconds",
+            "How long one reconcile took.",
+            None,
+            MetricType::Histogram,
+        )?;
+        histogram.encode_histogram::<NoLabelSet>(h.sum, h.counts.iter().sum(), &buckets, None)?;
+
+        let per_transfer: [(&str, &str, Figure); 3] = [
+            (
+                "ferry_transfer_bytes_done",
+                "Bytes a running Transfer has moved.",
+                |r| r.bytes_done,
+            ),
+            (
+                "ferry_transfer_bytes_total",
+                "Bytes a running Transfer moves.",
+                |r| r.bytes_total,
+            ),
+            (
+                "ferry_transfer_throughput_bytes_per_second",
+                "A running Transfer's current throughput.",
+                |r| r.bytes_per_second,
+            ),
+        ];
+        for (name, help, value) in per_transfer {
+            gauges(
+                &mut out,
+                name,
+                help,
+                self.running
+                    .iter()
+                    .map(|((ns, n), r)| (object(ns, n), value(r))),
+            )?;
+        }
+        let schedule_gauges: [(&str, &str, ScheduleFigure); 3] = [
+            (
+                "ferry_schedule_last_success_timestamp_seconds",
+                "Unix time of a scheduled Transfer's last successful run.",
+                |s| s.last_success,
+            ),
+            (
+                "ferry_schedule_next_run_timestamp_seconds",
+                "Unix time of a scheduled Transfer's next run.",
+                |s| s.next_run,
+            ),
+            (
+                "ferry_schedule_last_run_duration_seconds",
+                "Seconds a scheduled Transfer's latest finished run took.",
+                |s| s.last_duration,
+            ),
+        ];
+        for (name, help, value) in schedule_gauges {
+            gauges(
+                &mut out,
+                name,
+                help,
+                self.scheduled
+                    .iter()
+                    .filter_map(|((ns, n), s)| Some((object(ns, n), value(s)?))),
+            )?;
+        }
+        counters(
+            &mut out,
+            "ferry_schedule_skipped_runs",
+            "Runs a scheduled Transfer skipped (the previous one still running, or missed).",
+            self.scheduled
+                .iter()
+                .map(|((ns, n), s)| (object(ns, n), u64::from(s.skipped))),
+        )?;
+        counters(
+            &mut out,
+            "ferry_api_requests",
+            "Kubernetes API requests by verb, resource and status code (`error`: no response).",
+            self.api_requests.iter().map(|((verb, resource, code), n)| {
+                (
+                    [
+                        ("verb", *verb),
+                        ("resource", resource.as_str()),
+                        ("code", code.as_str()),
+                    ],
+                    *n,
+                )
+            }),
+        )?;
+        Ok(())
+    }
+}
+
+/// The labels of a per-Transfer series.
+fn object<'a>(namespace: &'a str, name: &'a str) -> [(&'static str, &'a str); 2] {
+    [("namespace", namespace), ("name", name)]
+}
+
+/// One counter family: its description, then a sample per label set.
+fn counters<L: EncodeLabelSet>(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = out.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// One gauge family: its description, then a sample per label set.
+fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue + Send + Sync + std::fmt::Debug>(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = out.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// Every phase with its label value, in the order of the `ferry_transfers` series.
@@ -403,51 +535,6 @@ const PHASES: [(Phase, &str); 6] = [
     (Phase::Succeeded, "Succeeded"),
     (Phase::Failed, "Failed"),
 ];
-
-/// A label value as the text exposition format wants it: backslash, double quote and line feed
-/// escaped.
-fn escape(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (one short request per connection).
-pub async fn serve(listener: TcpListener, metrics: std::sync::Arc<Metrics>) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let read =
-                tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut buf)).await;
-            let Ok(Ok(n)) = read else { return };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (code, body) = match path {
-                "/metrics" => ("200 OK", metrics.render()),
-                "/healthz" => ("200 OK", "ok\n".to_owned()),
-                "/readyz" if metrics.is_ready() => ("200 OK", "ok\n".to_owned()),
-                "/readyz" => ("503 Service Unavailable", "starting\n".to_owned()),
-                _ => ("404 Not Found", "not found\n".to_owned()),
-            };
-            let response = format!(
-                "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(response.as_bytes()).await;
-        });
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -754,7 +841,11 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        assert_eq!(escape("plain-name.1"), "plain-name.1");
-        assert_eq!(escape("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+        let m = Metrics::default();
+        m.api_request("get", "plain-name.1", "200");
+        m.api_request("get", "a\\b\"c\nd", "200");
+        let text = m.render();
+        assert!(text.contains("resource=\"plain-name.1\""), "{text}");
+        assert!(text.contains("resource=\"a\\\\b\\\"c\\nd\""), "{text}");
     }
 }

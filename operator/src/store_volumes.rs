@@ -35,7 +35,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use crate::cache::NODE_SERVICE_COMPONENT;
+use crate::names::NODE_SERVICE_COMPONENT;
 use crate::plan::parse_quantity;
 
 /// The label that offers a PersistentVolume to the node services' claims.

@@ -9,9 +9,11 @@
 //! - [`filter`]: the `--exclude` / `--include` rule syntax;
 //! - [`mover_args`]: the command line the operator gives a mover pod, as one type;
 //! - [`progress`]: the progress client;
-//! - [`error_chain`] and [`shutdown`]: an error's causes on one line, one shutdown signal.
+//! - [`error_chain`] and [`shutdown`]: an error's causes on one line, one shutdown signal;
+//! - [`exposition`]: the metrics and health endpoint both binaries serve.
 
 pub mod error_chain;
+pub mod exposition;
 pub mod filter;
 pub mod kind;
 pub mod mover_args;

@@ -22,16 +22,18 @@ mod xattr;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{TrySendError, sync_channel};
+use std::sync::mpsc::{Receiver, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::report::changes::{self, Change};
 use crate::report::{CopySummary, Progress};
-use crate::tree::dest::{ensure_dir_at, excluded_listing_entry, list_dir, lookup_at, remove_at};
+use crate::tree::dest::{
+    DirFd, ensure_dir_at, excluded_listing_entry, list_dir, lookup_at, remove_at,
+};
 use crate::tree::{
-    CopyCaps, DestError, DestOptions, DestRoot, Filter, Kind, Placed, RelPath, Replace, Resolve,
-    ScanError, ScanEvent, Scanner, is_temp_name, split_source,
+    CopyCaps, DestError, DestOptions, DestRoot, Entry, Filter, Kind, Placed, RelPath, Replace,
+    Resolve, ScanError, ScanEvent, Scanner, is_temp_name, split_source,
 };
 
 use dirs::DirState;
@@ -175,67 +177,10 @@ pub fn copy_tree(
             dst: d.display().to_string(),
         });
     }
-    // Local copies are of the user's own tree: setuid/setgid/sticky are preserved like cp -p.
-    let dest = DestRoot::open_with(
-        dst,
-        DestOptions {
-            allow_special_bits: true,
-            resolve: opts.resolve,
-            // Without --delete a non-empty directory is never replaced by a non-directory.
-            replace: Replace::with_delete(opts.delete),
-        },
-    )
-    .map_err(CopyError::Dest)?;
-    let caps = match opts.bandwidth_limit {
-        Some(rate) => CopyCaps::with_limit(rate),
-        None => CopyCaps::new(),
-    };
-    if opts.no_copy_file_range {
-        caps.disable_copy_file_range();
-    }
-    if let Some(n) = std::env::var("FERRY_SMALL_MAX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        caps.set_small_max(n);
-    }
-    let shared = Arc::new(CopyContext {
-        dest,
-        src_root: src_dir.clone(),
-        opts: CopyOptions {
-            jobs: opts.jobs.max(1),
-            ..opts.clone()
-        },
-        caps,
-        progress,
-        stats: Stats::default(),
-    });
+    let shared = context(dst, src_dir.clone(), opts, progress)?;
 
     let (tx, rx) = sync_channel::<Batch>(shared.opts.jobs * 2);
-    let rx = Arc::new(Mutex::new(rx));
-    let mut handles = Vec::with_capacity(shared.opts.jobs);
-    for i in 0..shared.opts.jobs {
-        let rx = rx.clone();
-        let shared = shared.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("copy-{i}"))
-            .spawn(move || {
-                let mut worker = Worker::new(&shared);
-                loop {
-                    // The lock is held only while waiting for the next batch.
-                    let next = match rx.lock() {
-                        Ok(guard) => guard.recv(),
-                        Err(_) => break,
-                    };
-                    match next {
-                        Ok(batch) => worker.run(batch),
-                        Err(_) => break,
-                    }
-                }
-            })
-            .map_err(CopyError::Spawn)?;
-        handles.push(handle);
-    }
+    let handles = spawn_workers(&shared, rx)?;
 
     let mut own = Worker::new(&shared);
     let mut batch = Batch::default();
@@ -288,49 +233,7 @@ pub fn copy_tree(
                     continue;
                 };
                 match entry.meta.kind {
-                    Kind::Dir => {
-                        let created = ensure_dir_at(
-                            parent_dst.as_fd(),
-                            entry.rel.file_name(),
-                            entry.meta.mode,
-                        );
-                        let state = match created {
-                            Ok((fd, created)) => {
-                                shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
-                                if created {
-                                    changes::report(&Change::Dir, entry.rel.as_bytes());
-                                }
-                                if !created {
-                                    make_writable(&shared, fd.as_fd());
-                                }
-                                DirState::child(&parent, entry, Arc::new(fd), created)
-                            }
-                            Err(e) => {
-                                shared.fail(&DestError::io(
-                                    "create directory",
-                                    shared.dst_shown(&entry.rel),
-                                    e,
-                                ));
-                                DirState::broken(&parent, entry)
-                            }
-                        };
-                        if let Some(dst) = &state.dst {
-                            if !state.fresh {
-                                clean_temps(&shared, &state);
-                            }
-                            if shared.opts.xattrs
-                                && let Some(src) = &state.src
-                                && let Err(e) = xattr::copy_user_xattrs(src.as_fd(), dst.as_fd())
-                            {
-                                shared.fail(&dirs::EntryError::new(
-                                    "copy extended attributes of",
-                                    &shared.src_shown(&state.rel_display()),
-                                    e,
-                                ));
-                            }
-                        }
-                        stack.push(state);
-                    }
+                    Kind::Dir => stack.push(enter_dir(&shared, &parent, &parent_dst, entry)),
                     Kind::File if entry.hardlink_of.is_some() => {
                         parent.hold();
                         deferred_links.push((entry, parent));
@@ -375,9 +278,139 @@ pub fn copy_tree(
     drop(own);
     drop(stack);
 
+    Ok(summary(&shared, started))
+}
+
+/// What every worker of one copy shares: the opened destination, the source root, the options
+/// and the copy's capabilities (copy_file_range, a bandwidth limit).
+fn context(
+    dst: &Path,
+    src_root: std::path::PathBuf,
+    opts: &CopyOptions,
+    progress: Arc<Progress>,
+) -> Result<Arc<CopyContext>, CopyError> {
+    // Local copies are of the user's own tree: setuid/setgid/sticky are preserved like cp -p.
+    let dest = DestRoot::open_with(
+        dst,
+        DestOptions {
+            allow_special_bits: true,
+            resolve: opts.resolve,
+            // Without --delete a non-empty directory is never replaced by a non-directory.
+            replace: Replace::with_delete(opts.delete),
+        },
+    )
+    .map_err(CopyError::Dest)?;
+    let caps = match opts.bandwidth_limit {
+        Some(rate) => CopyCaps::with_limit(rate),
+        None => CopyCaps::new(),
+    };
+    if opts.no_copy_file_range {
+        caps.disable_copy_file_range();
+    }
+    if let Some(n) = std::env::var("FERRY_SMALL_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        caps.set_small_max(n);
+    }
+    Ok(Arc::new(CopyContext {
+        dest,
+        src_root,
+        opts: CopyOptions {
+            jobs: opts.jobs.max(1),
+            ..opts.clone()
+        },
+        caps,
+        progress,
+        stats: Stats::default(),
+    }))
+}
+
+/// The copy's worker threads (`jobs` of them; the scanning thread works too when they are
+/// busy), each taking batches from `rx` until the scan ends.
+fn spawn_workers(
+    shared: &Arc<CopyContext>,
+    rx: Receiver<Batch>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, CopyError> {
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handles = Vec::with_capacity(shared.opts.jobs);
+    for i in 0..shared.opts.jobs {
+        let rx = rx.clone();
+        let shared = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("copy-{i}"))
+            .spawn(move || {
+                let mut worker = Worker::new(&shared);
+                loop {
+                    // The lock is held only while waiting for the next batch.
+                    let next = match rx.lock() {
+                        Ok(guard) => guard.recv(),
+                        Err(_) => break,
+                    };
+                    match next {
+                        Ok(batch) => worker.run(batch),
+                        Err(_) => break,
+                    }
+                }
+            })
+            .map_err(CopyError::Spawn)?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}
+
+/// A directory of the walk: created (or found) in its parent's destination, cleaned of a
+/// previous run's temporaries, its extended attributes copied; a broken state (its contents
+/// fail too) when it cannot be created.
+fn enter_dir(
+    shared: &CopyContext,
+    parent: &Arc<DirState>,
+    parent_dst: &DirFd,
+    entry: Entry,
+) -> Arc<DirState> {
+    let created = ensure_dir_at(parent_dst.as_fd(), entry.rel.file_name(), entry.meta.mode);
+    let state = match created {
+        Ok((fd, created)) => {
+            shared.stats.dirs.fetch_add(1, Ordering::Relaxed);
+            if created {
+                changes::report(&Change::Dir, entry.rel.as_bytes());
+            }
+            if !created {
+                make_writable(shared, fd.as_fd());
+            }
+            DirState::child(parent, entry, Arc::new(fd), created)
+        }
+        Err(e) => {
+            shared.fail(&DestError::io(
+                "create directory",
+                shared.dst_shown(&entry.rel),
+                e,
+            ));
+            DirState::broken(parent, entry)
+        }
+    };
+    if let Some(dst) = &state.dst {
+        if !state.fresh {
+            clean_temps(shared, &state);
+        }
+        if shared.opts.xattrs
+            && let Some(src) = &state.src
+            && let Err(e) = xattr::copy_user_xattrs(src.as_fd(), dst.as_fd())
+        {
+            shared.fail(&dirs::EntryError::new(
+                "copy extended attributes of",
+                &shared.src_shown(&state.rel_display()),
+                e,
+            ));
+        }
+    }
+    state
+}
+
+fn summary(shared: &CopyContext, started: Instant) -> CopySummary {
     let p = shared.progress.snapshot();
     let s = &shared.stats;
-    Ok(CopySummary {
+    CopySummary {
         files: p.files_done,
         bytes: p.bytes_done,
         skipped: p.skipped,
@@ -389,7 +422,7 @@ pub fn copy_tree(
         specials_skipped: s.specials.load(Ordering::Relaxed),
         deleted: s.deleted.load(Ordering::Relaxed),
         temps_cleaned: s.temps_cleaned.load(Ordering::Relaxed),
-    })
+    }
 }
 
 /// Opens the source for a walk through `filter`: a directory as it is, a single file as its

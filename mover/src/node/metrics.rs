@@ -1,5 +1,5 @@
-//! The node service's figures: the `Stats` reply and the same in Prometheus' text format on the
-//! metrics port (plain HTTP, like the operator's; nothing secret in it). A scan of the store is
+//! The node service's figures: the `Stats` reply and the same on the metrics port (served by
+//! [`ferry_proto::exposition`], like the operator's; nothing secret in it). A scan of the store is
 //! reused for [`SCAN_EVERY`], so a scraper cannot make the service walk the store continuously.
 
 use std::sync::atomic::Ordering;
@@ -7,8 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_proto::blockstore::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use ferry_proto::exposition::Exposition;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::counters::ServiceCounters;
 use crate::cas::{CasStore, StoreStats};
@@ -50,136 +53,111 @@ pub fn figures(node: &str, s: &StoreStats, c: &ServiceCounters) -> pb::StoreStat
     }
 }
 
-/// The figures in the text exposition format, labelled with the node.
-pub fn render(f: &pb::StoreStats, hit_bytes: u64, sends_expired: u64) -> String {
-    let node = f.node.replace(['\\', '"', '\n'], "_");
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, v: u64| {
-        out.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{node=\"{node}\"}} {v}\n"
-        ));
-    };
-    metric(
-        "ferry_node_store_blocks",
-        "gauge",
-        "Blocks in the node's block store.",
-        f.blocks,
-    );
-    metric(
-        "ferry_node_store_bytes",
-        "gauge",
-        "Bytes in the node's block store.",
-        f.bytes,
-    );
-    metric(
-        "ferry_node_store_cap_bytes",
-        "gauge",
-        "Cap of the node's block store (0: none).",
-        f.cap_bytes,
-    );
-    metric(
-        "ferry_node_store_hits_total",
-        "counter",
-        "Blocks handed to receivers against a proof of possession.",
-        f.hits,
-    );
-    metric(
-        "ferry_node_store_hit_bytes_total",
-        "counter",
-        "Bytes handed to receivers against a proof of possession.",
-        hit_bytes,
-    );
-    metric(
-        "ferry_node_store_misses_total",
-        "counter",
-        "Blocks asked for and not handed out: absent, not proven or corrupt, alike.",
-        f.proofs_rejected,
-    );
-    metric(
-        "ferry_node_store_inserted_total",
-        "counter",
-        "Blocks receivers added.",
-        f.inserted,
-    );
-    metric(
-        "ferry_node_store_sends_expired_total",
-        "counter",
-        "Blocks dropped because their client did not take them in time.",
-        sends_expired,
-    );
-    metric(
-        "ferry_node_store_puts_refused_total",
-        "counter",
-        "Blocks refused because their content did not match their hash.",
-        f.puts_refused,
-    );
-    metric(
-        "ferry_node_store_evicted_total",
-        "counter",
-        "Blocks the scheduled garbage collections evicted.",
-        f.evicted,
-    );
-    metric(
-        "ferry_node_store_last_gc_timestamp_seconds",
-        "gauge",
-        "Unix time of the last scheduled garbage collection (0: none yet).",
-        f.last_gc_unix,
-    );
-    out
+/// One scrape's figures, labelled with the node.
+#[derive(Debug)]
+pub struct NodeFigures {
+    pub stats: pb::StoreStats,
+    pub hit_bytes: u64,
+    pub sends_expired: u64,
 }
 
-/// Serves GET /metrics and /healthz on `listener` until the process ends.
-pub async fn serve(
-    listener: TcpListener,
-    node: String,
-    store: Arc<CasStore>,
-    counters: Arc<ServiceCounters>,
-    scans: Arc<ScanCache>,
-) {
-    loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
-            // Out of descriptors, most likely: retrying at once would spin a core.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let (node, store, counters, scans) =
-            (node.clone(), store.clone(), counters.clone(), scans.clone());
-        tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let n = match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/healthz" | "/readyz" => ("200 OK", "ok\n".to_owned()),
-                "/metrics" => {
-                    let scanned = tokio::task::spawn_blocking(move || {
-                        scans.get(&store).map_err(|e| e.to_string())
-                    })
-                    .await;
-                    match scanned {
-                        Ok(Ok(s)) => (
-                            "200 OK",
-                            render(
-                                &figures(&node, &s, &counters),
-                                counters.hit_bytes.load(Ordering::Relaxed),
-                                counters.sends_expired.load(Ordering::Relaxed),
-                            ),
-                        ),
-                        Ok(Err(e)) => ("503 Service Unavailable", format!("{e}\n")),
-                        Err(e) => ("500 Internal Server Error", format!("{e}\n")),
-                    }
-                }
-                _ => ("404 Not Found", String::new()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = conn.write_all(resp.as_bytes()).await;
-        });
+impl Collector for NodeFigures {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let f = &self.stats;
+        let node = [("node", f.node.as_str())];
+        let gauges = [
+            (
+                "ferry_node_store_blocks",
+                "Blocks in the node's block store.",
+                f.blocks,
+            ),
+            (
+                "ferry_node_store_bytes",
+                "Bytes in the node's block store.",
+                f.bytes,
+            ),
+            (
+                "ferry_node_store_cap_bytes",
+                "Cap of the node's block store (0: none).",
+                f.cap_bytes,
+            ),
+            (
+                "ferry_node_store_last_gc_timestamp_seconds",
+                "Unix time of the last scheduled garbage collection (0: none yet).",
+                f.last_gc_unix,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            let gauge = ConstGauge::new(v);
+            let mut metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
+            gauge.encode(metric.encode_family(&node)?)?;
+        }
+        let counters = [
+            (
+                "ferry_node_store_hits",
+                "Blocks handed to receivers against a proof of possession.",
+                f.hits,
+            ),
+            (
+                "ferry_node_store_hit_bytes",
+                "Bytes handed to receivers against a proof of possession.",
+                self.hit_bytes,
+            ),
+            (
+                "ferry_node_store_misses",
+                "Blocks asked for and not handed out: absent, not proven or corrupt, alike.",
+                f.proofs_rejected,
+            ),
+            (
+                "ferry_node_store_inserted",
+                "Blocks receivers added.",
+                f.inserted,
+            ),
+            (
+                "ferry_node_store_sends_expired",
+                "Blocks dropped because their client did not take them in time.",
+                self.sends_expired,
+            ),
+            (
+                "ferry_node_store_puts_refused",
+                "Blocks refused because their content did not match their hash.",
+                f.puts_refused,
+            ),
+            (
+                "ferry_node_store_evicted",
+                "Blocks the scheduled garbage collections evicted.",
+                f.evicted,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let counter = ConstCounter::new(v);
+            let mut metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
+            counter.encode(metric.encode_family(&node)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the node service serves on its metrics port.
+pub struct NodeExposition {
+    pub node: String,
+    pub store: Arc<CasStore>,
+    pub counters: Arc<ServiceCounters>,
+    pub scans: Arc<ScanCache>,
+}
+
+impl Exposition for NodeExposition {
+    async fn collect(&self) -> Result<Box<dyn Collector>, String> {
+        let (store, scans) = (self.store.clone(), self.scans.clone());
+        let scanned = tokio::task::spawn_blocking(move || scans.get(&store))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(Box::new(NodeFigures {
+            stats: figures(&self.node, &scanned, &self.counters),
+            hit_bytes: self.counters.hit_bytes.load(Ordering::Relaxed),
+            sends_expired: self.counters.sends_expired.load(Ordering::Relaxed),
+        }))
     }
 }
 
@@ -201,7 +179,12 @@ mod tests {
             evicted: 0,
             puts_refused: 4,
         };
-        let text = render(&f, 8 << 20, 5);
+        let text = ferry_proto::exposition::render(Box::new(NodeFigures {
+            stats: f,
+            hit_bytes: 8 << 20,
+            sends_expired: 5,
+        }))
+        .expect("render");
         assert!(
             text.contains("ferry_node_store_blocks{node=\"node-a\"} 3\n"),
             "{text}"

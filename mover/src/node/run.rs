@@ -82,13 +82,13 @@ pub async fn serve(
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("failed to listen on {addr} (metrics)"))?;
-        tokio::spawn(super::metrics::serve(
-            l,
-            cfg.node.clone(),
-            store.clone(),
-            counters.clone(),
-            scans.clone(),
-        ));
+        let exposed = super::metrics::NodeExposition {
+            node: cfg.node.clone(),
+            store: store.clone(),
+            counters: counters.clone(),
+            scans: scans.clone(),
+        };
+        tokio::spawn(ferry_proto::exposition::serve(l, Arc::new(exposed)));
     }
     tokio::spawn(reload_tls(cfg.clone(), tls.clone()));
     tokio::spawn(collect_garbage(

@@ -38,7 +38,8 @@ pub(crate) mod tests;
 mod validation;
 
 pub use failure::{OTHER_VERDICT_GRACE, set_refused};
-pub use progress::{fold_progress, human_duration, human_rate, percent};
+pub use ferry_api::human::{human_duration, human_rate};
+pub use progress::{fold_progress, percent};
 pub use validation::{bandwidth_bytes, parse_quantity};
 
 use failure::{attempt_failure, fail_attempt};

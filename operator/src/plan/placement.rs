@@ -7,6 +7,7 @@
 
 use crate::api::{Endpoint, Reason, Side};
 use crate::config::{Config, GrantRefusal};
+pub use crate::names::is_dns_subdomain;
 
 /// The volume a mover mounts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,19 +66,6 @@ pub fn clean_sub_path(path: &str) -> Option<String> {
         }
     }
     Some(parts.join("/"))
-}
-
-/// Whether `s` is a DNS subdomain name (what Kubernetes accepts as a node or claim name). The
-/// CRD's schema checks it too; this holds when that validation was bypassed.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
 }
 
 /// Places one side, or says why it cannot be placed.

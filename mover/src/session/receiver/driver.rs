@@ -77,79 +77,16 @@ where
     for s in &mut streams {
         s.reader.share_payloads(payloads.clone());
     }
-    let first = streams
-        .first()
-        .ok_or(ReceiveError::Internal("a session without streams"))?;
-    let (sid, caps) = (first.hello.session_id.clone(), first.caps);
-    let protect = if caps & caps::FILTER != 0 {
-        Filter::from_wire(&first.hello.filter_rules)
-            .map_err(|e| ReceiveError::from(SenderViolation::FilterRules(e.to_string())))
-    } else {
-        Ok(Filter::default())
-    };
-    let protect = match protect {
-        Ok(f) => f,
+    let (caps, protect) = match agree(&streams) {
+        Ok(v) => v,
         Err(e) => {
             tell_all(&mut streams, &e, &cfg.transfer_id).await;
             return Err(e);
         }
     };
-    for (i, s) in streams.iter().enumerate() {
-        if s.hello.session_id != sid
-            || s.hello.stream_count != n
-            || s.hello.stream_index != i as u32
-        {
-            let e = ReceiveError::from(SenderViolation::StreamsDisagree {
-                position: i as u32,
-                count: n,
-                index: s.hello.stream_index,
-                announced: s.hello.stream_count,
-            });
-            tell_all(&mut streams, &e, &cfg.transfer_id).await;
-            return Err(e);
-        }
-    }
-    let root = cfg.root.clone();
-    let tid = cfg.transfer_id.clone();
-    let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
-    let service = cfg
-        .block_service
-        .clone()
-        .filter(|_| caps & caps::DEDUP != 0);
-    // Only a sender that asked for --delete may have non-empty directories replaced.
-    let replace = Replace::with_delete(caps & caps::DELETE != 0);
-    let keep = cfg.keep;
     let dry_run = caps & caps::DRY_RUN != 0;
     let blocking = BlockingPool::for_streams(n);
-    let setup = blocking
-        .run(move || {
-            if dry_run {
-                // Nothing may be created in the destination, not even the staging directory: a
-                // missing root is planned as an empty one, staging lives in a scratch directory.
-                let scratch = Scratch::create()?;
-                let plan_root = if root.is_dir() {
-                    root
-                } else {
-                    scratch.empty.clone()
-                };
-                let dest = PeerDest::open(&plan_root, replace, keep.special_bits)?;
-                let staging_root = PeerDest::open(&scratch.staging, replace, false)?;
-                let staging = StagingDir::open(&staging_root, &tid)?;
-                return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
-            }
-            let dest = PeerDest::open(&root, replace, keep.special_bits)?;
-            let staging = StagingDir::open(&dest, &tid)?;
-            let dedup = match (store, service) {
-                (Some(s), _) => Some(BlockDedup::Local(DedupReceiver::new(s, &tid)?)),
-                (None, Some(c)) => Some(BlockDedup::Node(NodeDedup::new(c))),
-                (None, None) => None,
-            };
-            Ok::<_, ReceiveError>((dest, staging, dedup, None))
-        })
-        .await
-        .map_err(ReceiveError::from)
-        .and_then(|r| r);
-    let (dest, staging, dedup, scratch) = match setup {
+    let (dest, staging, dedup, scratch) = match open_destination(cfg, caps, &blocking).await {
         Ok(v) => v,
         Err(e) => {
             tell_all(&mut streams, &e, &cfg.transfer_id).await;
@@ -197,20 +134,117 @@ where
         protect,
         dry_run,
         _scratch: scratch,
-        keep,
+        keep: cfg.keep,
         dropped: Dropped::default(),
         xattr_held: Arc::new(AtomicU64::new(0)),
     });
     progress.set_phase(Phase::Transferring);
 
+    match run_streams(cfg, &shared, streams, n).await {
+        None => conclude(&shared, &progress, started, n).await,
+        Some(e) => {
+            shared.pool.cancel();
+            Err(e)
+        }
+    }
+}
+
+/// What every stream's Hello must agree on (one session, its stream count, each stream's
+/// place), the capabilities granted, and the rules of what a delete must leave alone.
+fn agree<S>(streams: &[Accepted<S>]) -> Result<(u64, Filter), ReceiveError> {
+    let n = streams.len() as u32;
+    let first = streams
+        .first()
+        .ok_or(ReceiveError::Internal("a session without streams"))?;
+    let (sid, caps) = (first.hello.session_id.clone(), first.caps);
+    let protect = if caps & caps::FILTER != 0 {
+        Filter::from_wire(&first.hello.filter_rules)
+            .map_err(|e| ReceiveError::from(SenderViolation::FilterRules(e.to_string())))
+    } else {
+        Ok(Filter::default())
+    };
+    let protect = protect?;
+    for (i, s) in streams.iter().enumerate() {
+        if s.hello.session_id != sid
+            || s.hello.stream_count != n
+            || s.hello.stream_index != i as u32
+        {
+            return Err(ReceiveError::from(SenderViolation::StreamsDisagree {
+                position: i as u32,
+                count: n,
+                index: s.hello.stream_index,
+                announced: s.hello.stream_count,
+            }));
+        }
+    }
+    Ok((caps, protect))
+}
+
+/// The destination and its staging directory opened (in a scratch directory for a dry run),
+/// and the block store this session deduplicates against, if any.
+async fn open_destination(
+    cfg: &ReceiverConfig,
+    caps: u64,
+    blocking: &BlockingPool,
+) -> Result<(PeerDest, StagingDir, Option<BlockDedup>, Option<Scratch>), ReceiveError> {
+    let root = cfg.root.clone();
+    let tid = cfg.transfer_id.clone();
+    let store = cfg.cas.clone().filter(|_| caps & caps::DEDUP != 0);
+    let service = cfg
+        .block_service
+        .clone()
+        .filter(|_| caps & caps::DEDUP != 0);
+    // Only a sender that asked for --delete may have non-empty directories replaced.
+    let replace = Replace::with_delete(caps & caps::DELETE != 0);
+    let keep = cfg.keep;
+    let dry_run = caps & caps::DRY_RUN != 0;
+    blocking
+        .run(move || {
+            if dry_run {
+                // Nothing may be created in the destination, not even the staging directory: a
+                // missing root is planned as an empty one, staging lives in a scratch directory.
+                let scratch = Scratch::create()?;
+                let plan_root = if root.is_dir() {
+                    root
+                } else {
+                    scratch.empty.clone()
+                };
+                let dest = PeerDest::open(&plan_root, replace, keep.special_bits)?;
+                let staging_root = PeerDest::open(&scratch.staging, replace, false)?;
+                let staging = StagingDir::open(&staging_root, &tid)?;
+                return Ok::<_, ReceiveError>((dest, staging, None, Some(scratch)));
+            }
+            let dest = PeerDest::open(&root, replace, keep.special_bits)?;
+            let staging = StagingDir::open(&dest, &tid)?;
+            let dedup = match (store, service) {
+                (Some(s), _) => Some(BlockDedup::Local(DedupReceiver::new(s, &tid)?)),
+                (None, Some(c)) => Some(BlockDedup::Node(NodeDedup::new(c))),
+                (None, None) => None,
+            };
+            Ok::<_, ReceiveError>((dest, staging, dedup, None))
+        })
+        .await
+        .map_err(ReceiveError::from)
+        .and_then(|r| r)
+}
+
+/// Runs every stream to its end: one that fails stops the others (each tells the sender why),
+/// and the most telling failure is returned. A session whose sender makes no progress for the
+/// progress timeout is stopped the same way, and so is one the process is asked to end.
+async fn run_streams<S>(
+    cfg: &ReceiverConfig,
+    shared: &Arc<Session>,
+    streams: Vec<Accepted<S>>,
+    n: u32,
+) -> Option<ReceiveError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
     let done = Arc::new(tokio::sync::Semaphore::new(0));
     let mut futs = Vec::new();
     for s in streams {
         futs.push(run_stream(shared.clone(), s, done.clone(), n));
     }
-    // Every stream runs to its end: one that fails stops the others (each tells the sender why),
-    // and the most telling failure is reported. A session whose sender makes no progress for
-    // the progress timeout is stopped the same way.
     let all = futures::future::join_all(futs);
     tokio::pin!(all);
     let limit = cfg.timeouts.progress;
@@ -253,71 +287,74 @@ where
             });
         }
     }
-    match failure {
-        None => {
-            let sh = shared.clone();
-            shared
-                .blocking
-                .run(move || {
-                    if let Some(d) = &sh.dedup {
-                        d.finish();
-                    }
-                    if sh.dry_run {
-                        return Ok(());
-                    }
-                    sh.staging.cleanup(&sh.dest);
-                    let meta = sh.root_meta.lock().ok().and_then(|m| *m);
-                    if let Some((mode, mtime)) = meta {
-                        match sh.dest.set_dir_meta(None, mode, mtime, None) {
-                            // The destination directory itself often belongs to someone else
-                            // (a volume's root is root's, a provisioner made it): its content
-                            // is the copy, its own mode and mtime stay as the owner set them.
-                            Err(e) if e.errno() == Some(libc::EPERM) => tracing::warn!(
-                                "the destination directory is not the receiver's: its mode and mtime were left as they are ({e})"
-                            ),
-                            r => r?,
-                        }
-                    }
-                    Ok::<(), ReceiveError>(())
-                })
-                .await??;
-            let p = progress.snapshot();
-            let d = shared.store_counters();
-            let summary = SessionSummary {
-                dry_run: shared.dry_run,
-                files: p.files_done,
-                bytes: p.bytes_done,
-                wire_bytes: p.wire_bytes,
-                seconds: started.elapsed().as_secs_f64(),
-                streams: n,
-                skipped: p.skipped,
-                resumed_bytes: p.resumed_bytes,
-                dedup_blocks: d.dedup_blocks,
-                dedup_bytes: d.dedup_bytes,
-                deleted: shared.deleted.load(Ordering::Relaxed),
-                failed: p.failed,
-                failures: shared.failures(),
-                dropped_special_bits: shared.dropped.special_bits.load(Ordering::Relaxed),
-                dropped_xattrs: shared.dropped.xattrs.load(Ordering::Relaxed),
-                dropped_owners: shared.dropped.owners.load(Ordering::Relaxed),
-                digest: shared
-                    .digest
-                    .lock()
-                    .ok()
-                    .and_then(|d| d.map(|d| digest::hex(&d)))
-                    .unwrap_or_default(),
-                // The sender's walk decides what it may not read; this end never hears of it.
-                unreadable: 0,
-                unreadable_paths: Vec::new(),
-            };
-            summary.set_outcome(&progress);
-            Ok(summary)
-        }
-        Some(e) => {
-            shared.pool.cancel();
-            Err(e)
-        }
-    }
+    failure
+}
+
+/// A session whose streams all ended well: the block store's session finished, staging
+/// removed, the root's own metadata applied, and the summary.
+async fn conclude(
+    shared: &Arc<Session>,
+    progress: &Progress,
+    started: Instant,
+    n: u32,
+) -> Result<SessionSummary, ReceiveError> {
+    let sh = shared.clone();
+    shared
+        .blocking
+        .run(move || {
+            if let Some(d) = &sh.dedup {
+                d.finish();
+            }
+            if sh.dry_run {
+                return Ok(());
+            }
+            sh.staging.cleanup(&sh.dest);
+            let meta = sh.root_meta.lock().ok().and_then(|m| *m);
+            if let Some((mode, mtime)) = meta {
+                match sh.dest.set_dir_meta(None, mode, mtime, None) {
+                    // The destination directory itself often belongs to someone else
+                    // (a volume's root is root's, a provisioner made it): its content
+                    // is the copy, its own mode and mtime stay as the owner set them.
+                    Err(e) if e.errno() == Some(libc::EPERM) => tracing::warn!(
+                        "the destination directory is not the receiver's: its mode and mtime were left as they are ({e})"
+                    ),
+                    r => r?,
+                }
+            }
+            Ok::<(), ReceiveError>(())
+        })
+        .await??;
+    let p = progress.snapshot();
+    let d = shared.store_counters();
+    let summary = SessionSummary {
+        dry_run: shared.dry_run,
+        files: p.files_done,
+        bytes: p.bytes_done,
+        wire_bytes: p.wire_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+        streams: n,
+        skipped: p.skipped,
+        resumed_bytes: p.resumed_bytes,
+        dedup_blocks: d.dedup_blocks,
+        dedup_bytes: d.dedup_bytes,
+        deleted: shared.deleted.load(Ordering::Relaxed),
+        failed: p.failed,
+        failures: shared.failures(),
+        dropped_special_bits: shared.dropped.special_bits.load(Ordering::Relaxed),
+        dropped_xattrs: shared.dropped.xattrs.load(Ordering::Relaxed),
+        dropped_owners: shared.dropped.owners.load(Ordering::Relaxed),
+        digest: shared
+            .digest
+            .lock()
+            .ok()
+            .and_then(|d| d.map(|d| digest::hex(&d)))
+            .unwrap_or_default(),
+        // The sender's walk decides what it may not read; this end never hears of it.
+        unreadable: 0,
+        unreadable_paths: Vec::new(),
+    };
+    summary.set_outcome(progress);
+    Ok(summary)
 }
 
 async fn run_stream<S>(

@@ -101,6 +101,9 @@ where
     futures::future::join_all(tells).await;
 }
 
+/// One stream after its Hello: its two halves and, with dedup, the proofs keyed by its nonce.
+type StreamHalves<S> = (Reader<S>, Writer<S>, Option<Arc<DedupSender>>);
+
 async fn run<S>(
     cfg: &SenderConfig,
     streams: Vec<S>,
@@ -111,86 +114,7 @@ where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let n = streams.len() as u32;
-    let session_id: [u8; 16] = rand::random();
-    // Dedup, xattrs, refetch, tails and packs are always requested: a receiver grants them only
-    // with a block store / when it keeps xattrs / in a fan-out.
-    let mut want_caps = caps::ZSTD
-        | caps::LZ4
-        | caps::VERIFY
-        | caps::DEDUP
-        | caps::RESUME
-        | caps::PROGRESS
-        | caps::XATTRS
-        | caps::REFETCH
-        | caps::TAILS
-        | caps::PACKS;
-    if cfg.delete {
-        want_caps |= caps::DELETE;
-    }
-    if cfg.checksum {
-        want_caps |= caps::CHECKSUM;
-    }
-    if cfg.sync {
-        want_caps |= caps::SYNC;
-    }
-    if !cfg.filter.is_empty() {
-        want_caps |= caps::FILTER;
-    }
-    if cfg.dry_run {
-        want_caps |= caps::DRY_RUN;
-    }
-    let wire = progress.wire_bytes.clone();
-    // Every stream greets at once: a receiver gives each connection one deadline for its TLS
-    // handshake and Hello, so a Hello must not wait for the other streams' round trips.
-    let hellos = streams.into_iter().enumerate().map(|(i, s)| {
-        let hello = pb::Hello {
-            version: PROTOCOL_VERSION,
-            capabilities: want_caps,
-            transfer_id: cfg.transfer_id.clone(),
-            session_id: session_id.to_vec(),
-            stream_index: i as u32,
-            stream_count: n,
-            block_size: BLOCK_SIZE as u32,
-            filter_rules: if i == 0 {
-                cfg.filter.to_wire()
-            } else {
-                Vec::new()
-            },
-        };
-        let wire = wire.clone();
-        async move {
-            let (r, w) = tokio::io::split(s);
-            let mut reader =
-                FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
-            let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire);
-            let fut = send_hello(&mut reader, &mut writer, hello);
-            let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
-                .await
-                .map_err(|_| FramedError::IdleTimeout {
-                    stream: i as u32,
-                    secs: cfg.timeouts.handshake.as_secs(),
-                })??;
-            reader.set_stream(i as u32, cfg.timeouts.idle);
-            writer.set_stream(i as u32, cfg.timeouts.idle);
-            // Proofs on a stream are keyed by that stream's nonce.
-            let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
-            Ok::<_, SendError>((reader, writer, dedup, got))
-        }
-    });
-    let mut halves = Vec::new();
-    let mut negotiated = want_caps;
-    for (reader, writer, dedup, got) in futures::future::try_join_all(hellos).await? {
-        negotiated &= got;
-        halves.push((reader, writer, dedup));
-    }
-    // A receiver that does not know the rules would delete what they leave out.
-    if cfg.delete && !cfg.filter.is_empty() && negotiated & caps::FILTER == 0 {
-        return Err(SendError::FilterUnsupported);
-    }
-    // A receiver that does not know dry runs would write.
-    if cfg.dry_run && negotiated & caps::DRY_RUN == 0 {
-        return Err(SendError::DryRunUnsupported);
-    }
+    let (halves, negotiated) = greet(cfg, streams, progress.wire_bytes.clone()).await?;
     if let Some(ticket) = ticket {
         ticket.pass_and_wait().await;
     }
@@ -274,47 +198,7 @@ where
         r
     });
 
-    let mut futs = Vec::new();
-    for (reader, writer, dedup) in halves {
-        futs.push(run_stream(
-            ctx.clone(),
-            reader,
-            writer,
-            block_tx.clone(),
-            dedup,
-        ));
-    }
-    drop(block_tx);
-    // Every stream runs to its end: one that fails stops the others (each tells the receiver
-    // why), and the most telling failure is reported.
-    // A shutdown stops every stream the same way, and is the reason reported.
-    let all = futures::future::join_all(futs);
-    tokio::pin!(all);
-    let shutdown = async {
-        let e = SendError::ShutDown(cfg.shutdown.wait().await);
-        ctx.abort.set(Reason {
-            failure: e.failure(),
-            message: e.to_string(),
-            from_peer: false,
-        });
-        e
-    };
-    let (results, mut failure) = tokio::select! {
-        r = &mut all => (r, None),
-        e = shutdown => (all.await, Some(e)),
-    };
-    let mut ends = Vec::new();
-    for r in results {
-        match r {
-            Ok(end) => ends.push(end),
-            Err(e) => {
-                failure = Some(match failure {
-                    None => e,
-                    Some(f) => more_telling(f, e),
-                });
-            }
-        }
-    }
+    let (mut ends, failure) = run_streams(cfg, &ctx, halves, block_tx).await;
     if let Some(mut e) = failure {
         // Every stream stopped because another end of the session failed: the walk did. So
         // did a stream that lost its connection while the session's first failure was a local
@@ -380,6 +264,177 @@ where
         }
         hex
     };
+    Ok(session_summary(
+        &progress,
+        &summary,
+        hex,
+        ctx.dry_run,
+        n,
+        started,
+    ))
+}
+
+/// The capabilities this sender asks for.
+fn wanted_caps(cfg: &SenderConfig) -> u64 {
+    // Dedup, xattrs, refetch, tails and packs are always requested: a receiver grants them only
+    // with a block store / when it keeps xattrs / in a fan-out.
+    let mut want_caps = caps::ZSTD
+        | caps::LZ4
+        | caps::VERIFY
+        | caps::DEDUP
+        | caps::RESUME
+        | caps::PROGRESS
+        | caps::XATTRS
+        | caps::REFETCH
+        | caps::TAILS
+        | caps::PACKS;
+    if cfg.delete {
+        want_caps |= caps::DELETE;
+    }
+    if cfg.checksum {
+        want_caps |= caps::CHECKSUM;
+    }
+    if cfg.sync {
+        want_caps |= caps::SYNC;
+    }
+    if !cfg.filter.is_empty() {
+        want_caps |= caps::FILTER;
+    }
+    if cfg.dry_run {
+        want_caps |= caps::DRY_RUN;
+    }
+    want_caps
+}
+
+/// Greets every stream at once and agrees on the capabilities both ends have; refuses what a
+/// receiver without them would get wrong.
+async fn greet<S>(
+    cfg: &SenderConfig,
+    streams: Vec<S>,
+    wire: Arc<AtomicU64>,
+) -> Result<(Vec<StreamHalves<S>>, u64), SendError>
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let n = streams.len() as u32;
+    let session_id: [u8; 16] = rand::random();
+    let want_caps = wanted_caps(cfg);
+    // Every stream greets at once: a receiver gives each connection one deadline for its TLS
+    // handshake and Hello, so a Hello must not wait for the other streams' round trips.
+    let hellos = streams.into_iter().enumerate().map(|(i, s)| {
+        let hello = pb::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: want_caps,
+            transfer_id: cfg.transfer_id.clone(),
+            session_id: session_id.to_vec(),
+            stream_index: i as u32,
+            stream_count: n,
+            block_size: BLOCK_SIZE as u32,
+            filter_rules: if i == 0 {
+                cfg.filter.to_wire()
+            } else {
+                Vec::new()
+            },
+        };
+        let wire = wire.clone();
+        async move {
+            let (r, w) = tokio::io::split(s);
+            let mut reader =
+                FrameReader::new(r, i as u32, cfg.timeouts.handshake, Default::default());
+            let mut writer = FrameWriter::new(w, i as u32, cfg.timeouts.handshake, wire);
+            let fut = send_hello(&mut reader, &mut writer, hello);
+            let (got, nonce) = tokio::time::timeout(cfg.timeouts.handshake, fut)
+                .await
+                .map_err(|_| FramedError::IdleTimeout {
+                    stream: i as u32,
+                    secs: cfg.timeouts.handshake.as_secs(),
+                })??;
+            reader.set_stream(i as u32, cfg.timeouts.idle);
+            writer.set_stream(i as u32, cfg.timeouts.idle);
+            // Proofs on a stream are keyed by that stream's nonce.
+            let dedup = nonce.map(|n| Arc::new(DedupSender::new(&n)));
+            Ok::<_, SendError>((reader, writer, dedup, got))
+        }
+    });
+    let mut halves = Vec::new();
+    let mut negotiated = want_caps;
+    for (reader, writer, dedup, got) in futures::future::try_join_all(hellos).await? {
+        negotiated &= got;
+        halves.push((reader, writer, dedup));
+    }
+    // A receiver that does not know the rules would delete what they leave out.
+    if cfg.delete && !cfg.filter.is_empty() && negotiated & caps::FILTER == 0 {
+        return Err(SendError::FilterUnsupported);
+    }
+    // A receiver that does not know dry runs would write.
+    if cfg.dry_run && negotiated & caps::DRY_RUN == 0 {
+        return Err(SendError::DryRunUnsupported);
+    }
+    Ok((halves, negotiated))
+}
+
+/// Runs every stream to its end: one that fails stops the others (each tells the receiver
+/// why), and the most telling failure is reported; a shutdown stops every stream the same way,
+/// and is the reason reported.
+async fn run_streams<S>(
+    cfg: &SenderConfig,
+    ctx: &Arc<Ctx>,
+    halves: Vec<StreamHalves<S>>,
+    block_tx: mpsc::Sender<BlockJob>,
+) -> (Vec<(Reader<S>, Writer<S>)>, Option<SendError>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let mut futs = Vec::new();
+    for (reader, writer, dedup) in halves {
+        futs.push(run_stream(
+            ctx.clone(),
+            reader,
+            writer,
+            block_tx.clone(),
+            dedup,
+        ));
+    }
+    drop(block_tx);
+    let all = futures::future::join_all(futs);
+    tokio::pin!(all);
+    let shutdown = async {
+        let e = SendError::ShutDown(cfg.shutdown.wait().await);
+        ctx.abort.set(Reason {
+            failure: e.failure(),
+            message: e.to_string(),
+            from_peer: false,
+        });
+        e
+    };
+    let (results, mut failure) = tokio::select! {
+        r = &mut all => (r, None),
+        e = shutdown => (all.await, Some(e)),
+    };
+    let mut ends = Vec::new();
+    for r in results {
+        match r {
+            Ok(end) => ends.push(end),
+            Err(e) => {
+                failure = Some(match failure {
+                    None => e,
+                    Some(f) => more_telling(f, e),
+                });
+            }
+        }
+    }
+    (ends, failure)
+}
+
+/// What the session did, as the receiver's Summary reports it, into `progress` and the result.
+fn session_summary(
+    progress: &Progress,
+    summary: &pb::Summary,
+    digest: String,
+    dry_run: bool,
+    streams: u32,
+    started: Instant,
+) -> SessionSummary {
     progress.files_done.store(summary.files, Ordering::Relaxed);
     progress.bytes_done.store(summary.bytes, Ordering::Relaxed);
     progress.skipped.store(summary.skipped, Ordering::Relaxed);
@@ -388,22 +443,22 @@ where
         .store(summary.resumed_bytes, Ordering::Relaxed);
     progress.failed.store(summary.failed, Ordering::Relaxed);
     let unreadable = progress.unreadable();
-    Ok(SessionSummary {
+    SessionSummary {
         unreadable: unreadable.count,
         unreadable_paths: unreadable.paths,
-        dry_run: ctx.dry_run,
+        dry_run,
         files: summary.files,
         bytes: summary.bytes,
-        wire_bytes: wire.load(Ordering::Relaxed),
+        wire_bytes: progress.wire_bytes.load(Ordering::Relaxed),
         seconds: started.elapsed().as_secs_f64(),
-        streams: n,
+        streams,
         skipped: summary.skipped,
         resumed_bytes: summary.resumed_bytes,
         dedup_blocks: summary.dedup_blocks,
         dedup_bytes: summary.dedup_bytes,
         deleted: summary.deleted,
         failed: summary.failed,
-        digest: hex,
+        digest,
         dropped_special_bits: summary.dropped_special_bits,
         dropped_xattrs: summary.dropped_xattrs,
         dropped_owners: summary.dropped_owners,
@@ -414,9 +469,8 @@ where
             .take(crate::session::MAX_REPORTED_FAILURES)
             .map(|f| crate::session::escape_text(f))
             .collect(),
-    })
+    }
 }
-
 /// The sender's digest once every file was hashed: the walk's tree, and the directory and hard
 /// link lists as they were sent.
 async fn sender_digest(ctx: &Arc<Ctx>, dirs: &Hash, links: &Hash) -> Result<Hash, SendError> {

@@ -270,114 +270,149 @@ fn step(
     if let Some((at, why)) = &decision.skip {
         notes.push(crate::plan::runs::skip(&mut st, *at, why));
     }
-    // A new run (the first, a changed trigger, the schedule) fixes the destination nodes for
-    // the run.
-    if decision.start.is_some() {
-        let nodes = match &obs.nodes {
-            Ok(n) if n.is_empty() => Err(Blocked {
-                reason: Reason::NodeNotFound,
-                message: "spec.destination.hostPath.nodeSelector selects no node; the Transfer starts once it does".into(),
-            }),
-            Ok(n) if min_available(t).is_some_and(|m| m > n.len()) => Err(Blocked {
-                reason: Reason::NodeNotFound,
-                message: format!(
-                    "spec.destination.hostPath.nodeSelector selects {} nodes, fewer than minAvailable {}; the Transfer starts once it selects enough",
-                    n.len(),
-                    min_available(t).unwrap_or_default()
-                ),
-            }),
-            other => other.clone(),
+    if decision.start.is_some()
+        && let Err(b) = begin_run(t, obs, decision, &mut st, &mut notes, &now)
+    {
+        blocked(t, &mut st, &mut notes, &now, b);
+        return FanOutPlan {
+            status: st,
+            actions,
+            requeue: Some(RESYNC_BLOCKED),
+            notes,
         };
-        let nodes = match nodes {
-            Ok(n) => n,
-            Err(b) => {
-                if !st
-                    .conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str())
-                {
-                    notes.push(Note {
-                        warning: true,
-                        reason: b.reason.as_str(),
-                        message: b.message.clone(),
-                    });
-                }
-                st.phase = Phase::Pending;
-                cond(
-                    &mut st,
-                    t,
-                    &now,
-                    ConditionType::Ready,
-                    false,
-                    b.reason,
-                    &b.message,
-                );
-                st.last_error = Some(LastError {
-                    reason: b.reason.as_str().into(),
-                    message: b.message,
-                });
-                return FanOutPlan {
-                    status: st,
-                    actions,
-                    requeue: Some(RESYNC_BLOCKED),
-                    notes,
-                };
-            }
-        };
-        st = TransferStatus {
-            // A fan-out's attempts are its destinations' own.
-            attempts: 0,
-            start_time: Some(now.clone()),
-            destinations: nodes
-                .iter()
-                .map(|n| DestinationStatus {
-                    node: n.clone(),
-                    transfer: names::fan_out_child_name(
-                        &t.metadata.name.clone().unwrap_or_default(),
-                        n,
-                    ),
-                    ..DestinationStatus::default()
-                })
-                .collect(),
-            ..crate::plan::runs::begin(t, &st, decision, &now)
-        };
-        let run = st.run;
-        cond(
-            &mut st,
-            t,
-            &now,
-            ConditionType::Succeeded,
-            false,
-            Reason::Pending,
-            "not finished",
-        );
-        cond(
-            &mut st,
-            t,
-            &now,
-            ConditionType::Failed,
-            false,
-            Reason::Pending,
-            "not finished",
-        );
-        notes.push(Note {
-            warning: false,
-            reason: "FanOut",
-            message: format!(
-                "run {run} writes to {} nodes: {}",
-                nodes.len(),
-                nodes.join(", ")
-            ),
-        });
-        notes.extend(crate::plan::runs::start_note(decision, run));
     }
-
     // A finished run keeps its rows as they were: a child deleted since is not created again
     // (it would run again), and a spec edit waits for the next run.
     if st.phase.is_finished() {
         return finished(t, st, actions, notes, obs.now);
     }
+    let sums = children(t, obs, &mut st, &mut actions);
+    totals(&mut st, &sums);
+    outcome(t, &mut st, &mut notes, &now);
+    if st.phase.is_finished() {
+        return finished(t, st, actions, notes, obs.now);
+    }
+    FanOutPlan {
+        status: st,
+        actions,
+        requeue: Some(RESYNC_RUNNING),
+        notes,
+    }
+}
 
+/// A new run (the first, a changed trigger, the schedule) fixes the destination nodes for the
+/// run; `Err` when there are none (or too few) to start with.
+fn begin_run(
+    t: &Transfer,
+    obs: &FanOutObserved,
+    decision: &crate::plan::runs::Decision,
+    st: &mut TransferStatus,
+    notes: &mut Vec<Note>,
+    now: &Time,
+) -> Result<(), Blocked> {
+    let nodes = match &obs.nodes {
+        Ok(n) if n.is_empty() => Err(Blocked {
+            reason: Reason::NodeNotFound,
+            message: "spec.destination.hostPath.nodeSelector selects no node; the Transfer starts once it does".into(),
+        }),
+        Ok(n) if min_available(t).is_some_and(|m| m > n.len()) => Err(Blocked {
+            reason: Reason::NodeNotFound,
+            message: format!(
+                "spec.destination.hostPath.nodeSelector selects {} nodes, fewer than minAvailable {}; the Transfer starts once it selects enough",
+                n.len(),
+                min_available(t).unwrap_or_default()
+            ),
+        }),
+        other => other.clone(),
+    };
+    let nodes = nodes?;
+    *st = TransferStatus {
+        // A fan-out's attempts are its destinations' own.
+        attempts: 0,
+        start_time: Some(now.clone()),
+        destinations: nodes
+            .iter()
+            .map(|n| DestinationStatus {
+                node: n.clone(),
+                transfer: names::fan_out_child_name(
+                    &t.metadata.name.clone().unwrap_or_default(),
+                    n,
+                ),
+                ..DestinationStatus::default()
+            })
+            .collect(),
+        ..crate::plan::runs::begin(t, st, decision, now)
+    };
+    let run = st.run;
+    cond(
+        st,
+        t,
+        now,
+        ConditionType::Succeeded,
+        false,
+        Reason::Pending,
+        "not finished",
+    );
+    cond(
+        st,
+        t,
+        now,
+        ConditionType::Failed,
+        false,
+        Reason::Pending,
+        "not finished",
+    );
+    notes.push(Note {
+        warning: false,
+        reason: "FanOut",
+        message: format!(
+            "run {run} writes to {} nodes: {}",
+            nodes.len(),
+            nodes.join(", ")
+        ),
+    });
+    notes.extend(crate::plan::runs::start_note(decision, run));
+    Ok(())
+}
+
+/// A run that cannot start yet: Pending, and why in Ready, `lastError` and (once) an Event.
+fn blocked(t: &Transfer, st: &mut TransferStatus, notes: &mut Vec<Note>, now: &Time, b: Blocked) {
+    if !st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.reason == b.reason.as_str())
+    {
+        notes.push(Note {
+            warning: true,
+            reason: b.reason.as_str(),
+            message: b.message.clone(),
+        });
+    }
+    st.phase = Phase::Pending;
+    cond(
+        st,
+        t,
+        now,
+        ConditionType::Ready,
+        false,
+        b.reason,
+        &b.message,
+    );
+    st.last_error = Some(LastError {
+        reason: b.reason.as_str().into(),
+        message: b.message,
+    });
+}
+
+/// Each destination's child Transfer as it should be (applied when it differs, so a steady
+/// state writes nothing; children of an earlier run's node set go), and its row from the
+/// child's status of this run.
+fn children(
+    t: &Transfer,
+    obs: &FanOutObserved,
+    st: &mut TransferStatus,
+    actions: &mut Vec<FanOutAction>,
+) -> Sums {
     let run = st.run;
     let trigger = child_trigger(run);
     let annotation: String = st
@@ -388,8 +423,6 @@ fn step(
         .join(",");
     let wanted: Vec<String> = st.destinations.iter().map(|d| d.transfer.clone()).collect();
 
-    // Children of an earlier run's node set go; the current ones are applied when they
-    // differ from what they should be (so a steady state writes nothing).
     for c in obs
         .children
         .iter()
@@ -429,8 +462,12 @@ fn step(
         sums.add(&cs);
     }
     st.destinations = destinations;
-    totals(&mut st, &sums);
+    sums
+}
 
+/// The run's phase and conditions from its destinations' rows: Available once `minAvailable`
+/// hold the data, finished once every destination is.
+fn outcome(t: &Transfer, st: &mut TransferStatus, notes: &mut Vec<Note>, now: &Time) {
     let all = st.destinations.clone();
     let finished_all = all.iter().all(|d| d.phase.is_finished());
     let failed: Vec<&DestinationStatus> = all.iter().filter(|d| d.phase == Phase::Failed).collect();
@@ -439,9 +476,9 @@ fn step(
     let needed = min_available(t).unwrap_or(all.len()).min(all.len());
     let available = succeeded.len() >= needed;
     cond(
-        &mut st,
+        st,
         t,
-        &now,
+        now,
         ConditionType::Available,
         available,
         if available {
@@ -471,9 +508,9 @@ fn step(
     if t.spec.suspend {
         st.phase = Phase::Suspended;
         cond(
-            &mut st,
+            st,
             t,
-            &now,
+            now,
             ConditionType::Ready,
             false,
             Reason::Suspended,
@@ -503,15 +540,7 @@ fn step(
             });
             msg
         };
-        finish(
-            &mut st,
-            t,
-            &now,
-            &mut notes,
-            Phase::Succeeded,
-            Reason::Completed,
-            &msg,
-        );
+        finish(st, t, now, notes, Phase::Succeeded, Reason::Completed, &msg);
     } else if finished_all {
         let msg = format!(
             "{} of {} destinations failed ({needed} must succeed): {}",
@@ -520,10 +549,10 @@ fn step(
             failures()
         );
         finish(
-            &mut st,
+            st,
             t,
-            &now,
-            &mut notes,
+            now,
+            notes,
             Phase::Failed,
             Reason::DestinationFailed,
             &msg,
@@ -544,7 +573,7 @@ fn step(
         } else {
             Reason::Pending
         };
-        cond(&mut st, t, &now, ConditionType::Ready, false, reason, &msg);
+        cond(st, t, now, ConditionType::Ready, false, reason, &msg);
         // The first failure of a destination that still retries is worth a look.
         st.last_error = all.iter().find_map(|d| {
             (d.phase == Phase::Retrying).then(|| LastError {
@@ -552,15 +581,6 @@ fn step(
                 message: format!("{}: {}", d.node, d.message.clone().unwrap_or_default()),
             })
         });
-    }
-    if st.phase.is_finished() {
-        return finished(t, st, actions, notes, obs.now);
-    }
-    FanOutPlan {
-        status: st,
-        actions,
-        requeue: Some(RESYNC_RUNNING),
-        notes,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use crate::plan::{human_duration, human_rate};
+pub use ferry_api::human::{human_duration, human_rate};
 
 /// "0 B", "512 B", "1.5 KiB", "24.6 MiB", "2.8 GiB" (binary units, one decimal).
 pub fn human_bytes(bytes: u64) -> String {

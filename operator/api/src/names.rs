@@ -1,4 +1,5 @@
-//! Deterministic names and labels of everything the operator creates for a Transfer.
+//! Deterministic names and labels of everything the operator creates for a Transfer, which the
+//! kubectl plugin reads back.
 //!
 //! Child names depend on the Transfer's UID, run and attempt only, so a restarted operator finds
 //! what it created, and a new attempt never collides with the pods of the last one.
@@ -21,6 +22,8 @@ pub const ANNOTATION_FAN_OUT_NODES: &str = "ferry.dev/fan-out-nodes";
 /// On a fan-out's sender pod: the transfer ids (`<uid>.<run>` of each child) it serves, comma
 /// separated; each child's first attempt finds itself there.
 pub const ANNOTATION_SERVES: &str = "ferry.dev/serves";
+/// The label the chart puts on the node service's pods (a label selector).
+pub const NODE_SERVICE_COMPONENT: &str = "app.kubernetes.io/component=node-service";
 /// The finalizer that removes staging data before a Transfer goes away.
 pub const FINALIZER: &str = "ferry.dev/cleanup";
 
@@ -111,6 +114,19 @@ pub fn labels(name: &str, uid: &str) -> BTreeMap<String, String> {
     l
 }
 
+/// Whether `s` is a DNS subdomain name (what Kubernetes accepts as a node or claim name). The
+/// CRD's schema checks it too; this holds when that validation was bypassed.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +151,6 @@ mod tests {
         let long = fan_out_child_name(&a, &b);
         assert!(long.len() <= 253, "{}", long.len());
         assert_ne!(long, fan_out_child_name(&a, &"n".repeat(101)));
-        assert!(crate::plan::placement::is_dns_subdomain(&long), "{long}");
+        assert!(is_dns_subdomain(&long), "{long}");
     }
 }

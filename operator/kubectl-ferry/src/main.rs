@@ -10,11 +10,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use ferry_operator::names::MoverRole;
-use ferry_operator::plugin::act::SpecVerb;
-use ferry_operator::plugin::commands::{self, Scope, WatchEnd, error_chain, timeout_text};
-use ferry_operator::plugin::cp;
-use ferry_operator::plugin::format::parse_duration;
+use ferry_api::names::MoverRole;
+use kubectl_ferry::act::SpecVerb;
+use kubectl_ferry::commands::{self, Scope, WatchEnd, error_chain, timeout_text};
+use kubectl_ferry::cp;
+use kubectl_ferry::format::parse_duration;
 
 /// Show ferry Transfers (ferry.dev/v1alpha1) with their progress, follow one live, explain one,
 /// and run, pause or delete one.
@@ -199,14 +199,14 @@ async fn main() -> ExitCode {
             eprintln!("error: {}", error_chain(&e));
             // Arguments that describe no Transfer are a command-line error, as clap's are.
             match e {
-                ferry_operator::plugin::Error::Cp(_) => ExitCode::from(2),
+                kubectl_ferry::Error::Cp(_) => ExitCode::from(2),
                 _ => ExitCode::from(1),
             }
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
+async fn run(cli: Cli) -> Result<ExitCode, kubectl_ferry::Error> {
     if cli.all_namespaces && !matches!(cli.command, Command::Get { .. }) {
         eprintln!("error: --all-namespaces works with `get` only; name the namespace with -n");
         return Ok(ExitCode::from(2));
@@ -218,7 +218,7 @@ async fn run(cli: Cli) -> Result<ExitCode, ferry_operator::plugin::Error> {
         clap_complete::generate(shell, &mut cmd, "kubectl-ferry", &mut script);
         return match std::io::stdout().write_all(&script) {
             Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                Err(ferry_operator::plugin::Error::Output(e))
+                Err(kubectl_ferry::Error::Output(e))
             }
             _ => Ok(ExitCode::SUCCESS),
         };
@@ -324,7 +324,7 @@ async fn act(
     name: &str,
     verb: SpecVerb,
     out: &mut dyn std::io::Write,
-) -> Result<ExitCode, ferry_operator::plugin::Error> {
+) -> Result<ExitCode, kubectl_ferry::Error> {
     commands::act(client, ns, name, verb, out).await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -336,7 +336,7 @@ async fn follow(
     name: &str,
     timeout: Option<Duration>,
     out: &mut dyn std::io::Write,
-) -> Result<ExitCode, ferry_operator::plugin::Error> {
+) -> Result<ExitCode, kubectl_ferry::Error> {
     let tty = std::io::stdout().is_terminal();
     let end = commands::watch(client, ns, name, timeout, tty, out).await?;
     let _ = out.flush();
@@ -363,10 +363,7 @@ async fn follow(
 }
 
 /// `cp`'s arguments, for the namespace `namespace`.
-fn cp_args(
-    command: &Command,
-    namespace: String,
-) -> Result<cp::CpArgs, ferry_operator::plugin::Error> {
+fn cp_args(command: &Command, namespace: String) -> Result<cp::CpArgs, kubectl_ferry::Error> {
     let Command::Cp {
         source,
         destination,
@@ -404,7 +401,7 @@ fn cp_args(
 /// Prints the candidates for the last of `words` in kubectl's plugin completion format. Never
 /// fails: a cluster that cannot be read offers no names.
 async fn complete(words: &[String]) -> ExitCode {
-    use ferry_operator::plugin::complete::{Offer, offer, render};
+    use kubectl_ferry::complete::{Offer, offer, render};
     let mut cmd = <Cli as clap::CommandFactory>::command();
     cmd.build();
     let candidates = match offer(&cmd, words) {
@@ -414,8 +411,7 @@ async fn complete(words: &[String]) -> ExitCode {
             let names = async {
                 let (client, default_ns) = commands::connect(None).await.ok()?;
                 let ns = namespace.unwrap_or(default_ns);
-                let api: kube::Api<ferry_operator::api::Transfer> =
-                    kube::Api::namespaced(client, &ns);
+                let api: kube::Api<ferry_api::Transfer> = kube::Api::namespaced(client, &ns);
                 let list = api.list(&kube::api::ListParams::default()).await.ok()?;
                 Some(
                     list.items

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::names::{LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
+use ferry_api::names::{LABEL_ATTEMPT, LABEL_ROLE, MoverRole};
 
 /// The mover pods of the newest attempt among `pods`, with `role` only when given, senders
 /// first. Pods of other roles (the cleanup pod) are left out.

@@ -3,7 +3,7 @@
 
 use super::format::{human_bytes, human_duration, human_rate, progress_bar};
 use super::get::phase_cell;
-use crate::api::{Phase, Transfer, TransferStatus};
+use ferry_api::{Phase, Transfer, TransferStatus};
 
 /// Cells of the progress bar.
 pub const BAR_WIDTH: usize = 24;
@@ -158,7 +158,7 @@ pub fn frame(line: &str, tty: bool) -> String {
 mod tests {
     use super::super::get::tests::{at, running, transfer};
     use super::*;
-    use crate::api::LastError;
+    use ferry_api::LastError;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     #[test]

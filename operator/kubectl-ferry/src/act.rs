@@ -6,8 +6,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use serde_json::{Value, json};
 
-use crate::api::Transfer;
-use crate::names::LABEL_FAN_OUT_OF;
+use ferry_api::Transfer;
+use ferry_api::names::LABEL_FAN_OUT_OF;
 
 /// A change to one field of a Transfer's spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,11 +128,19 @@ pub fn plan(verb: SpecVerb, t: &Transfer, now: Timestamp) -> Result<Change, Refu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Phase, TransferStatus};
+    use ferry_api::{Phase, TransferStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn transfer(run: u32, phase: Phase, suspend: bool) -> Transfer {
-        let mut t = crate::plan::tests::transfer();
+        let spec: ferry_api::TransferSpec = serde_json::from_value(serde_json::json!({
+            "source": {"hostPath": {"node": "a", "path": "/data/src"}},
+            "destination": {"hostPath": {"node": "b", "path": "/data/dst"}},
+        }))
+        .expect("spec");
+        let mut t = Transfer::new("t", spec);
+        t.metadata.namespace = Some("ml".into());
+        t.metadata.uid = Some("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0".into());
+        t.metadata.generation = Some(1);
         t.spec.suspend = suspend;
         t.status = Some(TransferStatus {
             run,

@@ -5,7 +5,7 @@ use kube::ResourceExt;
 
 use super::format::{human_age, human_bytes, human_rate};
 use super::table::Table;
-use crate::api::{Phase, Transfer, TransferStatus};
+use ferry_api::{Phase, Transfer, TransferStatus};
 
 /// How `get` lays out its table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pub fn render_get(transfers: &[Transfer], layout: GetLayout, now: Timestamp) -> 
             age_cell(t, now),
         ]);
         if layout.wide {
-            let node = |m: &Option<crate::api::MoverRef>| {
+            let node = |m: &Option<ferry_api::MoverRef>| {
                 m.as_ref()
                     .and_then(|m| m.node.clone())
                     .unwrap_or_else(|| "-".into())
@@ -177,7 +177,7 @@ fn age_cell(t: &Transfer, now: Timestamp) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::api::{MoverRef, ProgressStatus, ThroughputStatus};
+    use ferry_api::{MoverRef, ProgressStatus, ThroughputStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     pub(crate) fn at(secs: i64) -> Time {
@@ -317,7 +317,7 @@ pub(crate) mod tests {
         st.phase = Phase::Succeeded;
         st.next_run_time = Some(at(1_000 + 600));
         let mut t = transfer("nightly", Some(st));
-        t.spec.schedule = Some(crate::api::ScheduleSpec {
+        t.spec.schedule = Some(ferry_api::ScheduleSpec {
             cron: "*/10 * * * *".into(),
             ..Default::default()
         });
@@ -341,7 +341,7 @@ pub(crate) mod tests {
             ("b", Phase::Running),
             ("c", Phase::Succeeded),
         ] {
-            st.destinations.push(crate::api::DestinationStatus {
+            st.destinations.push(ferry_api::DestinationStatus {
                 node: node.into(),
                 phase,
                 ..Default::default()

@@ -234,7 +234,7 @@ mod tests {
                    "destination": {"pvc": {"claimName": "copy", "path": ""}}})
         );
         // What it builds deserializes as a Transfer.
-        let _: crate::api::Transfer = serde_json::from_value(t).expect("a Transfer");
+        let _: ferry_api::Transfer = serde_json::from_value(t).expect("a Transfer");
     }
 
     #[test]
@@ -262,7 +262,7 @@ mod tests {
             transfer(&a).expect("cp")["spec"]["destination"]["hostPath"]["nodeSelector"],
             json!({"matchLabels": {"pool": "gpu", "zone": "a"}})
         );
-        let _: crate::api::Transfer =
+        let _: ferry_api::Transfer =
             serde_json::from_value(transfer(&a).expect("cp")).expect("a Transfer");
         let mut one = args("node-a:/data/x", "node-b:/scratch/x");
         one.min_available = Some(1);
@@ -288,7 +288,7 @@ mod tests {
             t["spec"]["destination"]["pvc"]["provision"],
             json!({"capacity": "fromSource", "storageClassName": "fast-nvme"})
         );
-        let _: crate::api::Transfer = serde_json::from_value(t).expect("a Transfer");
+        let _: ferry_api::Transfer = serde_json::from_value(t).expect("a Transfer");
 
         let mut host = args("node-a:/x", "node-b:/y");
         host.provision = Some("1Gi".into());

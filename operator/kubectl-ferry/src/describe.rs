@@ -10,8 +10,8 @@ use kube::ResourceExt;
 use super::format::{human_age, human_bytes, human_rate};
 use super::get::{phase_name, progress_cell};
 use super::table::Table;
-use crate::api::{Endpoint, Transfer, TransferStatus};
-use crate::names::{LABEL_ATTEMPT, LABEL_ROLE};
+use ferry_api::names::{LABEL_ATTEMPT, LABEL_ROLE};
+use ferry_api::{Endpoint, Transfer, TransferStatus};
 
 /// Everything `describe` shows, as read from the API server.
 #[derive(Debug, Clone)]
@@ -221,7 +221,7 @@ fn render_destinations(st: &TransferStatus) -> String {
 
 /// "0 2 * * * (Europe/Berlin), Forbid; next 2026-11-28T01:00:00Z (in 2h), last success ...".
 fn schedule_line(
-    sched: &crate::api::ScheduleSpec,
+    sched: &ferry_api::ScheduleSpec,
     st: &TransferStatus,
     suspended: bool,
     now: Timestamp,
@@ -314,7 +314,7 @@ pub fn endpoint(e: &Endpoint) -> String {
 }
 
 /// Where a hostPath endpoint is: one node, a list of nodes, or the nodes labels select.
-fn host_path_place(h: &crate::api::HostPathEndpoint) -> String {
+fn host_path_place(h: &ferry_api::HostPathEndpoint) -> String {
     if !h.nodes.is_empty() {
         let nodes: Vec<&str> = h.nodes.iter().map(|n| n.0.as_str()).collect();
         format!("hostPath {{{}}}:{}", nodes.join(","), h.path)
@@ -460,7 +460,7 @@ fn render_events(events: &[Event], now: Timestamp) -> String {
 mod tests {
     use super::super::get::tests::{at, running, transfer};
     use super::*;
-    use crate::api::{Phase, TransferStatus};
+    use ferry_api::{Phase, TransferStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
     fn pod(name: &str, role: &str, value: serde_json::Value) -> Pod {
@@ -502,7 +502,7 @@ mod tests {
             observed_generation: Some(1),
             last_transition_time: at(1_000 + 50),
         });
-        st.last_error = Some(crate::api::LastError {
+        st.last_error = Some(ferry_api::LastError {
             reason: "SourceUnreadable".into(),
             message: "cannot read private".into(),
         });
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_scheduled_transfer_shows_its_schedule_and_its_runs() {
-        use crate::api::{RunCause, RunRecord, RunResult, ScheduleSpec};
+        use ferry_api::{RunCause, RunRecord, RunResult, ScheduleSpec};
         let mut st = running();
         st.phase = Phase::Succeeded;
         st.next_run_time = Some(at(1_000 + 3_600));
@@ -631,7 +631,7 @@ mod tests {
     fn a_fan_out_lists_its_destinations() {
         let mut st = running();
         st.destinations = vec![
-            crate::api::DestinationStatus {
+            ferry_api::DestinationStatus {
                 node: "gpu-1".into(),
                 transfer: "stage-gpu-1".into(),
                 phase: Phase::Succeeded,
@@ -642,7 +642,7 @@ mod tests {
                 dedup_bytes: 768 << 20,
                 ..Default::default()
             },
-            crate::api::DestinationStatus {
+            ferry_api::DestinationStatus {
                 node: "gpu-2".into(),
                 transfer: "stage-gpu-2".into(),
                 phase: Phase::Retrying,
@@ -652,10 +652,10 @@ mod tests {
             },
         ];
         let mut t = transfer("stage", Some(st));
-        let hp = crate::api::HostPathEndpoint {
+        let hp = ferry_api::HostPathEndpoint {
             nodes: vec![
-                crate::api::NodeName("gpu-1".into()),
-                crate::api::NodeName("gpu-2".into()),
+                ferry_api::NodeName("gpu-1".into()),
+                ferry_api::NodeName("gpu-2".into()),
             ],
             path: "/scratch/in".into(),
             min_available: Some(1),

@@ -19,8 +19,8 @@ use super::get::{GetLayout, render_get};
 use super::logs::{failure_text, pod_title, pods_to_read};
 use super::watch::{Outcome, Watch, frame};
 use super::{Error, format};
-use crate::api::Transfer;
-use crate::names::{LABEL_TRANSFER_UID, MoverRole};
+use ferry_api::Transfer;
+use ferry_api::names::{LABEL_TRANSFER_UID, MoverRole};
 
 /// A client from the user's kubeconfig (`KUBECONFIG`, else `~/.kube/config`), with `context`
 /// instead of the current context when given; also the context's namespace ("default" when it
@@ -362,7 +362,7 @@ pub async fn nodes(
     use super::nodes::{NodeFigures, NodeRow};
     let pods_api: Api<Pod> = Api::namespaced(client.clone(), ferry_namespace);
     let pods = pods_api
-        .list(&ListParams::default().labels(crate::cache::NODE_SERVICE_COMPONENT))
+        .list(&ListParams::default().labels(ferry_api::names::NODE_SERVICE_COMPONENT))
         .await
         .map_err(api_error(format!(
             "list the node service pods in namespace {ferry_namespace}"
