@@ -88,6 +88,16 @@ impl Abort {
         self.notify.notify_waiters();
     }
 
+    /// Records a failure of this end (a walk that failed, a stalled peer, a shutdown) as the
+    /// session's, unless one is recorded already.
+    pub fn set_local(&self, failure: ferry_proto::kind::Failure, message: String) {
+        self.set(Reason {
+            failure,
+            message,
+            from_peer: false,
+        });
+    }
+
     pub fn reason(&self) -> Option<Reason> {
         self.reason.lock().ok().and_then(|r| r.clone())
     }

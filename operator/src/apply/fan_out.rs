@@ -51,17 +51,8 @@ async fn start_sender(
     ctx.secrets.created(&uid, &secret.name_any());
     crate::apply::network_policy::keep(t, &ctx.client, &ctx.config).await?;
     let pod = movers::mover_pod(&MoverPodInput {
-        transfer: t,
-        config: &ctx.config,
-        role: MoverRole::Sender,
-        run,
-        attempt: batch,
-        placement: source,
-        receiver_ip: None,
         serves,
-        use_block_store: false,
-        remote: None,
-        swarm: None,
+        ..MoverPodInput::new(t, &ctx.config, MoverRole::Sender, (run, batch), source)
     });
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))

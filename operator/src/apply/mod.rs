@@ -88,20 +88,13 @@ pub(crate) async fn apply(
                 let Some((_, dst)) = placed else { continue };
                 let pod = movers::mover_pod(&MoverPodInput {
                     swarm: plan.swarm.as_ref(),
-                    transfer: t,
-                    config: &ctx.config,
-                    role: MoverRole::Receiver,
-                    run: *run,
-                    attempt: *attempt,
-                    placement: dst,
-                    receiver_ip: None,
-                    serves: &[],
                     use_block_store,
                     remote: remote.map(|r| RemoteMover {
                         peer_cluster: &r.cluster,
                         transfer_id: &r.transfer_id,
                         connect: None,
                     }),
+                    ..MoverPodInput::new(t, &ctx.config, MoverRole::Receiver, (*run, *attempt), dst)
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
                     .await?;
@@ -113,17 +106,8 @@ pub(crate) async fn apply(
             } => {
                 let Some((src, _)) = placed else { continue };
                 let pod = movers::mover_pod(&MoverPodInput {
-                    swarm: None,
-                    transfer: t,
-                    config: &ctx.config,
-                    role: MoverRole::Sender,
-                    run: *run,
-                    attempt: *attempt,
-                    placement: src,
                     receiver_ip: Some(receiver_ip),
-                    serves: &[],
-                    use_block_store: false,
-                    remote: None,
+                    ..MoverPodInput::new(t, &ctx.config, MoverRole::Sender, (*run, *attempt), src)
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
                     .await?;
@@ -137,21 +121,12 @@ pub(crate) async fn apply(
                     continue;
                 };
                 let pod = movers::mover_pod(&MoverPodInput {
-                    swarm: None,
-                    transfer: t,
-                    config: &ctx.config,
-                    role: MoverRole::Sender,
-                    run: *run,
-                    attempt: *attempt,
-                    placement: src,
-                    receiver_ip: None,
-                    serves: &[],
-                    use_block_store: false,
                     remote: Some(RemoteMover {
                         peer_cluster: &r.cluster,
                         transfer_id: &r.transfer_id,
                         connect: Some(address),
                     }),
+                    ..MoverPodInput::new(t, &ctx.config, MoverRole::Sender, (*run, *attempt), src)
                 });
                 pods.patch(&pod.name_any(), &ssa(), &Patch::Apply(&pod))
                     .await?;

@@ -52,6 +52,32 @@ pub struct MoverPodInput<'a> {
     pub swarm: Option<&'a crate::plan::fan_out::Swarm>,
 }
 
+impl<'a> MoverPodInput<'a> {
+    /// A mover of `role` for one attempt, placed by `placement`: no peer address, no fan-out,
+    /// no block store, in this cluster only (the fields say otherwise where they must).
+    pub fn new(
+        transfer: &'a Transfer,
+        config: &'a Config,
+        role: MoverRole,
+        (run, attempt): (u32, u32),
+        placement: &'a SidePlacement,
+    ) -> Self {
+        Self {
+            transfer,
+            config,
+            role,
+            run,
+            attempt,
+            placement,
+            receiver_ip: None,
+            serves: &[],
+            use_block_store: false,
+            remote: None,
+            swarm: None,
+        }
+    }
+}
+
 /// What a mover of a cross-cluster Transfer needs to meet its peer in the other cluster.
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteMover<'a> {
@@ -593,17 +619,8 @@ mod tests {
             },
         ];
         let pod = mover_pod(&MoverPodInput {
-            swarm: None,
-            transfer: &t,
-            config: &cfg,
-            role: MoverRole::Sender,
-            run: 2,
-            attempt: 1,
-            placement: &placement,
-            receiver_ip: None,
             serves: &serves,
-            use_block_store: false,
-            remote: None,
+            ..MoverPodInput::new(&t, &cfg, MoverRole::Sender, (2, 1), &placement)
         });
         let args = args_of(&pod);
         let after = |flag: &str| -> Vec<&str> {
@@ -658,19 +675,13 @@ mod tests {
             ..Config::default()
         };
         let placement = host_path_on("a", "/data");
-        let pod = mover_pod(&MoverPodInput {
-            swarm: None,
-            transfer: &t,
-            config: &cfg,
-            role: MoverRole::Receiver,
-            run: 1,
-            attempt: 1,
-            placement: &placement,
-            receiver_ip: None,
-            serves: &[],
-            use_block_store: false,
-            remote: None,
-        });
+        let pod = mover_pod(&MoverPodInput::new(
+            &t,
+            &cfg,
+            MoverRole::Receiver,
+            (1, 1),
+            &placement,
+        ));
         let labels = pod.metadata.labels.clone().expect("labels");
         assert_eq!(labels["team"], "admins", "the admin's label wins");
         assert_eq!(labels["extra"], "x");
@@ -708,17 +719,8 @@ mod tests {
         };
         let pod = |cfg: &Config, role: MoverRole| {
             mover_pod(&MoverPodInput {
-                swarm: None,
-                transfer: &t,
-                config: cfg,
-                role,
-                run: 1,
-                attempt: 1,
-                placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                serves: &[],
-                use_block_store: false,
-                remote: None,
+                ..MoverPodInput::new(&t, cfg, role, (1, 1), &placement)
             })
         };
         let caps = |p: &Pod| {
@@ -787,19 +789,13 @@ mod tests {
             node: None,
         };
         let receiver = |t: &Transfer| {
-            mover_pod(&MoverPodInput {
-                swarm: None,
-                transfer: t,
-                config: &cfg,
-                role: MoverRole::Receiver,
-                run: 1,
-                attempt: 1,
-                placement: &placement,
-                receiver_ip: None,
-                serves: &[],
-                use_block_store: false,
-                remote: None,
-            })
+            mover_pod(&MoverPodInput::new(
+                t,
+                &cfg,
+                MoverRole::Receiver,
+                (1, 1),
+                &placement,
+            ))
         };
         let plain = receiver(&t);
         assert!(!args_of(&plain).join(" ").contains("--owner"));
@@ -824,17 +820,8 @@ mod tests {
         let cfg = Config::default();
         let placement = host_path_on("node-b", "/data/dst");
         let pod = mover_pod(&MoverPodInput {
-            swarm: None,
-            transfer: &t,
-            config: &cfg,
-            role: MoverRole::Receiver,
-            run: 1,
-            attempt: 2,
-            placement: &placement,
-            receiver_ip: None,
-            serves: &[],
             use_block_store: true,
-            remote: None,
+            ..MoverPodInput::new(&t, &cfg, MoverRole::Receiver, (1, 2), &placement)
         });
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.automount_service_account_token, Some(false));
@@ -884,16 +871,8 @@ mod tests {
         let receiver = |swarm: &crate::plan::fan_out::Swarm| {
             args_of(&mover_pod(&MoverPodInput {
                 swarm: Some(swarm),
-                transfer: &t,
-                config: &cfg,
-                role: MoverRole::Receiver,
-                run: 1,
-                attempt: 1,
-                placement: &placement,
-                receiver_ip: None,
-                serves: &[],
                 use_block_store: true,
-                remote: None,
+                ..MoverPodInput::new(&t, &cfg, MoverRole::Receiver, (1, 1), &placement)
             }))
             .join(" ")
         };
@@ -933,17 +912,8 @@ mod tests {
             node: None,
         };
         let pod = mover_pod(&MoverPodInput {
-            swarm: None,
-            transfer: &t,
-            config: &cfg,
-            role: MoverRole::Sender,
-            run: 1,
-            attempt: 1,
-            placement: &placement,
             receiver_ip: Some("10.1.2.3"),
-            serves: &[],
-            use_block_store: false,
-            remote: None,
+            ..MoverPodInput::new(&t, &cfg, MoverRole::Sender, (1, 1), &placement)
         });
         let args = args_of(&pod).join(" ");
         assert!(args.contains("--connect 10.1.2.3:7400"), "{args}");
@@ -985,17 +955,8 @@ mod tests {
         };
         let sender_args = |t: &Transfer| {
             args_of(&mover_pod(&MoverPodInput {
-                swarm: None,
-                transfer: t,
-                config: &cfg,
-                role: MoverRole::Sender,
-                run: 1,
-                attempt: 1,
-                placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                serves: &[],
-                use_block_store: false,
-                remote: None,
+                ..MoverPodInput::new(t, &cfg, MoverRole::Sender, (1, 1), &placement)
             }))
             .join(" ")
         };
@@ -1033,17 +994,8 @@ mod tests {
         };
         let pods = |cfg: &Config| {
             let input = |role| MoverPodInput {
-                swarm: None,
-                transfer: &t,
-                config: cfg,
-                role,
-                run: 1,
-                attempt: 1,
-                placement: &placement,
                 receiver_ip: Some("10.1.2.3"),
-                serves: &[],
-                use_block_store: false,
-                remote: None,
+                ..MoverPodInput::new(&t, cfg, role, (1, 1), &placement)
             };
             vec![
                 mover_pod(&input(MoverRole::Receiver)),

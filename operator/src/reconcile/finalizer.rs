@@ -95,19 +95,13 @@ pub(crate) async fn cleanup(t: &Transfer, ctx: &Context) -> Result<Requeue, Erro
             }
             CleanupAction::CreateCleanupPod => {
                 let Some(dest) = dest else { continue };
-                let pod = movers::cleanup_pod(&MoverPodInput {
-                    swarm: None,
-                    transfer: t,
-                    config: &ctx.config,
-                    role: MoverRole::Receiver,
-                    run: 0,
-                    attempt: 0,
-                    placement: dest,
-                    receiver_ip: None,
-                    serves: &[],
-                    use_block_store: false,
-                    remote: None,
-                });
+                let pod = movers::cleanup_pod(&MoverPodInput::new(
+                    t,
+                    &ctx.config,
+                    MoverRole::Receiver,
+                    (0, 0),
+                    dest,
+                ));
                 pods.patch(&cleaner, &ssa(), &Patch::Apply(&pod)).await?;
             }
         }

@@ -24,7 +24,7 @@ use crate::session::blocking::BlockingPool;
 use crate::session::framed::{FrameReader, FrameWriter};
 use crate::session::staging::StagingDir;
 use crate::session::{
-    Abort, DRAIN, PEER_GRACE, Reason, SessionSummary, StreamFailure, pending_peer_error, tell_peer,
+    Abort, DRAIN, PEER_GRACE, SessionSummary, StreamFailure, pending_peer_error, tell_peer,
 };
 use crate::tree::peer_dest::PeerDest;
 use crate::tree::{Filter, Replace};
@@ -255,22 +255,14 @@ where
                 let e = ReceiveError::NoProgress {
                     secs: limit.as_secs(),
                 };
-                shared.abort.set(Reason {
-                    failure: e.failure(),
-                    message: e.to_string(),
-                    from_peer: false,
-                });
+                shared.abort.set_local(e.failure(), e.to_string());
                 return e;
             }
         }
     };
     let shutdown = async {
         let e = ReceiveError::ShutDown(cfg.shutdown.wait().await);
-        shared.abort.set(Reason {
-            failure: e.failure(),
-            message: e.to_string(),
-            from_peer: false,
-        });
+        shared.abort.set_local(e.failure(), e.to_string());
         e
     };
     let (results, stalled) = tokio::select! {

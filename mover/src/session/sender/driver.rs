@@ -21,8 +21,7 @@ use crate::session::framed::{FrameReader, FrameWriter, FramedError};
 use crate::session::handshake::send_hello;
 use crate::session::scan::{self};
 use crate::session::{
-    Abort, PEER_GRACE, Reason, SessionSummary, StreamFailure, error_chain, pending_peer_error,
-    tell_peer,
+    Abort, PEER_GRACE, SessionSummary, StreamFailure, error_chain, pending_peer_error, tell_peer,
 };
 use crate::session::{OFFER_WINDOW, SMALL_FILE_MAX};
 use crate::wire::{BLOCK_SIZE, Message, PROTOCOL_VERSION, block_len, caps};
@@ -189,11 +188,10 @@ where
         if let Err(e) = &r
             && !matches!(e, scan::ScanError::Closed)
         {
-            walk_ctx.abort.set(Reason {
-                failure: ferry_proto::kind::Failure::new(e.kind(), e.permanent()),
-                message: error_chain(e),
-                from_peer: false,
-            });
+            walk_ctx.abort.set_local(
+                ferry_proto::kind::Failure::new(e.kind(), e.permanent()),
+                error_chain(e),
+            );
         }
         r
     });
@@ -400,11 +398,7 @@ where
     tokio::pin!(all);
     let shutdown = async {
         let e = SendError::ShutDown(cfg.shutdown.wait().await);
-        ctx.abort.set(Reason {
-            failure: e.failure(),
-            message: e.to_string(),
-            from_peer: false,
-        });
+        ctx.abort.set_local(e.failure(), e.to_string());
         e
     };
     let (results, mut failure) = tokio::select! {
