@@ -14,7 +14,7 @@ use ferry_operator::api::{Transfer, TransferSpec, is_condition_reason};
 use ferry_operator::names::{self, MoverRole};
 use ferry_operator::peering::registry::Counterpart;
 use ferry_operator::peering::wire::{HalfRef, PairRequest, PairResponse};
-use ferry_operator::placement::{SidePlacement, VolumeRef};
+use ferry_operator::plan::placement::{SidePlacement, VolumeRef};
 use ferry_operator::plan::{self, Action, Observed, PodPhase, PodView, RemoteObserved};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -70,6 +70,7 @@ fn observed(secs: i64, placement: (SidePlacement, SidePlacement), remote: Remote
         remote: Some(remote),
         provision: None,
         fan_out_sender: None,
+        swarm: None,
     }
 }
 
