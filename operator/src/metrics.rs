@@ -6,15 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ferry_proto::exposition::Exposition;
+use ferry_proto::exposition::{Exposition, counters, gauges};
 use kube::ResourceExt;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, NoLabelSet,
-};
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::api::{Phase, Transfer, TransferStatus};
 
@@ -496,34 +492,6 @@ impl Collector for Snapshot {
 /// The labels of a per-Transfer series.
 fn object<'a>(namespace: &'a str, name: &'a str) -> [(&'static str, &'a str); 2] {
     [("namespace", namespace), ("name", name)]
-}
-
-/// One counter family: its description, then a sample per label set.
-fn counters<L: EncodeLabelSet>(
-    out: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    series: impl IntoIterator<Item = (L, u64)>,
-) -> Result<(), std::fmt::Error> {
-    let mut metric = out.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, v) in series {
-        ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
-/// One gauge family: its description, then a sample per label set.
-fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue + Send + Sync + std::fmt::Debug>(
-    out: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    series: impl IntoIterator<Item = (L, V)>,
-) -> Result<(), std::fmt::Error> {
-    let mut metric = out.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, v) in series {
-        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
-    }
-    Ok(())
 }
 
 /// Every phase with its label value, in the order of the `ferry_transfers` series.

@@ -18,7 +18,12 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::prometheus_text;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeGaugeValue, EncodeLabelSet, EncodeMetric, prometheus_text,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -48,6 +53,34 @@ pub fn render(collector: Box<dyn Collector>) -> Result<String, std::fmt::Error> 
     let mut text = String::new();
     prometheus_text::encode(&mut text, &registry)?;
     Ok(text)
+}
+
+/// One counter family of a collector: its description, then a sample per label set.
+pub fn counters<L: EncodeLabelSet>(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = out.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, v) in series {
+        ConstCounter::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// One gauge family of a collector: its description, then a sample per label set.
+pub fn gauges<L: EncodeLabelSet, V: EncodeGaugeValue + Send + Sync + std::fmt::Debug>(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = out.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in series {
+        ConstGauge::new(v).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
@@ -90,14 +123,7 @@ async fn answer<E: Exposition>(
     }
     match request.uri().path() {
         "/metrics" => match exposition.collect().await.map(render) {
-            Ok(Ok(body)) => {
-                let mut response = Response::new(Full::new(Bytes::from(body)));
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    header::HeaderValue::from_static(prometheus_text::CONTENT_TYPE),
-                );
-                response
-            }
+            Ok(Ok(body)) => respond(StatusCode::OK, prometheus_text::CONTENT_TYPE, body),
             Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
             Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
         },
@@ -109,11 +135,15 @@ async fn answer<E: Exposition>(
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    respond(status, "text/plain; charset=utf-8", body)
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        header::HeaderValue::from_static(content_type),
     );
     response
 }
@@ -121,8 +151,6 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-    use prometheus_client::metrics::counter::ConstCounter;
     use std::sync::atomic::{AtomicBool, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

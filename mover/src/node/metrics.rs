@@ -7,11 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_proto::blockstore::v1 as pb;
-use ferry_proto::exposition::Exposition;
+use ferry_proto::exposition::{self, Exposition};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 
 use super::counters::ServiceCounters;
 use crate::cas::{CasStore, StoreStats};
@@ -88,9 +86,7 @@ impl Collector for NodeFigures {
             ),
         ];
         for (name, help, v) in gauges {
-            let gauge = ConstGauge::new(v);
-            let mut metric = encoder.encode_descriptor(name, help, None, gauge.metric_type())?;
-            gauge.encode(metric.encode_family(&node)?)?;
+            exposition::gauges(&mut encoder, name, help, [(node, v)])?;
         }
         let counters = [
             (
@@ -130,9 +126,7 @@ impl Collector for NodeFigures {
             ),
         ];
         for (name, help, v) in counters {
-            let counter = ConstCounter::new(v);
-            let mut metric = encoder.encode_descriptor(name, help, None, counter.metric_type())?;
-            counter.encode(metric.encode_family(&node)?)?;
+            exposition::counters(&mut encoder, name, help, [(node, v)])?;
         }
         Ok(())
     }
