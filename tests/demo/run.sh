@@ -47,7 +47,7 @@ grep -E 'FERRY_IMAGE_FERRY_(OPERATOR|MOVER)=' "$images_env" | cut -d= -f2
 if cluster_running "$bin/kubectl"; then
   step "the local cluster is already running: using it"
 else
-  step "starting the local cluster: control plane, nodes node-a, node-b and node-x (each a kubelet with its own containerd, in a network namespace of its own), kube-proxy, CoreDNS"
+  step "starting the local cluster: control plane, six nodes node-a to node-e and node-x (each a kubelet with its own containerd, in a network namespace of its own), kube-proxy, CoreDNS"
   "$repo_root/tests/cluster/up.sh"
 fi
 kubectl get nodes
